@@ -1,0 +1,74 @@
+"""Array interop: NumPy on the host, anything with __cuda_array_interface__ on the device.
+
+Device inputs are viewed, never copied (numba's as_cuda_array wraps the interface); outputs come
+back as the caller's array type where we can build one without a copy (torch, CuPy), else as a
+numba device array.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_DTYPES = {"float32": np.float32, "float64": np.float64}
+
+
+def is_cuda_array(a) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def dtype_name(a) -> str:
+    if is_cuda_array(a):
+        return np.dtype(a.__cuda_array_interface__["typestr"]).name
+    return np.asarray(a).dtype.name if not hasattr(a, "dtype") else np.dtype(a.dtype).name
+
+
+def shape_of(a):
+    if is_cuda_array(a):
+        return tuple(a.__cuda_array_interface__["shape"])
+    return tuple(np.shape(a))
+
+
+def check_arrays(named, backend):
+    """Validate dtypes/placement of named arrays (before any kernel runs); return the dtype name."""
+    kinds = {n: is_cuda_array(a) for n, a in named.items() if a is not None}
+    if len(set(kinds.values())) > 1:
+        where = ", ".join(f"{n} on {'GPU' if c else 'host'}" for n, c in kinds.items())
+        raise TypeError(f"arrays must all be NumPy arrays or all CUDA arrays, got {where}")
+    dtypes = {n: dtype_name(a) for n, a in named.items() if a is not None}
+    first = next(iter(dtypes))
+    for n, dt in dtypes.items():
+        if dt not in _DTYPES:
+            raise TypeError(f"{n} must have dtype float32 (or float64 on the CPU backend), got {dt}")
+        if dt != dtypes[first]:
+            raise TypeError(f"{n} must have the same dtype as {first} ({dtypes[first]}), got {dt}")
+    dt = dtypes[first]
+    if dt == "float64" and backend == "cuda":
+        raise TypeError(f"{first} must be float32 on the cuda backend (float64 is CPU-only), got float64")
+    if any(kinds.values()) and backend != "cuda":
+        raise ValueError(f"backend must be 'cuda' (or None) for CUDA arrays, got {backend!r}")
+    return dt
+
+
+def to_device_view(a, name):
+    """A numba device array viewing `a` (no copy); C-contiguous required."""
+    from numba import cuda
+    d = cuda.as_cuda_array(a)
+    if not d.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {d.strides}")
+    return d
+
+
+def to_host(a, name, dtype):
+    arr = np.asarray(a)
+    return np.ascontiguousarray(arr, dtype=_DTYPES[dtype])
+
+
+def like_input(out, template):
+    """Return a device result as the caller's array type (torch / CuPy) when that is free."""
+    mod = type(template).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        return torch.as_tensor(out, device="cuda")
+    if mod == "cupy":
+        import cupy
+        return cupy.asarray(out)
+    return out

@@ -1,0 +1,278 @@
+"""The kernel IR: plain frozen dataclasses, nothing here knows about numba or CUDA.
+
+A kernel is a tree of statements over buffers.  Three buffer scopes mirror the GPU memory
+hierarchy: `global` (kernel arguments), `shared` (one tile per block) and `register` (private
+to each thread, persisting across the phases of a block).  Loops carry a binding that says how a
+target executes them:
+
+    grid    - one iteration per block (CUDA blockIdx; CPU: the parallel outer loop)
+    thread  - one iteration per thread of the block, extent == block size (CUDA threadIdx.x;
+              CPU: a plain loop).  A block body is a sequence of thread phases separated by
+              Barriers; scalars (Assign) live within one phase, register buffers across phases.
+    serial  - an ordinary loop run by every thread
+    unroll  - a loop the `unroll` pass expands into straight-line code
+
+Expressions are small trees; Python operators on them build new trees so templates read like
+the algorithm (`m0 + row`, `(ih >= 0) & (ih < H)`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Tuple
+
+
+class Expr:
+    """Base class of expressions; operator overloads build BinOp trees."""
+
+    def _bin(self, op, other, swap=False):
+        other = as_expr(other)
+        return BinOp(op, other, self) if swap else BinOp(op, self, other)
+
+    __add__ = lambda s, o: s._bin("+", o)
+    __radd__ = lambda s, o: s._bin("+", o, True)
+    __sub__ = lambda s, o: s._bin("-", o)
+    __rsub__ = lambda s, o: s._bin("-", o, True)
+    __mul__ = lambda s, o: s._bin("*", o)
+    __rmul__ = lambda s, o: s._bin("*", o, True)
+    __floordiv__ = lambda s, o: s._bin("//", o)
+    __mod__ = lambda s, o: s._bin("%", o)
+    __lt__ = lambda s, o: s._bin("<", o)
+    __le__ = lambda s, o: s._bin("<=", o)
+    __gt__ = lambda s, o: s._bin(">", o)
+    __ge__ = lambda s, o: s._bin(">=", o)
+    __and__ = lambda s, o: s._bin("and", o)
+    __or__ = lambda s, o: s._bin("or", o)
+
+    def eq(self, other):
+        return self._bin("==", other)
+
+    def ne(self, other):
+        return self._bin("!=", other)
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: object  # int, float or bool
+
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    name: str
+
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """A pure math function: min, max, exp, ..."""
+    fn: str
+    args: Tuple[Expr, ...]
+
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """cond ? a : b, lazily evaluated (a load in `a` is not performed when cond is false)."""
+    cond: Expr
+    a: Expr
+    b: Expr
+
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    buf: str
+    index: Tuple[Expr, ...]
+
+
+
+def as_expr(v):
+    if isinstance(v, Expr):
+        return v
+    if isinstance(v, (bool, int, float)):
+        return Const(v)
+    import numpy as np
+    if isinstance(v, np.integer):
+        return Const(int(v))
+    if isinstance(v, np.floating):
+        return Const(float(v))
+    raise TypeError(f"cannot use {v!r} as an IR expression")
+
+
+def minimum(a, b):
+    return Call("min", (as_expr(a), as_expr(b)))
+
+
+def maximum(a, b):
+    return Call("max", (as_expr(a), as_expr(b)))
+
+
+def select(cond, a, b):
+    return Select(as_expr(cond), as_expr(a), as_expr(b))
+
+
+def all_of(conds):
+    conds = [as_expr(c) for c in conds]
+    if not conds:
+        return Const(True)
+    out = conds[0]
+    for c in conds[1:]:
+        out = out & c
+    return out
+
+
+# --- statements ------------------------------------------------------------------------------
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    """Bind a scalar (or rebind it, for accumulators)."""
+    var: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    buf: str
+    index: Tuple[Expr, ...]
+    value: Expr
+    accumulate: bool = False  # buf[index] += value
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: str
+    extent: int | Expr
+    body: Tuple[Stmt, ...]
+    binding: str = "serial"  # grid | thread | serial | unroll
+    axis: int = 0            # grid axis for binding == "grid"
+    start: int | Expr = 0
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    body: Tuple[Stmt, ...]
+    orelse: Tuple[Stmt, ...] = ()
+
+
+@dataclass(frozen=True)
+class Barrier(Stmt):
+    pass
+
+
+@dataclass(frozen=True)
+class Comment(Stmt):
+    text: str
+
+
+BINDINGS = ("grid", "thread", "serial", "unroll")
+SCOPES = ("global", "shared", "register")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+    scope: str = "global"
+    role: str = "in"  # for globals: in | out | inout
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        return Load(self.name, tuple(as_expr(i) for i in index))
+
+    def store(self, index, value, accumulate=False):
+        index = index if isinstance(index, tuple) else (index,)
+        return Store(self.name, tuple(as_expr(i) for i in index), as_expr(value), accumulate)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: global parameters, block-local buffers, a body, launch geometry, metadata."""
+    name: str
+    params: Tuple[Buffer, ...]
+    locals: Tuple[Buffer, ...]
+    body: Tuple[Stmt, ...]
+    grid: Tuple[int, ...]
+    threads: int
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def buffer(self, name):
+        for b in self.params + self.locals:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+# --- generic traversal helpers used by passes and renderers -------------------------------------
+
+def map_expr(e, fn):
+    """Rebuild expression bottom-up, applying fn to every node after its children."""
+    if isinstance(e, BinOp):
+        e = BinOp(e.op, map_expr(e.a, fn), map_expr(e.b, fn))
+    elif isinstance(e, Call):
+        e = Call(e.fn, tuple(map_expr(a, fn) for a in e.args))
+    elif isinstance(e, Select):
+        e = Select(map_expr(e.cond, fn), map_expr(e.a, fn), map_expr(e.b, fn))
+    elif isinstance(e, Load):
+        e = Load(e.buf, tuple(map_expr(i, fn) for i in e.index))
+    return fn(e)
+
+
+def map_stmt_exprs(s, fn):
+    """Apply an expression rewrite to every expression in a statement tree."""
+    if isinstance(s, Assign):
+        return Assign(s.var, fn(s.value))
+    if isinstance(s, Store):
+        return Store(s.buf, tuple(fn(i) for i in s.index), fn(s.value), s.accumulate)
+    if isinstance(s, For):
+        ext = fn(s.extent) if isinstance(s.extent, Expr) else s.extent
+        start = fn(s.start) if isinstance(s.start, Expr) else s.start
+        return For(s.var, ext, tuple(map_stmt_exprs(b, fn) for b in s.body), s.binding, s.axis, start)
+    if isinstance(s, If):
+        return If(fn(s.cond), tuple(map_stmt_exprs(b, fn) for b in s.body),
+                  tuple(map_stmt_exprs(b, fn) for b in s.orelse))
+    return s
+
+
+def expr_vars(e, out=None):
+    out = set() if out is None else out
+    if isinstance(e, Var):
+        out.add(e.name)
+    elif isinstance(e, BinOp):
+        expr_vars(e.a, out), expr_vars(e.b, out)
+    elif isinstance(e, Call):
+        for a in e.args:
+            expr_vars(a, out)
+    elif isinstance(e, Select):
+        expr_vars(e.cond, out), expr_vars(e.a, out), expr_vars(e.b, out)
+    elif isinstance(e, Load):
+        for i in e.index:
+            expr_vars(i, out)
+    return out
+
+
+def expr_loads(e):
+    """True if the expression reads any buffer."""
+    found = []
+    map_expr(e, lambda n: (found.append(n) if isinstance(n, Load) else None) or n)
+    return bool(found)

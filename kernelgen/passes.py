@@ -1,0 +1,247 @@
+"""Rewrite passes: small pure functions Kernel -> Kernel.
+
+The pipeline a target runs is `lower(kernel, target)` at the bottom.  Each pass keeps the IR's
+meaning; the renderers only print what the passes leave.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import replace
+
+from .ir import (Assign, BinOp, Buffer, Call, Const, Expr, For, If, Kernel, Load, Select, Store, Var,
+                 map_expr, map_stmt_exprs)
+
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+         "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+         "==": operator.eq, "!=": operator.ne, "and": lambda a, b: a and b, "or": lambda a, b: a or b}
+
+
+def _is(e, value):
+    return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == value
+
+
+def _simplify(e):
+    """One local algebraic rewrite (applied bottom-up by fold_expr)."""
+    if isinstance(e, BinOp):
+        a, b, op = e.a, e.b, e.op
+        if isinstance(a, Const) and isinstance(b, Const):
+            if op in ("//", "%") and b.value == 0:
+                return e
+            return Const(_FOLD[op](a.value, b.value))
+        if op == "+":
+            if _is(a, 0):
+                return b
+            if _is(b, 0):
+                return a
+            # (x + c1) + c2 -> x + (c1 + c2): keeps unrolled index math to one add
+            if isinstance(b, Const) and isinstance(a, BinOp) and a.op == "+" and isinstance(a.b, Const):
+                return _simplify(BinOp("+", a.a, Const(a.b.value + b.value)))
+        if op == "-" and _is(b, 0):
+            return a
+        if op == "-" and isinstance(b, Const) and not isinstance(b.value, bool):
+            return _simplify(BinOp("+", a, Const(-b.value)))
+        if op == "*":
+            if _is(a, 0) or _is(b, 0):
+                if isinstance(a, Const) and isinstance(a.value, int) or isinstance(b, Const) and isinstance(b.value, int):
+                    return Const(0)
+            if _is(a, 1):
+                return b
+            if _is(b, 1):
+                return a
+        if op == "//" and _is(b, 1):
+            return a
+        if op == "%" and _is(b, 1):
+            return Const(0)
+        if op == "and":
+            if isinstance(a, Const):
+                return b if a.value else Const(False)
+            if isinstance(b, Const):
+                return a if b.value else Const(False)
+        if op == "or":
+            if isinstance(a, Const):
+                return Const(True) if a.value else b
+            if isinstance(b, Const):
+                return Const(True) if b.value else a
+    if isinstance(e, Call) and all(isinstance(a, Const) for a in e.args) and e.fn in ("min", "max"):
+        return Const((min if e.fn == "min" else max)(*(a.value for a in e.args)))
+    if isinstance(e, Select) and isinstance(e.cond, Const):
+        return e.a if e.cond.value else e.b
+    return e
+
+
+def fold_expr(e):
+    return map_expr(e, _simplify)
+
+
+def _fold_stmts(stmts):
+    out = []
+    for s in stmts:
+        s = map_stmt_exprs(s, fold_expr) if not isinstance(s, (For, If)) else s
+        if isinstance(s, For):
+            ext = fold_expr(s.extent) if isinstance(s.extent, Expr) else s.extent
+            if isinstance(ext, Const):
+                ext = ext.value
+            if ext == 0:
+                continue
+            out.append(replace(s, extent=ext, body=_fold_stmts(s.body)))
+        elif isinstance(s, If):
+            cond = fold_expr(s.cond)
+            if isinstance(cond, Const):
+                out.extend(_fold_stmts(s.body if cond.value else s.orelse))
+            else:
+                out.append(If(cond, _fold_stmts(s.body), _fold_stmts(s.orelse)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def fold_constants(kernel: Kernel) -> Kernel:
+    """Constant-fold and simplify every expression; drop dead branches and empty loops."""
+    return replace(kernel, body=_fold_stmts(kernel.body))
+
+
+def substitute(stmts, name, value):
+    """Replace Var(name) by an expression everywhere in a statement list."""
+    def sub(e):
+        return map_expr(e, lambda n: value if isinstance(n, Var) and n.name == name else n)
+    return tuple(map_stmt_exprs(s, sub) for s in stmts)
+
+
+def _unroll_stmts(stmts):
+    out = []
+    for s in stmts:
+        if isinstance(s, For):
+            body = _unroll_stmts(s.body)
+            if s.binding == "unroll" and isinstance(s.extent, int) and isinstance(s.start, int):
+                for i in range(s.start, s.start + s.extent):
+                    out.extend(_fold_stmts(substitute(body, s.var, Const(i))))
+            else:
+                out.append(replace(s, body=body))
+        elif isinstance(s, If):
+            out.append(If(s.cond, _unroll_stmts(s.body), _unroll_stmts(s.orelse)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def unroll(kernel: Kernel) -> Kernel:
+    """Expand every `unroll` loop with constant bounds into straight-line code."""
+    return replace(kernel, body=_unroll_stmts(kernel.body))
+
+
+def demote_unroll(kernel: Kernel) -> Kernel:
+    """Turn `unroll` loops into serial ones (CPU: smaller code, faster compile, LLVM unrolls anyway)."""
+    def walk(stmts):
+        out = []
+        for s in stmts:
+            if isinstance(s, For):
+                out.append(replace(s, body=walk(s.body), binding="serial" if s.binding == "unroll" else s.binding))
+            elif isinstance(s, If):
+                out.append(If(s.cond, walk(s.body), walk(s.orelse)))
+            else:
+                out.append(s)
+        return tuple(out)
+    return replace(kernel, body=walk(kernel.body))
+
+
+def _strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
+    """Multi-dim indices -> one linear index with constant row-major strides (1D arrays are
+    cheaper to index in numba than N-D ones: no per-dim bounds/stride bookkeeping)."""
+    bufs = {b.name: b for b in kernel.params + kernel.locals if b.scope in scopes}
+
+    def linear(name, index):
+        lin = Const(0)
+        for i, st in zip(index, _strides(bufs[name].shape)):
+            lin = lin + i * Const(st)
+        return (fold_expr(lin),)
+
+    def rewrite(e):
+        if isinstance(e, Load) and e.buf in bufs and len(e.index) != 1:
+            return Load(e.buf, linear(e.buf, e.index))
+        return e
+
+    def walk(stmts):
+        out = []
+        for s in stmts:
+            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite)) if not isinstance(s, (For, If)) else s
+            if isinstance(s, For):
+                s = replace(s, body=walk(s.body))
+            elif isinstance(s, If):
+                s = If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse))
+            if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
+                s = Store(s.buf, linear(s.buf, s.index), s.value, s.accumulate)
+            out.append(s)
+        return tuple(out)
+
+    flat = lambda b: replace(b, shape=(b.size,)) if b.name in bufs else b
+    return replace(kernel, params=tuple(map(flat, kernel.params)), locals=tuple(map(flat, kernel.locals)),
+                   body=walk(kernel.body), meta={**kernel.meta, "logical_shapes": {n: b.shape for n, b in bufs.items()}})
+
+
+def scalarize_registers(kernel: Kernel) -> Kernel:
+    """Register buffers indexed only by constants become named scalars, so NVVM keeps them in
+    registers instead of a local-memory array (the single most important CUDA lowering step)."""
+    regs = {b.name for b in kernel.locals if b.scope == "register"}
+    dynamic = set()
+
+    def scan(e):
+        if isinstance(e, Load) and e.buf in regs and not all(isinstance(i, Const) for i in e.index):
+            dynamic.add(e.buf)
+        return e
+
+    def scan_stmts(stmts):
+        for s in stmts:
+            map_stmt_exprs(s, lambda e: map_expr(e, scan))
+            if isinstance(s, Store) and s.buf in regs and not all(isinstance(i, Const) for i in s.index):
+                dynamic.add(s.buf)
+            if isinstance(s, For):
+                scan_stmts(s.body)
+            elif isinstance(s, If):
+                scan_stmts(s.body), scan_stmts(s.orelse)
+
+    scan_stmts(kernel.body)
+    scalar = regs - dynamic
+    name = lambda buf, index: "_".join([buf] + [str(i.value) for i in index])
+
+    def rewrite(e):
+        if isinstance(e, Load) and e.buf in scalar:
+            return Var(name(e.buf, e.index))
+        return e
+
+    def walk(stmts):
+        out = []
+        for s in stmts:
+            if isinstance(s, For):
+                out.append(replace(s, body=walk(s.body)))
+                continue
+            if isinstance(s, If):
+                out.append(If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse)))
+                continue
+            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite))
+            if isinstance(s, Store) and s.buf in scalar:
+                v = name(s.buf, s.index)
+                s = Assign(v, Var(v) + s.value if s.accumulate else s.value)
+            out.append(s)
+        return tuple(out)
+
+    return replace(kernel, body=walk(kernel.body),
+                   locals=tuple(b for b in kernel.locals if b.name not in scalar),
+                   meta={**kernel.meta, "scalarized_registers": sorted(scalar)})
+
+
+def lower(kernel: Kernel, target: str) -> Kernel:
+    """The pass pipeline for a target ('cuda' or 'cpu')."""
+    k = fold_constants(kernel)
+    if target == "cuda":
+        k = scalarize_registers(fold_constants(unroll(k)))
+    else:
+        k = demote_unroll(k)
+    return fold_constants(flatten_buffers(k))

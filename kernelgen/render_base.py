@@ -1,0 +1,125 @@
+"""Shared printing for the renderers: IR expressions and statements -> Python source text.
+
+A target renderer subclasses SourcePrinter and supplies what differs: the header, how loops of
+each binding are executed, how block-local buffers are declared, and how register buffers are
+indexed.
+"""
+from __future__ import annotations
+
+from .ir import Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Select, Store, Var
+
+_PY_OPS = {"and": "and", "or": "or"}
+MATH_FNS = {"min": "min", "max": "max", "exp": "math.exp", "tanh": "math.tanh", "sqrt": "math.sqrt",
+            "log": "math.log", "erf": "math.erf"}
+
+
+class SourcePrinter:
+    indent_unit = "    "
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.float_type = kernel.params[0].dtype if kernel.params else "float32"
+        self.lines: list[str] = []
+        self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
+        self.thread_var = None  # innermost enclosing thread-loop variable
+
+    # --- expressions -------------------------------------------------------------------------
+    def expr(self, e) -> str:
+        if isinstance(e, Const):
+            v = e.value
+            if isinstance(v, bool):
+                return "True" if v else "False"
+            if isinstance(v, float):
+                return f"{self.float_type}({v!r})"
+            return str(v)
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, BinOp):
+            op = _PY_OPS.get(e.op, e.op)
+            return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
+        if isinstance(e, Call):
+            return f"{MATH_FNS[e.fn]}({', '.join(self.expr(a) for a in e.args)})"
+        if isinstance(e, Select):
+            return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
+        if isinstance(e, Load):
+            return f"{e.buf}[{self.index(e.buf, e.index)}]"
+        raise TypeError(f"cannot render {e!r}")
+
+    def index(self, buf, index) -> str:
+        return ", ".join(self.expr(i) for i in index)
+
+    # --- statements ----------------------------------------------------------------------------
+    def emit(self, depth, text):
+        self.lines.append(self.indent_unit * depth + text)
+
+    def stmts(self, stmts, depth):
+        if not stmts:
+            self.emit(depth, "pass")
+        for s in stmts:
+            self.stmt(s, depth)
+
+    def stmt(self, s, depth):
+        if isinstance(s, Assign):
+            self.emit(depth, f"{s.var} = {self.expr(s.value)}")
+        elif isinstance(s, Store) and s.accumulate == "atomic":
+            self.atomic_add(s, depth)
+        elif isinstance(s, Store):
+            op = "+=" if s.accumulate else "="
+            self.emit(depth, f"{s.buf}[{self.index(s.buf, s.index)}] {op} {self.expr(s.value)}")
+        elif isinstance(s, If):
+            self.emit(depth, f"if {self.expr(s.cond)}:")
+            self.stmts(s.body, depth + 1)
+            if s.orelse:
+                self.emit(depth, "else:")
+                self.stmts(s.orelse, depth + 1)
+        elif isinstance(s, For):
+            self.loop(s, depth)
+        elif isinstance(s, Barrier):
+            self.barrier(depth)
+        elif isinstance(s, Comment):
+            self.emit(depth, f"# {s.text}")
+        else:
+            raise TypeError(f"cannot render {s!r}")
+
+    def serial_loop(self, s, depth):
+        start = self.expr(s.start) if not isinstance(s.start, int) else str(s.start)
+        ext = self.expr(s.extent) if not isinstance(s.extent, int) else str(s.extent)
+        rng = f"range({ext})" if start == "0" else f"range({start}, {start} + {ext})"
+        self.emit(depth, f"for {s.var} in {rng}:")
+        self.stmts(s.body, depth + 1)
+
+    def loop(self, s, depth):
+        if s.binding in ("serial", "unroll"):
+            self.serial_loop(s, depth)
+        elif s.binding == "thread":
+            outer, self.thread_var = self.thread_var, s.var
+            self.thread_loop(s, depth)
+            self.thread_var = outer
+        else:
+            raise ValueError(f"{type(self).__name__}: unexpected {s.binding} loop {s.var!r} inside a block")
+
+    # --- structure -------------------------------------------------------------------------------
+    def split_grid(self):
+        """The kernel body must open with perfectly nested grid loops: return them and the block body."""
+        loops, body = [], self.kernel.body
+        while len(body) == 1 and isinstance(body[0], For) and body[0].binding == "grid":
+            loops.append(body[0])
+            body = body[0].body
+        return loops, body
+
+    def docstring(self, depth):
+        meta = self.kernel.meta
+        self.emit(depth, '"""' + meta.get("doc", self.kernel.name))
+        for k in ("problem", "template", "config"):
+            if k in meta:
+                self.emit(depth, f"{k}: {meta[k]}")
+        self.emit(depth, '"""')
+
+
+def launch_constants(kernel: Kernel) -> str:
+    """Module-level facts the runtime needs to launch the kernel without rebuilding its IR."""
+    params = tuple(b.name for b in kernel.params)
+    outs = tuple(b.name for b in kernel.params if b.role != "in")
+    return (f"\nKERNEL = {kernel.name}\nPARAMS = {params!r}\nOUTPUTS = {outs!r}\n"
+            f"GRID = {tuple(kernel.grid)!r}\nTHREADS = {kernel.threads}\n"
+            f"ZERO_OUTPUT = {bool(kernel.meta.get('zero_output'))}\n")

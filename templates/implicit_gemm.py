@@ -1,0 +1,198 @@
+"""Implicit-GEMM convolution: forward, backward-data and backward-weight as GEMM views.
+
+Each view says what the convolution is as C[m, n] = sum_k A[m, k] B[k, n] (channels-last):
+
+    forward      m = (n, od, oh, ow)   n = k_out           k = (t, r, s, c)
+    backward-dx  m = (n, id, ih, iw)   n = c               k = (t, r, s, k_out)   (zero-insertion form)
+    backward-dw  m = k_out             n = (t, r, s, c)    k = (n, od, oh, ow)
+
+The reduction index always has the channel fastest, so when the per-group channel count is a
+multiple of BK a whole BK-slice shares one filter tap: the tap is decoded once per slice, not
+per element.  Bounds tests are emitted only for dims that can leave the tensor (padding > 0).
+"""
+from __future__ import annotations
+
+from ..ir import Buffer, Const, Load, Store, all_of, maximum
+
+from .config import TileConfig
+from .tiled_gemm import GemmView, Operand, tiled_gemm
+
+NAME = "implicit_gemm"
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def _prod(t):
+    out = 1
+    for v in t:
+        out *= v
+    return out
+
+
+def _unflatten(i, sizes):
+    """Row-major decode of a flat index over `sizes` -> list of index Exprs (outermost first)."""
+    out = []
+    for size in reversed(sizes):
+        out.append(i % size)
+        i = i // size
+    return list(reversed(out))
+
+
+def _flatten(idx, sizes):
+    lin = Const(0)
+    for i, size in zip(idx, sizes):
+        lin = lin * size + i
+    return lin
+
+
+def reduction_split(kk, kt, col, inner, BK):
+    """kk -> (tap, channel) with `inner` channels fastest; uniform per slice when inner % BK == 0."""
+    if inner % BK == 0:
+        per_tap = inner // BK
+        return kt // per_tap, (kt % per_tap) * BK + col
+    return kk // inner, kk % inner
+
+
+def _in_range(coords, sizes, needed):
+    return [c >= 0 for c, need in zip(coords, needed) if need] + \
+           [c < n for c, n, need in zip(coords, sizes, needed) if need]
+
+
+def epilogue_value(p, value, bias_index):
+    if p.has_bias:
+        value = value + Load("bias", (bias_index,))
+    if p.activation == "relu":
+        value = maximum(value, Const(0.0))
+    return value
+
+
+def forward_view(p, cfg: TileConfig) -> GemmView:
+    TRS = _prod(p.filter_size)
+    M, Ng, Kr = p.N * _prod(p.out_size), p.Kg, TRS * p.Cg
+    pads = [pd > 0 for pd in p.padding]
+
+    def a_inv(m, g):
+        *o, = _unflatten(m, (p.N,) + p.out_size)
+        n, o = o[0], o[1:]
+        inv = {"base": n * _prod(p.in_size) * p.C + g * p.Cg}
+        for ax, name in enumerate("dhw"):
+            inv[name] = o[ax] * p.stride[ax] - p.padding[ax]
+        return inv
+
+    def a_elem(inv, kk, kt, col):
+        tap, c = reduction_split(kk, kt, col, p.Cg, cfg.BK)
+        taps = _unflatten(tap, p.filter_size)
+        coords = [inv[nm] + taps[ax] * p.dilation[ax] for ax, nm in enumerate("dhw")]
+        pred = _in_range(coords, p.in_size, pads) + ([kk < Kr] if Kr % cfg.BK else [])
+        return all_of(pred), Load("x", (inv["base"] + _flatten(coords, p.in_size) * p.C + c,))
+
+    def b_inv(n, g):
+        return {"base": (g * p.Kg + n) * Kr}
+
+    def b_elem(inv, kk, kt, row):
+        pred = ([kk < Kr] if Kr % cfg.BK else [])
+        return all_of(pred), Load("w", (inv["base"] + kk,))
+
+    def store(m, n, g, value, atomic):
+        ch = g * p.Kg + n
+        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch), "atomic" if atomic else False)]
+
+    params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
+              Buffer("w", (p.K * Kr,), p.dtype)]
+    if p.has_bias:
+        params.append(Buffer("bias", (p.K,), p.dtype))
+    params.append(Buffer("y", (M * p.K,), p.dtype, role="out"))
+    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem), Operand("k", b_inv, b_elem), store,
+                    tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w")
+
+
+def backward_data_view(p, cfg: TileConfig) -> GemmView:
+    """dx[n, i, c] = sum over (tap, k) of dy[n, (i + pad - tap*dil) / stride, k] * w[k, tap, c]."""
+    TRS = _prod(p.filter_size)
+    M, Ng, Kr = p.N * _prod(p.in_size), p.Cg, TRS * p.Kg
+    checks = [not (f == 1 and pd == 0 and st == 1) for f, pd, st in zip(p.filter_size, p.padding, p.stride)]
+
+    def a_inv(m, g):
+        *i, = _unflatten(m, (p.N,) + p.in_size)
+        inv = {"base": i[0] * _prod(p.out_size) * p.K + g * p.Kg}
+        for ax, name in enumerate("dhw"):
+            inv[name] = i[ax + 1] + p.padding[ax]
+        return inv
+
+    def a_elem(inv, kk, kt, col):
+        tap, k = reduction_split(kk, kt, col, p.Kg, cfg.BK)
+        taps = _unflatten(tap, p.filter_size)
+        nums = [inv[nm] - taps[ax] * p.dilation[ax] for ax, nm in enumerate("dhw")]
+        pred = [(nums[ax] % p.stride[ax]).eq(0) for ax in range(3) if p.stride[ax] > 1 and checks[ax]]
+        coords = [nums[ax] // p.stride[ax] for ax in range(3)]
+        pred += [nums[ax] >= 0 for ax in range(3) if checks[ax]]
+        pred += [coords[ax] < p.out_size[ax] for ax in range(3) if checks[ax]]
+        pred += [kk < Kr] if Kr % cfg.BK else []
+        return all_of(pred), Load("dy", (inv["base"] + _flatten(coords, p.out_size) * p.K + k,))
+
+    def b_inv(n, g):
+        return {"col": g * p.Kg * TRS * p.Cg + n}
+
+    def b_elem(inv, kk, kt, row):
+        tap, k = reduction_split(kk, kt, row, p.Kg, cfg.BK)
+        pred = [kk < Kr] if Kr % cfg.BK else []
+        return all_of(pred), Load("w", (inv["col"] + (k * TRS + tap) * p.Cg,))
+
+    def store(m, n, g, value, atomic):
+        return [Store("dx", (m * p.C + g * p.Cg + n,), value, "atomic" if atomic else False)]
+
+    params = (Buffer("dy", (p.N * _prod(p.out_size) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
+              Buffer("dx", (M * p.C,), p.dtype, role="out"))
+    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
+                    params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T")
+
+
+def backward_weight_view(p, cfg: TileConfig) -> GemmView:
+    """dw[k, tap, c] = sum over (n, o) of dy[n, o, k] * x[n, o*stride - pad + tap*dil, c]."""
+    TRS = _prod(p.filter_size)
+    M, Ng, Kr = p.Kg, TRS * p.Cg, p.N * _prod(p.out_size)
+    pads = [pd > 0 for pd in p.padding]
+
+    def a_inv(m, g):
+        return {"col": g * p.Kg + m}
+
+    def a_elem(inv, kk, kt, col):
+        pred = [kk < Kr] if Kr % cfg.BK else []
+        return all_of(pred), Load("dy", (kk * p.K + inv["col"],))
+
+    def b_inv(nn, g):
+        tap, c = nn // p.Cg, nn % p.Cg
+        taps = _unflatten(tap, p.filter_size)
+        inv = {"c": g * p.Cg + c}
+        for ax, name in enumerate("dhw"):
+            inv[name] = taps[ax] * p.dilation[ax] - p.padding[ax]
+        return inv
+
+    def b_elem(inv, kk, kt, row):
+        *o, = _unflatten(kk, (p.N,) + p.out_size)
+        coords = [o[ax + 1] * p.stride[ax] + inv[nm] for ax, nm in enumerate("dhw")]
+        pred = _in_range(coords, p.in_size, pads) + ([kk < Kr] if Kr % cfg.BK else [])
+        off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
+        return all_of(pred), Load("x", (off,))
+
+    def store(m, n, g, value, atomic):
+        return [Store("dw", ((g * p.Kg + m) * Ng + n,), value, "atomic" if atomic else False)]
+
+    params = (Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
+              Buffer("dy", (Kr * p.K,), p.dtype), Buffer("dw", (p.K * Ng,), p.dtype, role="out"))
+    return GemmView(M, Ng, Kr, p.groups, Operand("mn", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
+                    params, p.dtype, doc=f"implicit-GEMM backward-weight: dw[{p.K} x {Ng}] = dy^T * x")
+
+
+VIEWS = {"fwd": forward_view, "bwd_data": backward_data_view, "bwd_weight": backward_weight_view}
+
+
+def applies(p):
+    return True
+
+
+def build(p, cfg: TileConfig):
+    """(ConvProblem, TileConfig) -> Kernel."""
+    view = VIEWS[p.direction](p, cfg)
+    k = tiled_gemm(f"conv_{p.direction}", view, cfg)
+    return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
+                       {**k.meta, "problem": p.key(), "template": NAME})

@@ -1,0 +1,148 @@
+"""The tiled-GEMM schedule shared by every GEMM-shaped variant.
+
+A variant supplies a GemmView (what C[m, n] = sum_k A[m, k] * B[k, n] means for its problem:
+how to gather an A or B element and where C goes); this module decides how it runs: block
+tiles staged through shared memory, per-thread register tiles, per-thread index invariants
+hoisted into registers before the reduction loop.  TVM's compute/schedule split, in one function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Var, all_of, select)
+
+from .config import TileConfig
+
+
+@dataclass
+class Operand:
+    """How to gather one GEMM operand tile element.
+
+    fast:      which tile axis is contiguous in memory ("k", or "mn" = the operand's m or n axis);
+               threads walk it fastest so global loads coalesce.
+    invariant: line index (m for A, n for B) -> {name: int Expr}, computed once per thread.
+    element:   (inv: {name: Expr}, kk: Expr, k_tile: Expr, k_col: Expr) -> (predicate, value Expr).
+    """
+    fast: str
+    invariant: Callable
+    element: Callable
+
+
+@dataclass
+class GemmView:
+    M: int
+    N: int
+    K: int
+    groups: int          # independent GEMMs, one per grid-z slice
+    a: Operand
+    b: Operand
+    store: Callable      # (m, n, g, value, atomic) -> list of statements
+    params: tuple        # global Buffers, in kernel-argument order
+    dtype: str = "float32"
+    doc: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _tile_coords(idx, rows, cols, fast_is_col):
+    """Element idx of a rows x cols tile -> (row, col), walking the contiguous axis fastest."""
+    if fast_is_col:
+        return idx // cols, idx % cols
+    return idx % rows, idx // rows
+
+
+def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
+    cfg.validate()
+    BM, BN, BK, TM, TN, NT = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads
+    SK = cfg.split_k
+    dt = view.dtype
+    nkt = _cdiv(view.K, BK)
+    kt_per_split = _cdiv(nkt, SK)
+    EA, EB = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)
+    # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step
+    As = Buffer("As", (BK, BM + cfg.smem_pad), dt, "shared")
+    Bs = Buffer("Bs", (BK, BN + cfg.smem_pad), dt, "shared")
+    acc = Buffer("acc", (TM, TN), dt, "register")
+    a_frag = Buffer("a_frag", (TM,), dt, "register")
+    b_frag = Buffer("b_frag", (TN,), dt, "register")
+    tid, bm, bn, bz = Var("tid"), Var("bm"), Var("bn"), Var("bz")
+    g = bz // SK if SK > 1 else bz
+    m0, n0 = bm * BM, bn * BN
+
+    # --- per-thread invariants of the lines (A rows / B columns) this thread loads ---------------
+    def line_of(operand, e, rows, cols, is_a):
+        idx = tid + e * NT
+        r, c = _tile_coords(idx, rows, cols, operand.fast == "k" if is_a else operand.fast != "k")
+        return r, c, idx < rows * cols
+
+    inv_names_a = sorted(view.a.invariant(Var("_m"), Var("_g")).keys())
+    inv_names_b = sorted(view.b.invariant(Var("_n"), Var("_g")).keys())
+    inv_a = {n: Buffer(f"ia_{n}", (EA,), "int64", "register") for n in inv_names_a}
+    inv_b = {n: Buffer(f"ib_{n}", (EB,), "int64", "register") for n in inv_names_b}
+
+    prologue = [Comment("per-thread invariants: index math that does not change along k")]
+    for e in range(EA):
+        row, _, _ = line_of(view.a, e, BM, BK, True)
+        vals = view.a.invariant(m0 + row, g)
+        prologue += [inv_a[n].store(e, vals[n]) for n in inv_names_a]
+    for e in range(EB):
+        _, col, _ = line_of(view.b, e, BK, BN, False)
+        vals = view.b.invariant(n0 + col, g)
+        prologue += [inv_b[n].store(e, vals[n]) for n in inv_names_b]
+    prologue += [acc.store((i, j), Const(0.0)) for i in range(TM) for j in range(TN)]
+
+    # --- stage one BK-deep slice of A and B into shared memory ---------------------------------
+    kt = Var("kt")
+    load = [Comment("stage A and B tiles: global -> shared")]
+    for e in range(EA):
+        row, col, in_tile = line_of(view.a, e, BM, BK, True)
+        inv = {n: inv_a[n][e] for n in inv_names_a}
+        pred, val = view.a.element(inv, kt * BK + col, kt, col)
+        st = As.store((col, row), select(pred, val, Const(0.0)))
+        load.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
+    for e in range(EB):
+        row, col, in_tile = line_of(view.b, e, BK, BN, False)
+        inv = {n: inv_b[n][e] for n in inv_names_b}
+        pred, val = view.b.element(inv, kt * BK + row, kt, row)
+        st = Bs.store((row, col), select(pred, val, Const(0.0)))
+        load.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+
+    # --- register-tiled outer products ----------------------------------------------------------
+    ty, tx = Var("ty"), Var("tx")
+    thread_xy = [Assign("ty", tid // (BN // TN)), Assign("tx", tid % (BN // TN))]
+    kk = Var("kk")
+    compute = thread_xy + [For("kk", BK, tuple(
+        [a_frag.store(i, As[kk, ty * TM + i]) for i in range(TM)]
+        + [b_frag.store(j, Bs[kk, tx * TN + j]) for j in range(TN)]
+        + [acc.store((i, j), a_frag[i] * b_frag[j], accumulate=True) for i in range(TM) for j in range(TN)]
+    ), "unroll")]
+
+    # --- epilogue: guarded stores through the view ----------------------------------------------
+    epilogue = list(thread_xy)
+    for i in range(TM):
+        for j in range(TN):
+            m, n = m0 + ty * TM + i, n0 + tx * TN + j
+            guard = all_of(([m < view.M] if view.M % BM else []) + ([n < view.N] if view.N % BN else []))
+            epilogue.append(If(guard, tuple(view.store(m, n, g, acc[i, j], SK > 1))))
+
+    k_lo = (bz % SK) * kt_per_split if SK > 1 else 0
+    k_extent = kt_per_split if SK > 1 else nkt
+    kloop_body = (For("tid", NT, tuple(load), "thread"), Barrier(),
+                  For("tid", NT, tuple(compute), "thread"), Barrier())
+    if SK > 1 and nkt % SK:
+        kloop_body = (If(kt < nkt, kloop_body),)
+    block = (
+        For("tid", NT, tuple(prologue), "thread"),
+        For("kt", k_extent, kloop_body, "serial", start=k_lo),
+        For("tid", NT, tuple(epilogue), "thread"),
+    )
+    grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
+    body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
+                "grid", axis=0),)
+    locals_ = (As, Bs, acc, a_frag, b_frag) + tuple(inv_a.values()) + tuple(inv_b.values())
+    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, **view.meta}
+    return Kernel(name, view.params, locals_, body, grid, NT, meta)
