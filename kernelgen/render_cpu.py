@@ -64,7 +64,17 @@ _PARALLEL = {parallel}
 """
 
 
-def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool = True) -> str:
+# numba's parallel=True costs seconds of compile time; only worth it when there is real work
+PARALLEL_MIN_BLOCKS = 4
+PARALLEL_MIN_WORK = 1 << 21
+
+
+def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = None) -> str:
     """Lower a kernel for the CPU and print it as a module defining `kernel.name`."""
+    if parallel is None:
+        blocks = 1
+        for g in kernel.grid:
+            blocks *= g
+        parallel = blocks >= PARALLEL_MIN_BLOCKS and kernel.meta.get("work", 0) >= PARALLEL_MIN_WORK
     lowered = lower(kernel, "cpu")
     return HEADER.format(cache=cache, parallel=parallel) + CpuPrinter(lowered).render()

@@ -144,5 +144,6 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
     locals_ = (As, Bs, acc, a_frag, b_frag) + tuple(inv_a.values()) + tuple(inv_b.values())
-    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, **view.meta}
+    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1,
+            "work": view.M * view.N * view.K * view.groups, **view.meta}
     return Kernel(name, view.params, locals_, body, grid, NT, meta)

@@ -1,0 +1,1 @@
+"""Autograd tensors, layers, optimisers and training through kernelgen kernels."""
