@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Prepare the GPU machine and run kernelgen there: GPU tests, demo, benchmark against cuDNN.
+#
+# Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
+# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all] [bench args...]
+#
+# The device machine's numba-cuda 0.30.4 breaks with its numpy 2.5.2 (np.row_stack is gone), so numpy 2.4.6
+# travels as a wheel in .whl/ (git-ignored) with platformdirs, which that image lacks.  Results go to $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fetch-wheels" ]; then
+  for pkg in numpy==2.4.6 platformdirs==4.14.7; do
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "$pkg"
+  done
+  exit 0
+fi
+mode="${1:-all}"; shift || true
+OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site .
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 KERNELGEN_CACHE_DIR="${KERNELGEN_CACHE_DIR:-/tmp/kgcache}"
+cd /tmp  # import the installed package, not the source tree (templates/ etc. map into kernelgen.*)
+python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy', numpy.__version__, 'numba', numba.__version__, 'gpu', cuda.get_current_device().name)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
+if [ "$mode" = tests ] || [ "$mode" = all ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider "$OLDPWD/tests" 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
+  python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  python3 -m kernelgen bench gpu_md --compare torch --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "bench:"
+fi

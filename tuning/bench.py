@@ -1,0 +1,234 @@
+"""`python -m kernelgen bench TABLE [--compare torch]`: kernelgen vs cuDNN per problem, same run.
+
+For every layer of a shape table and every direction (fwd, bwd_data, bwd_weight) this builds
+kernelgen's kernel, checks its output against the comparator (or the float64 reference when
+there is none), times both with CUDA events and writes a JSON report, a Markdown table and,
+with matplotlib, a PNG plot.  cuDNN runs through torch with TF32 off and channels_last tensors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from kernelgen.api import get_launcher, make_plan
+
+from .shapes import load_table
+from .timing import Rotation, time_cuda
+
+FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
+HBM_BW = 3.0e12       # measured device-to-device copy, read + write
+
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def floor_ms(p):
+    """max(FLOPs / peak, compulsory bytes / bandwidth): no kernel runs much faster."""
+    nbytes = 4 * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
+    return max(p.flops / FP32_PEAK, nbytes / HBM_BW) * 1e3
+
+
+def kernel_resources(launcher, threads):
+    """Registers, local memory and shared memory of the compiled kernel, and the occupancy they allow."""
+    k = launcher.kernel
+    try:
+        regs = int(k.get_regs_per_thread())
+        local = int(k.get_local_mem_per_thread())
+        smem = int(k.get_shared_mem_per_block())
+    except Exception:  # simulator or an older numba: no resource queries
+        return {}
+    blocks = min(32, 2048 // threads, 65536 // max(1, regs * threads),
+                 (228 * 1024) // max(1, smem + 1024))
+    return {"registers": regs, "local_bytes": local, "shared_bytes": smem, "blocks_per_sm": blocks,
+            "occupancy": round(blocks * threads / 2048, 3)}
+
+
+# --- torch/cuDNN side -------------------------------------------------------------------------------
+
+class TorchConv:
+    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off."""
+
+    def __init__(self):
+        import torch
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+        self.torch = torch
+
+    def nhwc(self, shape, gen):
+        """A random NHWC tensor of `shape` and its NCHW channels_last view (same memory)."""
+        t = self.torch.randn(shape, device="cuda", generator=gen)
+        return t, t.permute(0, 3, 1, 2)
+
+    def op(self, layer, direction, x, w, dy):
+        """A zero-argument callable running cuDNN for this direction (inputs as NCHW views)."""
+        F, torch = self.torch.nn.functional, self.torch
+        s, p, d, g = layer.stride, layer.padding, layer.dilation, layer.groups
+        if layer.transposed:  # deconv forward (timed only for "fwd")
+            return lambda: F.conv_transpose2d(dy, w, stride=s, padding=p, output_padding=layer.output_padding,
+                                              dilation=d, groups=g)
+        if direction == "fwd":
+            return lambda: F.conv2d(x, w, stride=s, padding=p, dilation=d, groups=g)
+        mask = [direction == "bwd_data", direction == "bwd_weight", False]
+        return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [s, s], [p, p], [d, d], False, [0, 0],
+                                                           g, mask)
+
+
+def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=None, algo=None):
+    """Time one (layer, direction) for kernelgen and, when given, cuDNN; check kernelgen's output."""
+    from numba import cuda
+    torch = torch_conv.torch
+    p = layer.problem(direction)
+    plan = make_plan(p, "cuda", algo, config)
+    t0 = time.perf_counter()
+    launcher = get_launcher(plan)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets, views = [], []
+    for _ in range(rotations):
+        x, xv = torch_conv.nhwc(p.x_shape, gen)
+        w, wv = torch_conv.nhwc(p.w_shape, gen)
+        dy, dyv = torch_conv.nhwc(p.y_shape, gen)
+        out = torch.empty(p.output_shape, device="cuda")
+        names = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}
+        args = {n: cuda.as_cuda_array(t.reshape(-1)) for n, t in names[p.direction].items()}
+        args[launcher.outputs[0]] = cuda.as_cuda_array(out.reshape(-1))
+        sets.append(args)
+        views.append((xv, wv, dyv, out))
+    launcher(sets[0])
+    cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    # correctness against cuDNN (fp32, TF32 off) on the first input set
+    xv, wv, dyv, out = views[0]
+    ref_fn = torch_conv.op(layer, "fwd" if layer.transposed else direction, xv, wv, dyv)
+    ref = ref_fn()
+    if isinstance(ref, tuple):
+        ref = ref[0] if direction in ("bwd_data",) else ref[1]
+    ref_nhwc = ref.permute(0, 2, 3, 1)
+    rel = float((out - ref_nhwc).norm() / ref_nhwc.norm())
+    rot = Rotation(sets)
+    kg_ms = time_cuda(lambda: launcher(rot()), repeat=repeat)
+    trot = Rotation([torch_conv.op(layer, "fwd" if layer.transposed else direction, *v[:3]) for v in views])
+    cudnn_ms = time_cuda(lambda: trot()(), repeat=repeat)
+    row = {"layer": layer.name, "shape": layer.label(), "direction": "deconv" if layer.transposed else direction,
+           "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
+           "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
+           "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p),
+           "pct_of_floor": floor_ms(p) / kg_ms, "first_call_s": compile_s,
+           **kernel_resources(launcher, launcher.threads)}
+    return row
+
+
+def geomean(vals):
+    vals = [v for v in vals if v and v > 0]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
+
+
+def summary(rows):
+    out = {}
+    for d in DIRECTIONS + ("deconv",):
+        r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x]
+        if r:
+            out[d] = {"geomean_ratio": geomean(r), "n": len(r)}
+    return out
+
+
+def markdown(rows, summ):
+    head = ("| layer | dir | variant / config | kernelgen TFLOP/s | cuDNN TFLOP/s | ratio | regs | local B | occ | "
+            "% floor | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['layer']} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | |")
+            continue
+        lines.append(f"| {r['layer']} | {r['direction']} | {r['variant']} {r['config']} | {r['kernelgen_tflops']:.1f} | "
+                     f"{r['cudnn_tflops']:.1f} | {r['ratio']:.2f} | {r.get('registers', '')} | "
+                     f"{r.get('local_bytes', '')} | {r.get('occupancy', '')} | {100 * r['pct_of_floor']:.0f}% | "
+                     f"{r['rel_err_vs_cudnn']:.1e} |")
+    lines.append("")
+    for d, s in summ.items():
+        lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if "ratio" in r]
+    labels = [f"{r['layer']}:{r['direction']}" for r in ok]
+    fig, ax = plt.subplots(figsize=(max(8, len(ok) * 0.35), 5))
+    xs = np.arange(len(ok))
+    ax.bar(xs - 0.2, [r["kernelgen_tflops"] for r in ok], 0.4, label="kernelgen")
+    ax.bar(xs + 0.2, [r["cudnn_tflops"] for r in ok], 0.4, label="cuDNN fp32")
+    ax.set_xticks(xs, labels, rotation=90, fontsize=7)
+    ax.set_ylabel("effective TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelgen bench", description=__doc__.splitlines()[0])
+    ap.add_argument("table", help="shape table name (e.g. gpu_md) or JSON path")
+    ap.add_argument("--compare", default="torch", choices=["torch"], help="comparator (cuDNN through torch)")
+    ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
+    ap.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
+    ap.add_argument("--algo", default=None, help="force a variant")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
+    args = ap.parse_args(argv)
+    from kernelgen.api import gpu_present
+    if not gpu_present():
+        print("bench needs a CUDA GPU (numba.cuda.is_available() is False); nothing to do")
+        return 1
+    name, layers = load_table(args.table)
+    if args.layers:
+        keep = set(args.layers.split(","))
+        layers = [l for l in layers if l.name in keep]
+    dirs = args.directions.split(",")
+    tc = TorchConv()
+    from tqdm import tqdm
+    rows = []
+    jobs = [(l, d) for l in layers for d in dirs if not (l.transposed and d != "fwd")]
+    for layer, d in tqdm(jobs, desc="bench", unit="problem"):
+        try:
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=args.algo))
+        except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
+            rows.append({"layer": layer.name, "direction": d, "error": f"{type(e).__name__}: {e}"})
+    from numba import cuda
+    summ = summary(rows)
+    report = {"table": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
+              else str(cuda.get_current_device().name), "commit": git_commit(), "host": platform.node(),
+              "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(), "tf32": False,
+              "rows": rows, "summary": summ}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    md = markdown(rows, summ)
+    out.with_suffix(".md").write_text(md + "\n")
+    try:
+        plot(rows, out.with_suffix(".png"))
+    except ImportError:
+        pass
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

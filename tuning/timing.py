@@ -1,0 +1,50 @@
+"""GPU timing with CUDA events: warm-up, then the median of many timed calls.
+
+Both kernelgen and the comparator are timed by the same function in the same run, each call
+rotating over several input sets so that a working set that fits in L2 does not flatter either.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def time_cuda(fn, *, warmup=3, repeat=20):
+    """Median milliseconds of fn() on the default stream."""
+    from numba import cuda
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def time_host(fn, *, warmup=1, repeat=5):
+    """Median milliseconds of a synchronous (CPU) call."""
+    import time
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+class Rotation:
+    """Cycle through n prepared argument sets: rotation() returns the next one."""
+
+    def __init__(self, sets):
+        self.sets, self.i = list(sets), 0
+
+    def __call__(self):
+        s = self.sets[self.i % len(self.sets)]
+        self.i += 1
+        return s
