@@ -102,12 +102,16 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         row, col, in_tile = line_of(view.a, e, BM, BK, True)
         inv = {n: inv_a[n][e] for n in inv_names_a}
         pred, val = view.a.element(inv, kt * BK + col, kt, col)
+        if view.M % BM:  # a partial last tile: rows past M must not be read
+            pred = (m0 + row < view.M) & pred
         st = As.store((col, row), select(pred, val, Const(0.0)))
         load.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
     for e in range(EB):
         row, col, in_tile = line_of(view.b, e, BK, BN, False)
         inv = {n: inv_b[n][e] for n in inv_names_b}
         pred, val = view.b.element(inv, kt * BK + row, kt, row)
+        if view.N % BN:
+            pred = (n0 + col < view.N) & pred
         st = Bs.store((row, col), select(pred, val, Const(0.0)))
         load.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
 
