@@ -9,17 +9,19 @@ from dataclasses import dataclass
 _fill_kernel = None
 
 
+def _fill_body(a, v):
+    # module-level so the simulator can swap this module's `cuda` global for its fake one
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i < a.size:
+        a[i] = v
+
+
 def fill_device(arr, value):
     """Set every element of a 1D device array (split-K outputs start from zero)."""
-    global _fill_kernel
+    global _fill_kernel, cuda
     from numba import cuda
     if _fill_kernel is None:
-        @cuda.jit
-        def _fill(a, v):
-            i = cuda.grid(1)
-            if i < a.size:
-                a[i] = v
-        _fill_kernel = _fill
+        _fill_kernel = cuda.jit(_fill_body)
     n = arr.size
     _fill_kernel[(n + 255) // 256, 256](arr, arr.dtype.type(value))
 

@@ -5,6 +5,8 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 from __future__ import annotations
 
 from . import implicit_gemm
+from dataclasses import replace
+
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig
 
 VARIANTS = {m.NAME: m for m in (implicit_gemm,)}
@@ -37,5 +39,5 @@ def default_config(problem, backend) -> TileConfig:
         for o in problem.out_size:
             red *= o
         split = max(1, min(64, 264 // max(blocks, 1), red // (cfg.BK * 64)))
-        return TileConfig(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, split_k=split)
+        return replace(cfg, split_k=split)
     return cfg

@@ -19,6 +19,7 @@ class TileConfig:
     TN: int = 4
     split_k: int = 1
     smem_pad: int = 0
+    stages: int = 1
 
     @property
     def threads(self):
@@ -29,6 +30,8 @@ class TileConfig:
             raise ValueError(f"TileConfig: BM/BN must be multiples of TM/TN, got {self}")
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"TileConfig: {self.threads} threads per block, expected 1..1024 ({self})")
+        if self.stages not in (1, 2):
+            raise ValueError(f"TileConfig: stages must be 1 or 2, got {self.stages}")
         if self.split_k < 1:
             raise ValueError(f"TileConfig: split_k must be >= 1, got {self.split_k}")
         return self
@@ -42,9 +45,11 @@ class TileConfig:
             s += f"_SK{self.split_k}"
         if self.smem_pad:
             s += f"_PAD{self.smem_pad}"
+        if self.stages > 1:
+            s += f"_S{self.stages}"
         return s
 
 
 # Defaults per target: the GPU wants large register tiles; the CPU wants small code (compile time).
-CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4)
+CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4, stages=2)
 CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)

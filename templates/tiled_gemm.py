@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Var, all_of, select)
+from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, all_of, select)
 
 from .config import TileConfig
 
@@ -64,8 +64,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     kt_per_split = _cdiv(nkt, SK)
     EA, EB = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)
     # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step
-    As = Buffer("As", (BK, BM + cfg.smem_pad), dt, "shared")
-    Bs = Buffer("Bs", (BK, BN + cfg.smem_pad), dt, "shared")
+    S = cfg.stages
+    As = Buffer("As", (S, BK, BM + cfg.smem_pad), dt, "shared")
+    Bs = Buffer("Bs", (S, BK, BN + cfg.smem_pad), dt, "shared")
     acc = Buffer("acc", (TM, TN), dt, "register")
     a_frag = Buffer("a_frag", (TM,), dt, "register")
     b_frag = Buffer("b_frag", (TN,), dt, "register")
@@ -95,35 +96,54 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         prologue += [inv_b[n].store(e, vals[n]) for n in inv_names_b]
     prologue += [acc.store((i, j), Const(0.0)) for i in range(TM) for j in range(TN)]
 
-    # --- stage one BK-deep slice of A and B into shared memory ---------------------------------
-    kt = Var("kt")
-    load = [Comment("stage A and B tiles: global -> shared")]
-    for e in range(EA):
-        row, col, in_tile = line_of(view.a, e, BM, BK, True)
-        inv = {n: inv_a[n][e] for n in inv_names_a}
-        pred, val = view.a.element(inv, kt * BK + col, kt, col)
-        if view.M % BM:  # a partial last tile: rows past M must not be read
-            pred = (m0 + row < view.M) & pred
-        st = As.store((col, row), select(pred, val, Const(0.0)))
-        load.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
-    for e in range(EB):
-        row, col, in_tile = line_of(view.b, e, BK, BN, False)
-        inv = {n: inv_b[n][e] for n in inv_names_b}
-        pred, val = view.b.element(inv, kt * BK + row, kt, row)
-        if view.N % BN:
-            pred = (n0 + col < view.N) & pred
-        st = Bs.store((row, col), select(pred, val, Const(0.0)))
-        load.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+    # --- move one BK-deep slice of A and B: global -> staging registers -> shared -------------------
+    # Split in two halves so that with stages=2 the global loads of slice kt+1 are issued before the
+    # outer products of slice kt and land in shared memory after them: load latency hides behind math.
+    ra = Buffer("ra", (EA,), dt, "register")
+    rb = Buffer("rb", (EB,), dt, "register")
+
+    def fetch(kt):
+        out = []
+        for e in range(EA):
+            row, col, in_tile = line_of(view.a, e, BM, BK, True)
+            pred, val = view.a.element({n: inv_a[n][e] for n in inv_names_a}, kt * BK + col, kt, col)
+            if view.M % BM:  # a partial last tile: rows past M must not be read
+                pred = (m0 + row < view.M) & pred
+            st = ra.store(e, select(pred, val, Const(0.0)))
+            out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
+        for e in range(EB):
+            row, col, in_tile = line_of(view.b, e, BK, BN, False)
+            pred, val = view.b.element({n: inv_b[n][e] for n in inv_names_b}, kt * BK + row, kt, row)
+            if view.N % BN:
+                pred = (n0 + col < view.N) & pred
+            st = rb.store(e, select(pred, val, Const(0.0)))
+            out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+        return out
+
+    def commit(stage):
+        out = []
+        for e in range(EA):
+            row, col, in_tile = line_of(view.a, e, BM, BK, True)
+            st = As.store((stage, col, row), ra[e])
+            out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
+        for e in range(EB):
+            row, col, in_tile = line_of(view.b, e, BK, BN, False)
+            st = Bs.store((stage, row, col), rb[e])
+            out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+        return out
 
     # --- register-tiled outer products ----------------------------------------------------------
     ty, tx = Var("ty"), Var("tx")
     thread_xy = [Assign("ty", tid // (BN // TN)), Assign("tx", tid % (BN // TN))]
     kk = Var("kk")
-    compute = thread_xy + [For("kk", BK, tuple(
-        [a_frag.store(i, As[kk, ty * TM + i]) for i in range(TM)]
-        + [b_frag.store(j, Bs[kk, tx * TN + j]) for j in range(TN)]
+    cur = Var("stage")
+
+    def compute():
+        return [For("kk", BK, tuple(
+        [a_frag.store(i, As[cur, kk, ty * TM + i]) for i in range(TM)]
+        + [b_frag.store(j, Bs[cur, kk, tx * TN + j]) for j in range(TN)]
         + [acc.store((i, j), a_frag[i] * b_frag[j], accumulate=True) for i in range(TM) for j in range(TN)]
-    ), "unroll")]
+        ), "unroll")]
 
     # --- epilogue: guarded stores through the view ----------------------------------------------
     epilogue = list(thread_xy)
@@ -135,19 +155,36 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
 
     k_lo = (bz % SK) * kt_per_split if SK > 1 else 0
     k_extent = kt_per_split if SK > 1 else nkt
-    kloop_body = (For("tid", NT, tuple(load), "thread"), Barrier(),
-                  For("tid", NT, tuple(compute), "thread"), Barrier())
+    k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
+    kt = Var("kt")
+    if S == 1:
+        kloop_body = (For("tid", NT, tuple([Comment("stage A and B: global -> shared")] + fetch(kt) + commit(0)),
+                          "thread"), Barrier(),
+                      For("tid", NT, tuple(thread_xy + [Assign("stage", Const(0))] + compute()), "thread"),
+                      Barrier())
+        prefetch = []
+    else:
+        # one barrier per slice: slice kt computes from stage kt % 2 while kt + 1 fills the other
+        nxt = kt + 1
+        kloop_body = (For("tid", NT, tuple(
+            thread_xy + [Assign("stage", (kt - k_lo) % 2), Comment("prefetch the next slice into registers"),
+                         If(nxt < k_end, tuple(fetch(nxt)))] + compute()
+            + [If(nxt < k_end, tuple(commit(1 - cur)))]), "thread"), Barrier())
+        prefetch = [Comment("first slice: global -> shared")] + fetch(k_lo) + commit(0)
     if SK > 1 and nkt % SK:
         kloop_body = (If(kt < nkt, kloop_body),)
+    if prefetch:
+        prologue = prologue + ([If(k_lo < nkt, tuple(prefetch))] if SK > 1 and nkt % SK else prefetch)
     block = (
         For("tid", NT, tuple(prologue), "thread"),
+        Barrier(),
         For("kt", k_extent, kloop_body, "serial", start=k_lo),
         For("tid", NT, tuple(epilogue), "thread"),
     )
     grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
-    locals_ = (As, Bs, acc, a_frag, b_frag) + tuple(inv_a.values()) + tuple(inv_b.values())
+    locals_ = (As, Bs, acc, a_frag, b_frag, ra, rb) + tuple(inv_a.values()) + tuple(inv_b.values())
     meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1,
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     return Kernel(name, view.params, locals_, body, grid, NT, meta)

@@ -30,6 +30,9 @@ DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 
 
 def git_commit():
+    import os
+    if os.environ.get("KERNELGEN_COMMIT"):  # the device machine gets a copy of the tree without .git
+        return os.environ["KERNELGEN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"
@@ -46,10 +49,11 @@ def floor_ms(p):
 def kernel_resources(launcher, threads):
     """Registers, local memory and shared memory of the compiled kernel, and the occupancy they allow."""
     k = launcher.kernel
+    one = lambda v: next(iter(v.values())) if isinstance(v, dict) else v  # one overload per kernel
     try:
-        regs = int(k.get_regs_per_thread())
-        local = int(k.get_local_mem_per_thread())
-        smem = int(k.get_shared_mem_per_block())
+        regs = int(one(k.get_regs_per_thread()))
+        local = int(one(k.get_local_mem_per_thread()))
+        smem = int(one(k.get_shared_mem_per_block()))
     except Exception:  # simulator or an older numba: no resource queries
         return {}
     blocks = min(32, 2048 // threads, 65536 // max(1, regs * threads),
