@@ -49,6 +49,21 @@ def device_key(backend):
     return "sm_%d%d" % cuda.get_current_device().compute_capability
 
 
+@functools.lru_cache(maxsize=None)
+def tuned_device():
+    from .tuning.tuner import device_name
+    return device_name()
+
+
+def tuned_choice(problem):
+    """(variant name, TileConfig) from the tuned database for this GPU, or None."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("KERNELGEN_NO_TUNED") == "1":
+        return None
+    from .tuning import database
+    hit = database.lookup(problem, tuned_device())
+    return None if hit is None else hit[:2]
+
+
 @dataclass(frozen=True)
 class Plan:
     problem: ConvProblem
@@ -76,6 +91,10 @@ def make_plan(problem, backend, algo=None, config=None) -> Plan:
             raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
     else:
         variant = candidates(problem)[0]
+        if config is None and backend == "cuda":
+            tuned = tuned_choice(problem)
+            if tuned is not None:
+                variant, config = get_variant(tuned[0]), tuned[1]
     if config is None:
         config = default_config(problem, backend)
     if backend != "cuda" and config.split_k > 1:

@@ -2,7 +2,9 @@
 # Prepare the GPU machine and run kernelgen there: GPU tests, demo, benchmark against cuDNN.
 #
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
-# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all] [bench args...]
+# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all|tune-bench] [bench args...]
+#   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
+#   with the tuned database; the database is copied to $OUT.
 #
 # The device machine's numba-cuda 0.30.4 breaks with its numpy 2.5.2 (np.row_stack is gone), so numpy 2.4.6
 # travels as a wheel in .whl/ (git-ignored) with platformdirs, which that image lacks.  Results go to $OUT.
@@ -30,6 +32,12 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
 fi
-if [ "$mode" = bench ] || [ "$mode" = all ]; then
+if [ "$mode" = tune-bench ]; then
+  for t in ${TUNE_TABLES:-gpu_md}; do
+    python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:" || true
+  done
+  cp "$KERNELGEN_CACHE_DIR"/tuned/*.json "$OUT/" || true
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ] || [ "$mode" = tune-bench ]; then
   python3 -m kernelgen bench gpu_md --compare torch --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "bench:"
 fi

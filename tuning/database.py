@@ -1,0 +1,99 @@
+"""The tuned database: problem -> fastest verified (variant, config) per GPU.
+
+One JSON file per device key ("sm_90" + GPU name) holding {problem key: entry}.  Shipped databases
+live in kernelgen/tuning/db; the user's own (written by `python -m kernelgen tune`) live in the cache
+dir and take precedence.  Unseen problems fall back to the nearest tuned neighbour of the same
+direction and filter size, else to the template's heuristic default.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, fields
+from functools import lru_cache
+from pathlib import Path
+
+SHIPPED = Path(__file__).parent / "db"
+FORMAT = 1
+
+
+def user_db_dir() -> Path:
+    from kernelgen.runtime.cache import cache_dir
+    return cache_dir() / "tuned"
+
+
+def db_name(device_key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key) + ".json"
+
+
+def load(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if data.get("format") != FORMAT:
+        return {}
+    return data.get("entries", {})
+
+
+def save(path: Path, entries: dict, device: str):
+    """Atomic write: a tune interrupted mid-write never leaves a broken database behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"format": FORMAT, "device": device, "entries": entries}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+@lru_cache(maxsize=8)
+def entries_for(device_key: str) -> dict:
+    merged = {}
+    for base in (SHIPPED, user_db_dir()):
+        merged.update(load(base / db_name(device_key)))
+    return merged
+
+
+def config_from(entry):
+    from kernelgen.templates.config import TileConfig
+    names = {f.name for f in fields(TileConfig)}
+    return TileConfig(**{k: v for k, v in entry["config"].items() if k in names})
+
+
+def _distance(a, b):
+    """How unlike two problems are (same direction and filter required); log-scale over sizes."""
+    import math
+    if a.direction != b.direction or a.filter_size != b.filter_size or a.stride != b.stride:
+        return None
+    pairs = [(a.N, b.N), (a.C, b.C), (a.K, b.K)] + list(zip(a.in_size, b.in_size))
+    return sum(abs(math.log(x) - math.log(y)) for x, y in pairs)
+
+
+def lookup(problem, device_key: str):
+    """(variant, TileConfig, how) for a problem, or None when the database has nothing near."""
+    table = entries_for(device_key)
+    if not table:
+        return None
+    e = table.get(problem.key())
+    if e is not None:
+        return e["variant"], config_from(e), "tuned"
+    best, best_d = None, None
+    for e in table.values():
+        from kernelgen.problem import ConvProblem
+        other = ConvProblem(**{**e["problem"], **{k: tuple(v) for k, v in e["problem"].items() if isinstance(v, list)}})
+        d = _distance(problem, other)
+        if d is not None and (best_d is None or d < best_d):
+            best, best_d = e, d
+    if best is None:
+        return None
+    cfg = config_from(best)
+    if problem.direction != "bwd_weight" and cfg.split_k > 1:
+        return None
+    return best["variant"], cfg, "nearest"
+
+
+def entry(problem, variant, config, ms, candidates_tried):
+    p = asdict(problem)
+    return {"problem": p, "variant": variant, "config": asdict(config), "ms": ms, "tried": candidates_tried}

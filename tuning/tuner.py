@@ -1,0 +1,217 @@
+"""`python -m kernelgen tune TABLE`: find the fastest verified kernel per problem, offline.
+
+For each problem of the table: enumerate variants x configs, prune by resource limits before
+compiling anything, compile the survivors in parallel worker processes (they fill the shared disk
+cache; the parent then only loads), run each candidate on random data, reject it unless it matches
+the float64 reference, time it with CUDA events over rotating inputs, and record the winner in the
+tuned database.  Progress goes to tqdm; the database is saved after every problem, so an
+interrupted tune resumes where it stopped.  A candidate that fails to compile, launch or verify is
+recorded and skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import numpy as np
+
+from . import database
+from .shapes import load_table
+from .timing import Rotation, time_cuda
+
+MAX_SHARED = 48 * 1024   # numba's static shared arrays are capped at 48 KiB per block
+MAX_REGS_EST = 255
+
+# Block shapes worth trying (BM, BN, BK, TM, TN); pipelining and split-K are layered on top.
+TILES = [(128, 64, 8, 8, 4), (128, 128, 8, 8, 8), (64, 64, 8, 4, 4), (128, 32, 8, 8, 2), (64, 128, 8, 4, 8),
+         (256, 64, 8, 8, 4)]
+WIDE_TILES = TILES + [(64, 32, 8, 4, 4), (128, 64, 16, 8, 4), (32, 64, 8, 4, 4), (256, 32, 8, 8, 4)]
+SM_COUNT = 132
+
+
+def estimated_registers(cfg):
+    """Accumulators + fragments + staging + index invariants + ~40 for addresses and loop state."""
+    from kernelgen.templates.tiled_gemm import _cdiv
+    ea, eb = _cdiv(cfg.BM * cfg.BK, cfg.threads), _cdiv(cfg.BK * cfg.BN, cfg.threads)
+    return cfg.TM * cfg.TN + cfg.TM + cfg.TN + cfg.stages * (ea + eb) + 4 * (ea + eb) + 40
+
+
+def fits(cfg):
+    smem = 4 * cfg.stages * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
+    return 32 <= cfg.threads <= 1024 and smem <= MAX_SHARED and estimated_registers(cfg) <= MAX_REGS_EST
+
+
+def split_choices(problem, bm, bn, bk):
+    """split-K factors that give the grid about one or two waves of blocks (backward-weight only)."""
+    if problem.direction != "bwd_weight":
+        return [1]
+    from kernelgen.templates.tiled_gemm import _cdiv
+    taps = int(np.prod(problem.filter_size))
+    blocks = _cdiv(problem.Kg, bm) * _cdiv(taps * problem.Cg, bn) * problem.groups
+    k_tiles = _cdiv(problem.N * int(np.prod(problem.out_size)), bk)
+    h = max(1, min(128, k_tiles // 8, -(-2 * SM_COUNT // blocks)))
+    return sorted({h, max(1, min(k_tiles // 8, 2 * h))})
+
+
+def candidate_configs(problem, tiles=TILES):
+    from kernelgen.templates.config import TileConfig
+    out = []
+    for bm, bn, bk, tm, tn in tiles:
+        for stages in (1, 2):
+            for sk in split_choices(problem, bm, bn, bk):
+                cfg = TileConfig(bm, bn, bk, tm, tn, split_k=sk, stages=stages)
+                if fits(cfg):
+                    out.append(cfg)
+    return out
+
+
+def candidates(problem, variants=None, tiles=TILES):
+    from kernelgen.templates import candidates as variant_candidates
+    vs = [v.NAME for v in variant_candidates(problem)]
+    if variants:
+        vs = [v for v in vs if v in variants]
+    return [(v, c) for v in vs for c in candidate_configs(problem, tiles)]
+
+
+def _compile_one(args):
+    """Worker: render + compile one candidate into the shared disk cache (no launch)."""
+    problem, variant, cfg = args
+    from numba import float32
+    from kernelgen.api import Plan, get_launcher
+    t = time.perf_counter()
+    try:
+        launcher = get_launcher(Plan(problem, variant, cfg, "cuda"))
+        if hasattr(launcher.kernel, "compile"):  # the simulator's dispatcher compiles nothing
+            launcher.kernel.compile(tuple(float32[::1] for _ in launcher.params))
+        return None, time.perf_counter() - t
+    except Exception as e:  # recorded by the parent; the tune goes on
+        return f"compile: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t
+
+
+def reference_output(problem, inputs):
+    from kernelgen import reference as R
+    kw = dict(stride=problem.stride[3 - problem.ndim:], padding=problem.padding[3 - problem.ndim:],
+              dilation=problem.dilation[3 - problem.ndim:], groups=problem.groups)
+    if problem.direction == "fwd":
+        return R.conv_forward(inputs["x"], inputs["w"], **kw)
+    if problem.direction == "bwd_data":
+        return R.conv_backward_data(inputs["dy"], inputs["w"], problem.x_shape, **kw)
+    return R.conv_backward_weight(inputs["x"], inputs["dy"], problem.w_shape, **kw)
+
+
+def random_inputs(problem, rng):
+    shapes = {"fwd": {"x": problem.x_shape, "w": problem.w_shape},
+              "bwd_data": {"dy": problem.y_shape, "w": problem.w_shape},
+              "bwd_weight": {"x": problem.x_shape, "dy": problem.y_shape}}[problem.direction]
+    return {n: rng.standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
+
+
+def device_sets(host_inputs, rotations=3):
+    """Device copies of the inputs, rotated so that L2 does not flatter (made once per problem)."""
+    from numba import cuda
+    return [{n: cuda.to_device((a if i == 0 else np.roll(a, i)).reshape(-1)) for n, a in host_inputs.items()}
+            for i in range(rotations)]
+
+
+def measure(problem, variant, cfg, sets, ref, repeat=10):
+    """(ms, rel_err) of one candidate, or raises if it fails to run or verify."""
+    from numba import cuda
+    from kernelgen.api import Plan, get_launcher
+    launcher = get_launcher(Plan(problem, variant, cfg, "cuda"))
+    out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, np.float32))  # poisoned
+    sets = [{**s, launcher.outputs[0]: out} for s in sets]
+    launcher(sets[0])
+    got = out.copy_to_host().reshape(ref.shape)
+    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    if not np.isfinite(err) or err > 1e-4:
+        raise ValueError(f"wrong result: relative error {err:.2e}")
+    rot = Rotation(sets)
+    return time_cuda(lambda: launcher(rot()), repeat=repeat), err
+
+
+def device_name():
+    from numba import cuda
+    d = cuda.get_current_device()
+    name = getattr(d, "name", "simulator")
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return "sm_%d%d" % d.compute_capability + "_" + name
+
+
+def tune(table, *, db_path=None, workers=None, variants=None, limit=None, directions=("fwd", "bwd_data", "bwd_weight"),
+         time_budget=None, tiles=TILES):
+    from tqdm import tqdm
+    name, layers = load_table(table)
+    problems = []
+    for layer in layers:
+        for d in directions:
+            p = layer.problem(d)
+            if p not in problems:
+                problems.append(p)
+    problems = problems[:limit] if limit else problems
+    # every worker process must see the same disk cache as this one
+    os.environ.setdefault("KERNELGEN_CACHE_DIR", str(database.user_db_dir().parent))
+    dev = device_name()
+    db_path = db_path or database.user_db_dir() / database.db_name(dev)
+    entries = database.load(db_path)
+    todo = [p for p in problems if p.key() not in entries]
+    print(f"tune {name}: {len(problems)} problems, {len(problems) - len(todo)} already in {db_path}")
+    rng = np.random.default_rng(0)
+    workers = workers or min(16, os.cpu_count() or 1)
+    failures = []
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        t_start = time.perf_counter()
+        for p in tqdm(todo, desc="tune", unit="problem"):
+            if time_budget and time.perf_counter() - t_start > time_budget:
+                print(f"time budget of {time_budget} s spent: stopping (rerun to resume)")
+                break
+            cands = candidates(p, variants, tiles)
+            compiled = list(pool.map(_compile_one, [(p, v, c) for v, c in cands]))
+            inputs = random_inputs(p, rng)
+            ref = reference_output(p, inputs)
+            sets = device_sets(inputs)
+            best, tried = None, []
+            for (v, c), (err, _) in zip(cands, compiled):
+                if err is None:
+                    try:
+                        ms, rel = measure(p, v, c, sets, ref)
+                        tried.append({"variant": v, "config": str(c), "ms": ms})
+                        if best is None or ms < best[2]:
+                            best = (v, c, ms)
+                        continue
+                    except Exception as e:
+                        err = f"run: {type(e).__name__}: {str(e)[:200]}"
+                tried.append({"variant": v, "config": str(c), "error": err})
+                failures.append((p.key(), str(c), err))
+            if best is not None:
+                entries[p.key()] = database.entry(p, best[0], best[1], best[2], tried)
+                database.save(db_path, entries, dev)
+    database.entries_for.cache_clear()
+    return db_path, entries, failures
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelgen tune", description=__doc__.splitlines()[0])
+    ap.add_argument("table", help="shape table name (e.g. resnet18_cifar) or JSON path")
+    ap.add_argument("--db", default=None, help="database path (default: the user's tuned dir)")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
+    ap.add_argument("--limit", type=int, default=None, help="tune only the first N problems")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new problems after it")
+    args = ap.parse_args(argv)
+    from kernelgen.api import gpu_present
+    if not gpu_present():
+        print("tune needs a CUDA GPU; nothing to do")
+        return 1
+    t = time.perf_counter()
+    path, entries, failures = tune(args.table, db_path=args.db, workers=args.workers, limit=args.limit,
+                                   time_budget=args.time_budget, directions=tuple(args.directions.split(",")))
+    print(f"database {path}: {len(entries)} entries, {len(failures)} rejected candidates, "
+          f"{time.perf_counter() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
