@@ -189,12 +189,29 @@ def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1
     out_shape = deconv_output_shape(arrays.shape_of(x), arrays.shape_of(w), stride, padding, output_padding,
                                     dilation, groups)
     p = make_problem("bwd_data", out_shape, arrays.shape_of(w), stride=stride, padding=padding,
-                     dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(x))
+                     dilation=dilation, groups=groups, dtype=dt)
     _check_bias(bias, out_shape[-1])
-    y = _run(p, {"dy": x, "w": w}, backend, algo, x)
+    dy = x if p.y_shape == arrays.shape_of(x) else _zero_extend(x, p.y_shape)
+    y = _run(p, {"dy": dy, "w": w}, backend, algo, x)
     if bias is not None:
         y = _add_bias(y, bias)
     return y
+
+
+def _zero_extend(a, shape):
+    """`a` followed by zeros up to `shape`.  An output_padding >= stride (allowed when dilation > stride)
+    makes the convolution that deconv transposes produce trailing outputs that no element of x feeds:
+    its dy there is zero."""
+    if not arrays.is_cuda_array(a):
+        a = np.asarray(a)
+        return np.pad(a, [(0, n - m) for n, m in zip(shape, a.shape)])
+    from numba import cuda
+    from .runtime.launch import fill_device
+    d = arrays.to_device_view(a, "x")
+    out = cuda.device_array(shape, d.dtype)
+    fill_device(out.reshape(out.size), 0)
+    out[tuple(slice(0, m) for m in d.shape)] = d
+    return out
 
 
 def _add_bias(y, bias):

@@ -80,6 +80,10 @@ def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, gro
 def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
     from .problem import deconv_output_shape
     out_shape = deconv_output_shape(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
+    y_shape = make_problem("fwd", out_shape, w.shape, stride=stride, padding=padding, dilation=dilation,
+                           groups=groups).y_shape
+    # output_padding >= stride (allowed when dilation > stride): trailing conv outputs no x feeds, dy = 0
+    x = np.pad(np.asarray(x, np.float64), [(0, n - m) for n, m in zip(y_shape, x.shape)])
     y = conv_backward_data(x, w, out_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     if bias is not None:
         y = y + np.asarray(bias, np.float64)
