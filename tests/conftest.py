@@ -1,0 +1,120 @@
+"""Session setup shared by every test file.  Read this before adding a test that touches CUDA.
+
+Environment, decided here once, before anything imports numba or compiles a kernel:
+
+* KERNELGEN_CACHE_DIR: a fresh temporary directory per session (removed at exit), so a run never
+  reads kernels compiled by another version of the code.  If the caller set it (CI with a warm
+  cache, scripts/gpu_run.sh), the caller's value wins and is left alone.
+
+* NUMBA_ENABLE_CUDASIM: numba picks the real CUDA target or the simulator when numba.cuda is
+  first imported, once per process.  So the session is in one of two modes:
+    - no NVIDIA device visible (no /dev/nvidia*): the simulator is switched on for the whole
+      session.  CPU tests are unaffected (the CPU backend never imports numba.cuda, and
+      kernelgen.api.gpu_present() is False under the simulator, so backend=None still means
+      "cpu"); tests marked `sim` run CUDA kernels in the simulator in-process; tests marked
+      `gpu` are skipped.
+    - an NVIDIA device visible: the real target; `gpu` tests run, `sim` tests are skipped
+      (the same kernels run for real in test_conv_gpu.py).
+  An explicit NUMBA_ENABLE_CUDASIM in the caller's environment wins either way.  The decision
+  looks at device files rather than asking numba, because asking numba would fix the mode.
+
+* hypothesis: a "kernelgen" profile with deadline=None (a new shape means a numba compile of
+  seconds).  Example counts stay per test (settings(max_examples=...)), kept small for the same
+  reason.  Examples are not derandomized: every run draws fresh shapes and data.
+
+Helpers for tests: the `rng` fixture (a Generator with a fresh seed, reported on failure) and the
+session fixtures `random_array` and `assert_close`, usable from hypothesis tests too.
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import secrets
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+
+def _nvidia_device_visible() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/dxg")
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _nvidia_device_visible():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+if not os.environ.get("KERNELGEN_CACHE_DIR"):
+    _session_cache = tempfile.mkdtemp(prefix="kernelgen-test-cache-")
+    os.environ["KERNELGEN_CACHE_DIR"] = _session_cache
+    atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
+
+settings.register_profile("kernelgen", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kernelgen")
+
+# Relative error bounds (max |got - want| / max |want|) against the float64 reference.
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_sim = pytest.mark.skip(reason="a real GPU is visible: simulator tests need NUMBA_ENABLE_CUDASIM=1")
+    gpu = None
+    for item in items:
+        if "sim" in item.keywords and not SIMULATOR:
+            item.add_marker(skip_sim)
+        if "gpu" in item.keywords:
+            if gpu is None:  # import lazily: only sessions that collected gpu tests touch numba.cuda here
+                from kernelgen.api import gpu_present
+                gpu = gpu_present()
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a real CUDA GPU (kernelgen.api.gpu_present() is False)"))
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh random Generator per test; its seed is printed if the test fails."""
+    seed = secrets.randbits(64)
+    request.node.user_properties.append(("rng_seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "rng_seed":
+                report.sections.append(("rng seed", f"np.random.default_rng({value})"))
+    return report
+
+
+def _random_array(rng, shape, dtype="float32"):
+    """Standard-normal data: never zeros, signs mixed, so a missed term or a dropped store shows."""
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _assert_close(got, want, dtype=None, what="result"):
+    """Relative error of `got` (any array with a host copy) against a float64 reference."""
+    if hasattr(got, "copy_to_host"):
+        got = got.copy_to_host()
+    got = np.asarray(got)
+    dtype = np.dtype(dtype or got.dtype).name
+    assert got.shape == tuple(want.shape), f"{what}: shape {got.shape}, expected {tuple(want.shape)}"
+    assert got.dtype == np.dtype(dtype), f"{what}: dtype {got.dtype}, expected {dtype}"
+    assert np.isfinite(got).all(), f"{what}: {np.count_nonzero(~np.isfinite(got))} non-finite elements"
+    scale = max(float(np.abs(want).max()), 1e-30)
+    err = float(np.abs(got.astype(np.float64) - want).max()) / scale
+    assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.3g} > {TOLERANCE[dtype]:g} ({dtype})"
+
+
+@pytest.fixture(scope="session")
+def random_array():
+    return _random_array
+
+
+@pytest.fixture(scope="session")
+def assert_close():
+    return _assert_close
