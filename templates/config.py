@@ -51,5 +51,5 @@ class TileConfig:
 
 
 # Defaults per target: the GPU wants large register tiles; the CPU wants small code (compile time).
-CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4, stages=2)
+CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4)
 CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)
