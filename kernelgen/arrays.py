@@ -12,18 +12,21 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 
 
 def is_cuda_array(a) -> bool:
-    return hasattr(a, "__cuda_array_interface__")
+    # numba device arrays say __cuda_ndarray__; the simulator's have no __cuda_array_interface__
+    return hasattr(a, "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False))
 
 
 def dtype_name(a) -> str:
-    if is_cuda_array(a):
+    if hasattr(a, "__cuda_array_interface__"):
         return np.dtype(a.__cuda_array_interface__["typestr"]).name
     return np.asarray(a).dtype.name if not hasattr(a, "dtype") else np.dtype(a.dtype).name
 
 
 def shape_of(a):
-    if is_cuda_array(a):
+    if hasattr(a, "__cuda_array_interface__"):
         return tuple(a.__cuda_array_interface__["shape"])
+    if is_cuda_array(a):
+        return tuple(a.shape)
     return tuple(np.shape(a))
 
 
@@ -51,7 +54,7 @@ def check_arrays(named, backend):
 def to_device_view(a, name):
     """A numba device array viewing `a` (no copy); C-contiguous required."""
     from numba import cuda
-    d = cuda.as_cuda_array(a)
+    d = a if getattr(a, "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
     if not d.is_c_contiguous():
         raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {d.strides}")
     return d
