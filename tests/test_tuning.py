@@ -1,0 +1,98 @@
+"""The tuner and the tuned database: format, resume, a failing candidate, run-time fallback.
+
+Tuning runs CUDA kernels, so the end-to-end tests run under the simulator (`sim`), on a one-layer
+table with two tiny tiles; the database and shape-table tests are pure Python.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernelgen.problem import make_problem
+from kernelgen.templates.config import TileConfig
+from kernelgen.tuning import database, shapes, tuner
+
+TINY_TILES = [(16, 16, 4, 4, 2), (32, 8, 4, 4, 2)]
+
+
+@pytest.fixture
+def tiny_table(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"name": "tiny", "layers": [
+        {"name": "a", "N": 1, "H": 4, "W": 5, "C": 4, "K": 4, "R": 3, "stride": 1, "padding": 1}]}))
+    return path
+
+
+def test_shipped_tables_load_and_expand():
+    for name in ("gpu_md", "resnet18_cifar"):
+        _, layers = shapes.load_table(name)
+        assert layers
+        for layer in layers:
+            for d in ("fwd", "bwd_data", "bwd_weight"):
+                p = layer.problem(d)
+                assert p.flops > 0
+    _, gpu_md = shapes.load_table("gpu_md")
+    deconv = [l for l in gpu_md if l.transposed][0]
+    # a deconvolution's forward pass is the backward-data pass of the conv it transposes
+    assert deconv.problem("fwd").direction == "bwd_data"
+    assert deconv.problem("fwd").x_shape == (32, 56, 56, 64)
+
+
+def test_unknown_table_names_the_argument():
+    with pytest.raises(ValueError, match="table must be"):
+        shapes.load_table("no_such_table")
+
+
+def test_candidates_respect_resource_limits():
+    p = make_problem("bwd_weight", (128, 32, 32, 64), (64, 3, 3, 64), padding=1)
+    cands = tuner.candidate_configs(p)
+    assert cands and all(tuner.fits(c) for c in cands)
+    assert any(c.split_k > 1 for c in cands)  # backward-weight gets split-K candidates
+    assert not tuner.fits(TileConfig(256, 256, 16, 8, 8, stages=2))  # 64 KiB of shared memory
+
+
+def test_database_roundtrip_and_nearest_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(database, "SHIPPED", tmp_path / "none")
+    monkeypatch.setattr(database, "user_db_dir", lambda: tmp_path)
+    database.entries_for.cache_clear()
+    tuned = make_problem("fwd", (8, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    cfg = TileConfig(64, 32, 8, 4, 4)
+    database.save(tmp_path / database.db_name("sm_90_test"),
+                  {tuned.key(): database.entry(tuned, "implicit_gemm", cfg, 0.5, [])}, "sm_90_test")
+    assert database.lookup(tuned, "sm_90_test") == ("implicit_gemm", cfg, "tuned")
+    near = make_problem("fwd", (16, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    assert database.lookup(near, "sm_90_test") == ("implicit_gemm", cfg, "nearest")
+    # a different filter size is not a neighbour: the caller falls back to the heuristic default
+    assert database.lookup(make_problem("fwd", (8, 16, 16, 32), (64, 5, 5, 32), padding=2), "sm_90_test") is None
+    assert database.lookup(tuned, "sm_80_other") is None
+    # a corrupt or foreign-format file is ignored, never a crash
+    (tmp_path / database.db_name("sm_90_bad")).write_text("{not json")
+    database.entries_for.cache_clear()
+    assert database.lookup(tuned, "sm_90_bad") is None
+    database.entries_for.cache_clear()
+
+
+@pytest.mark.sim
+def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
+    db = tmp_path / "db.json"
+    real = tuner.candidates
+
+    def with_a_broken_one(problem, variants=None, tiles=tuner.TILES):
+        # an unknown variant fails in the compile worker: it must be recorded and skipped
+        return real(problem, variants, tiles) + [("no_such_variant", TileConfig(16, 16, 4, 4, 2))]
+
+    monkeypatch.setattr(tuner, "candidates", with_a_broken_one)
+    _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=2, tiles=TINY_TILES, limit=1)
+    assert len(entries) == 1 and len(failures) == 1
+    (key, entry), = entries.items()
+    assert key.startswith("fwd_")
+    assert any("error" in t for t in entry["tried"])
+    assert entry["ms"] == min(t["ms"] for t in entry["tried"] if "ms" in t)
+    saved = json.loads(db.read_text())
+    assert saved["format"] == database.FORMAT and key in saved["entries"]
+    # resume: the finished problem is not tuned again, the rest are
+    _, entries2, _ = tuner.tune(str(tiny_table), db_path=db, workers=2, tiles=TINY_TILES,
+                                directions=("fwd", "bwd_weight"))
+    assert entries2[key] == json.loads(json.dumps(entry))  # kept as saved, not re-tuned
+    assert len(entries2) == 2
