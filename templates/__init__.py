@@ -5,9 +5,9 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 from __future__ import annotations
 
 from . import implicit_gemm
-from dataclasses import replace
+import math
 
-from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig
+from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
 
 VARIANTS = {m.NAME: m for m in (implicit_gemm,)}
 
@@ -24,20 +24,56 @@ def candidates(problem):
     return [m for m in VARIANTS.values() if problem.direction in m.DIRECTIONS and m.applies(problem)]
 
 
+# Relative per-FLOP efficiency and resident blocks per SM of each CUDA tile (H100 measurements,
+# BENCHMARKS.md run 2): the inputs of the cost model used when the tuned database has nothing.
+CUDA_TILES = {  # (BM, BN, BK, TM, TN): (efficiency, blocks per SM)
+    (128, 64, 8, 8, 4): (1.0, 2), (64, 64, 8, 4, 4): (0.85, 3), (128, 32, 8, 8, 2): (0.65, 2),
+    (128, 128, 8, 8, 8): (0.88, 1), (64, 128, 8, 4, 8): (0.85, 2), (256, 64, 8, 8, 4): (0.88, 1),
+}
+SM_COUNT = 132
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def gemm_shape(problem):
+    """(M, N, K, groups) of the implicit GEMM a problem maps to."""
+    taps = 1
+    for f in problem.filter_size:
+        taps *= f
+    outs = problem.N * math.prod(problem.out_size)
+    if problem.direction == "fwd":
+        return outs, problem.Kg, taps * problem.Cg, problem.groups
+    if problem.direction == "bwd_data":
+        return problem.N * math.prod(problem.in_size), problem.Cg, taps * problem.Kg, problem.groups
+    return problem.Kg, taps * problem.Cg, outs, problem.groups
+
+
+def estimated_cost(problem, tile, split_k=1):
+    """Model time of a tile on the problem: the blocks one SM runs x padded work per block, over the
+    tile's efficiency and how well the blocks resident together hide latency."""
+    (bm, bn, bk, _, _), (eff, per_sm) = tile, CUDA_TILES[tile]
+    M, N, K, G = gemm_shape(problem)
+    blocks = _cdiv(M, bm) * _cdiv(N, bn) * G * split_k
+    per_sm_run = _cdiv(blocks, SM_COUNT)
+    hiding = {1: 0.8, 2: 1.0}.get(min(per_sm_run, per_sm), 1.05)
+    return per_sm_run * bm * bn * _cdiv(_cdiv(K, bk), split_k) * bk / (eff * hiding)
+
+
+def split_for(problem, tile):
+    """Enough reduction splits that the grid fills about two waves (backward-weight's small output)."""
+    if problem.direction != "bwd_weight":
+        return 1
+    M, N, K, G = gemm_shape(problem)
+    blocks = _cdiv(M, tile[0]) * _cdiv(N, tile[1]) * G
+    return max(1, min(128, _cdiv(K, tile[2]) // 8, _cdiv(2 * SM_COUNT, blocks)))
+
+
 def default_config(problem, backend) -> TileConfig:
-    """Heuristic schedule when no tuned entry exists."""
+    """Heuristic schedule when no tuned entry exists: the CPU default, or the cheapest CUDA tile
+    under the cost model above."""
     if backend != "cuda":
         return CPU_DEFAULT
-    cfg = CUDA_DEFAULT
-    if problem.direction == "bwd_weight":
-        # dw is small (K x R*S*C) and the reduction (N*P*Q) is long: split it so the grid fills the GPU
-        M, Ng = problem.Kg, problem.Cg
-        for f in problem.filter_size:
-            Ng *= f
-        blocks = -(-M // cfg.BM) * -(-Ng // cfg.BN) * problem.groups
-        red = problem.N
-        for o in problem.out_size:
-            red *= o
-        split = max(1, min(64, 264 // max(blocks, 1), red // (cfg.BK * 64)))
-        return replace(cfg, split_k=split)
-    return cfg
+    best = min(CUDA_TILES, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
+    return TileConfig(*best, split_k=split_for(problem, best))
