@@ -136,9 +136,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     ty, tx = Var("ty"), Var("tx")
     thread_xy = [Assign("ty", tid // (BN // TN)), Assign("tx", tid % (BN // TN))]
     kk = Var("kk")
-    cur = Var("stage")
-
-    def compute():
+    def compute(cur):
         return [For("kk", BK, tuple(
         [a_frag.store(i, As[cur, kk, ty * TM + i]) for i in range(TM)]
         + [b_frag.store(j, Bs[cur, kk, tx * TN + j]) for j in range(TN)]
@@ -153,34 +151,34 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
             guard = all_of(([m < view.M] if view.M % BM else []) + ([n < view.N] if view.N % BN else []))
             epilogue.append(If(guard, tuple(view.store(m, n, g, acc[i, j], SK > 1))))
 
-    k_lo = (bz % SK) * kt_per_split if SK > 1 else 0
+    k_lo = (bz % SK) * kt_per_split if SK > 1 else Const(0)
     k_extent = kt_per_split if SK > 1 else nkt
     k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
     kt = Var("kt")
+    ragged = SK > 1 and nkt % SK  # the last split has fewer slices: guard each one
     if S == 1:
         kloop_body = (For("tid", NT, tuple([Comment("stage A and B: global -> shared")] + fetch(kt) + commit(0)),
                           "thread"), Barrier(),
-                      For("tid", NT, tuple(thread_xy + [Assign("stage", Const(0))] + compute()), "thread"),
+                      For("tid", NT, tuple(thread_xy + compute(0)), "thread"),
                       Barrier())
-        prefetch = []
+        kloop = [For("kt", k_extent, (If(kt < nkt, kloop_body),) if ragged else kloop_body, "serial", start=k_lo)]
     else:
-        # one barrier per slice: slice kt computes from stage kt % 2 while kt + 1 fills the other
-        nxt = kt + 1
-        kloop_body = (For("tid", NT, tuple(
-            thread_xy + [Assign("stage", (kt - k_lo) % 2), Comment("prefetch the next slice into registers"),
-                         If(nxt < k_end, tuple(fetch(nxt)))] + compute()
-            + [If(nxt < k_end, tuple(commit(1 - cur)))]), "thread"), Barrier())
+        # One barrier per slice: slice j computes from stage j % 2 while slice j + 1 fills the other.
+        # The loop is unrolled by two so that every shared-memory address has a constant stage offset.
+        def one_slice(kt, stage):
+            nxt = kt + 1
+            body = (For("tid", NT, tuple(
+                thread_xy + [Comment("prefetch the next slice into registers"), If(nxt < k_end, tuple(fetch(nxt)))]
+                + compute(stage) + [If(nxt < k_end, tuple(commit(1 - stage)))]), "thread"), Barrier())
+            return (If(kt < nkt, body),) if ragged else body
+        kp = Var("kp")
+        kloop = [For("kp", k_extent // 2, one_slice(k_lo + kp * 2, 0) + one_slice(k_lo + kp * 2 + 1, 1), "serial")]
+        if k_extent % 2:
+            kloop += list(one_slice(k_lo + (k_extent - 1), 0))
         prefetch = [Comment("first slice: global -> shared")] + fetch(k_lo) + commit(0)
-    if SK > 1 and nkt % SK:
-        kloop_body = (If(kt < nkt, kloop_body),)
-    if prefetch:
-        prologue = prologue + ([If(k_lo < nkt, tuple(prefetch))] if SK > 1 and nkt % SK else prefetch)
-    block = (
-        For("tid", NT, tuple(prologue), "thread"),
-        Barrier(),
-        For("kt", k_extent, kloop_body, "serial", start=k_lo),
-        For("tid", NT, tuple(epilogue), "thread"),
-    )
+        prologue = prologue + ([If(k_lo < nkt, tuple(prefetch))] if ragged else prefetch)
+    block = tuple([For("tid", NT, tuple(prologue), "thread"), Barrier()] + kloop
+                  + [For("tid", NT, tuple(epilogue), "thread")])
     grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
