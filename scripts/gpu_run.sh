@@ -2,7 +2,7 @@
 # Prepare the GPU machine and run kernelgen there: GPU tests, demo, benchmark against cuDNN.
 #
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
-# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all|tune-bench] [bench args...]
+# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all|tune-bench|probe] [bench args...]
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
 #
@@ -31,6 +31,9 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || true
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
+fi
+if [ "$mode" = probe ]; then
+  python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning
 fi
 if [ "$mode" = tune-bench ]; then
   for t in ${TUNE_TABLES:-gpu_md}; do
