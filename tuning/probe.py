@@ -57,7 +57,7 @@ def main(argv=None):
                     ms, err = measure(p, "implicit_gemm", cfg, sets, ref)
                     launcher = get_launcher(Plan(p, "implicit_gemm", cfg, "cuda"))
                     row |= {"ms": ms, "tflops": p.flops / ms / 1e9, "rel_err": err,
-                            "regs": launcher.kernel.get_regs_per_thread(), "sass": sass_histogram(launcher)}
+                            "regs": next(iter(launcher.kernel.get_regs_per_thread().values())), "sass": sass_histogram(launcher)}
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 rows.append(row)
