@@ -20,7 +20,7 @@ fi
 mode="${1:-all}"; shift || true
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site .
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site .
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 KERNELGEN_CACHE_DIR="${KERNELGEN_CACHE_DIR:-/tmp/kgcache}"
 REPO="$PWD"
 cd /tmp  # import the installed package, not the source tree (templates/ etc. map into kernelgen.*)
