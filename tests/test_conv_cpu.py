@@ -166,7 +166,7 @@ def gemm_dims(p):
 
 
 def launch_poisoned(problem, inputs, backend="cpu", config=None):
-    plan = make_plan(problem, backend, config=config)
+    plan = make_plan(problem, backend, algo="implicit_gemm", config=config)
     launcher = get_launcher(plan)
     out = np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype)
     args = {k: np.ascontiguousarray(v).reshape(-1) for k, v in inputs.items()}

@@ -46,7 +46,7 @@ def host_inputs(direction, x_shape, w_shape, kw, rng, bias):
 def launch_poisoned(problem, inputs, config):
     """Launch with a NaN-filled device output allocated here, so an unwritten element shows."""
     from numba import cuda
-    launcher = get_launcher(make_plan(problem, "cuda", config=config))
+    launcher = get_launcher(make_plan(problem, "cuda", algo="implicit_gemm", config=config))
     args = {k: cuda.to_device(np.ascontiguousarray(v).reshape(-1)) for k, v in inputs.items()}
     out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype))
     args[launcher.outputs[0]] = out

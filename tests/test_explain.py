@@ -8,6 +8,7 @@ import kernelgen
 from kernelgen import api
 from kernelgen.api import get_launcher
 from kernelgen.runtime.cache import KERNELS
+from kernelgen.templates import VARIANTS
 from kernelgen.templates.config import TileConfig
 
 rng = np.random.default_rng()
@@ -39,15 +40,16 @@ def test_explain_each_op(name, backend, cache_untouched):
     for target in (op, name):  # the function or its name
         e = kernelgen.explain(target, *args, backend=backend, **KW)
         assert e.problem.direction == direction and e.problem.groups == 2 and e.problem.stride[1:] == (2, 1)
-        assert e.backend == backend and e.variant == "implicit_gemm" and isinstance(e.config, TileConfig)
-        assert signature in e.source and e.problem.key() in e.source
+        assert e.backend == backend and e.variant in VARIANTS and isinstance(e.config, TileConfig)
+        assert e.problem.key() in e.source
+        if e.variant == "implicit_gemm":
+            assert signature in e.source
         assert ("@cuda.jit" in e.source) == (backend == "cuda") and ("@njit" in e.source) == (backend == "cpu")
         compile(e.source, "<explain>", "exec")
         text = str(e)
         assert e.problem.key() in text and str(e.config) in text and e.source in text
     if backend == "cuda":
         assert "cuda.local.array" not in e.source, "register tiles must be scalars, not local arrays"
-        assert "acc_0_0" in e.source
 
 
 def test_explain_bias_is_in_the_problem(cache_untouched):
