@@ -71,19 +71,21 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     pads = [pd > 0 for pd in p.padding]
 
     def a_inv(m, g):
-        *o, = _unflatten(m, (p.N,) + p.out_size)
-        n, o = o[0], o[1:]
-        inv = {"base": n * _prod(p.in_size) * p.C + g * p.Cg}
-        for ax, name in enumerate("dhw"):
-            inv[name] = o[ax] * p.stride[ax] - p.padding[ax]
+        n, *o = _unflatten(m, (p.N,) + p.out_size)
+        corner = [o[ax] * p.stride[ax] - p.padding[ax] for ax in range(3)]
+        # the window corner's linear offset (negative when it starts in the padding: only used once a
+        # tap's predicate has put the element inside x); coordinates kept only where padding is tested
+        inv = {"base": n * _prod(p.in_size) * p.C + g * p.Cg + _flatten(corner, p.in_size) * p.C}
+        inv.update({name: corner[ax] for ax, name in enumerate("dhw") if pads[ax]})
         return inv
 
     def a_elem(inv, kk, kt, col):
         tap, c = reduction_split(kk, kt, col, p.Cg, cfg.BK)
-        taps = _unflatten(tap, p.filter_size)
-        coords = [inv[nm] + taps[ax] * p.dilation[ax] for ax, nm in enumerate("dhw")]
-        pred = _in_range(coords, p.in_size, pads) + ([kk < Kr] if Kr % cfg.BK else [])
-        return all_of(pred), Load("x", (inv["base"] + _flatten(coords, p.in_size) * p.C + c,))
+        step = [t * d for t, d in zip(_unflatten(tap, p.filter_size), p.dilation)]  # uniform per slice
+        coords = [inv[nm] + step[ax] for ax, nm in enumerate("dhw") if pads[ax]]
+        pred = _in_range(coords, [n for n, pd in zip(p.in_size, pads) if pd], [True] * len(coords))
+        pred += [kk < Kr] if Kr % cfg.BK else []
+        return all_of(pred), Load("x", (inv["base"] + _flatten(step, p.in_size) * p.C + c,))
 
     def b_inv(n, g):
         return {"base": (g * p.Kg + n) * Kr}
@@ -111,22 +113,33 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
     M, Ng, Kr = p.N * _prod(p.in_size), p.Cg, TRS * p.Kg
     checks = [not (f == 1 and pd == 0 and st == 1) for f, pd, st in zip(p.filter_size, p.padding, p.stride)]
 
+    unit_stride = all(st == 1 for st in p.stride)
+
     def a_inv(m, g):
-        *i, = _unflatten(m, (p.N,) + p.in_size)
-        inv = {"base": i[0] * _prod(p.out_size) * p.K + g * p.Kg}
-        for ax, name in enumerate("dhw"):
-            inv[name] = i[ax + 1] + p.padding[ax]
+        n, *i = _unflatten(m, (p.N,) + p.in_size)
+        nums = [i[ax] + p.padding[ax] for ax in range(3)]
+        inv = {"base": n * _prod(p.out_size) * p.K + g * p.Kg}
+        if unit_stride:  # dy index is linear in (position - tap): fold the position part in once
+            inv["base"] = inv["base"] + _flatten(nums, p.out_size) * p.K
+            inv.update({name: nums[ax] for ax, name in enumerate("dhw") if checks[ax]})
+        else:
+            inv.update({name: nums[ax] for ax, name in enumerate("dhw")})
         return inv
 
     def a_elem(inv, kk, kt, col):
         tap, k = reduction_split(kk, kt, col, p.Kg, cfg.BK)
-        taps = _unflatten(tap, p.filter_size)
-        nums = [inv[nm] - taps[ax] * p.dilation[ax] for ax, nm in enumerate("dhw")]
-        pred = [(nums[ax] % p.stride[ax]).eq(0) for ax in range(3) if p.stride[ax] > 1 and checks[ax]]
+        step = [t * d for t, d in zip(_unflatten(tap, p.filter_size), p.dilation)]
+        pred = [kk < Kr] if Kr % cfg.BK else []
+        if unit_stride:
+            coords = [inv[nm] - step[ax] for ax, nm in enumerate("dhw") if checks[ax]]
+            sizes = [o for o, ch in zip(p.out_size, checks) if ch]
+            pred = _in_range(coords, sizes, [True] * len(coords)) + pred
+            return all_of(pred), Load("dy", (inv["base"] - _flatten(step, p.out_size) * p.K + k,))
+        nums = [inv[nm] - step[ax] for ax, nm in enumerate("dhw")]
+        pred += [(nums[ax] % p.stride[ax]).eq(0) for ax in range(3) if p.stride[ax] > 1 and checks[ax]]
         coords = [nums[ax] // p.stride[ax] for ax in range(3)]
         pred += [nums[ax] >= 0 for ax in range(3) if checks[ax]]
         pred += [coords[ax] < p.out_size[ax] for ax in range(3) if checks[ax]]
-        pred += [kk < Kr] if Kr % cfg.BK else []
         return all_of(pred), Load("dy", (inv["base"] + _flatten(coords, p.out_size) * p.K + k,))
 
     def b_inv(n, g):
@@ -168,7 +181,11 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         return inv
 
     def b_elem(inv, kk, kt, row):
-        *o, = _unflatten(kk, (p.N,) + p.out_size)
+        if p.out_size[2] % cfg.BK == 0:  # a slice stays in one output row: decode it once per slice
+            o = _unflatten(kt * cfg.BK, (p.N,) + p.out_size)
+            o[-1] = o[-1] + row
+        else:
+            o = _unflatten(kk, (p.N,) + p.out_size)
         coords = [o[ax + 1] * p.stride[ax] + inv[nm] for ax, nm in enumerate("dhw")]
         pred = _in_range(coords, p.in_size, pads) + ([kk < Kr] if Kr % cfg.BK else [])
         off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
