@@ -37,6 +37,17 @@ def _pad3(vals, fill):
     return (fill,) * (3 - len(vals)) + tuple(vals)
 
 
+def _check_ranks(x_shape, w_shape, x_layout, w_layout):
+    """x has 1-3 spatial dims and w the same number of filter dims; returns (x_shape, w_shape, ndim)."""
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    if not 3 <= len(x_shape) <= 5:
+        raise ValueError(f"x must have rank 3, 4 or 5 {x_layout} with 1-3 spatial dims, got shape {x_shape}")
+    ndim = len(x_shape) - 2
+    if len(w_shape) != ndim + 2:
+        raise ValueError(f"w must have rank {ndim + 2} {w_layout} to match x, got shape {w_shape}")
+    return x_shape, w_shape, ndim
+
+
 def conv_out_size(size, filt, stride, pad, dil):
     return (size + 2 * pad - dil * (filt - 1) - 1) // stride + 1
 
@@ -130,12 +141,7 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
     x_shape is (N, *spatial, C), w_shape is (K, *filter, C // groups).  y_shape, when given
     (the dy of a backward pass), must equal the computed output shape.
     """
-    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
-    if not 3 <= len(x_shape) <= 5:
-        raise ValueError(f"x must have rank 3, 4 or 5 (N, *spatial, C) with 1-3 spatial dims, got shape {x_shape}")
-    ndim = len(x_shape) - 2
-    if len(w_shape) != ndim + 2:
-        raise ValueError(f"w must have rank {ndim + 2} (K, *filter, C // groups) to match x, got shape {w_shape}")
+    x_shape, w_shape, ndim = _check_ranks(x_shape, w_shape, "(N, *spatial, C)", "(K, *filter, C // groups)")
     if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
         raise TypeError(f"groups must be an int, got {groups!r}")
     if groups < 1:
@@ -170,12 +176,7 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
 
 def deconv_output_shape(x_shape, w_shape, stride, padding, output_padding, dilation, groups):
     """Output shape of a transposed convolution (PyTorch's conv_transpose semantics), validated."""
-    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
-    if not 3 <= len(x_shape) <= 5:
-        raise ValueError(f"x must have rank 3, 4 or 5 (N, *spatial, C_in), got shape {x_shape}")
-    ndim = len(x_shape) - 2
-    if len(w_shape) != ndim + 2:
-        raise ValueError(f"w must have rank {ndim + 2} (C_in, *filter, C_out // groups), got shape {w_shape}")
+    x_shape, w_shape, ndim = _check_ranks(x_shape, w_shape, "(N, *spatial, C_in)", "(C_in, *filter, C_out // groups)")
     if w_shape[0] != x_shape[-1]:
         raise ValueError(f"w must have C_in = {x_shape[-1]} as its first dim (x channels), got {w_shape[0]}")
     stride = _tuple_arg("stride", stride, ndim, 1)

@@ -29,12 +29,17 @@ def _interior(prob):
     return (slice(None),) + tuple(slice(p, p + i) for i, p in zip(prob.in_size, prob.padding)) + (slice(None),)
 
 
+def _padded_input(prob, x):
+    """x in float64, zero-padded, as (N, D, H, W, C)."""
+    xp = np.zeros(_padded_shape(prob))
+    xp[_interior(prob)] = _as5(np.asarray(x, np.float64), prob.ndim)
+    return xp
+
+
 def conv_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1):
     prob = make_problem("fwd", x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    x5 = _as5(np.asarray(x, np.float64), prob.ndim)
+    xp = _padded_input(prob, x)
     w5 = _as5(np.asarray(w, np.float64), prob.ndim)
-    xp = np.zeros(_padded_shape(prob))
-    xp[_interior(prob)] = x5
     y = np.zeros((prob.N,) + prob.out_size + (prob.K,))
     G, Cg, Kg = prob.groups, prob.Cg, prob.Kg
     for t, r, s in np.ndindex(*prob.filter_size):
@@ -63,10 +68,8 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
 def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
     prob = make_problem("bwd_weight", x.shape, w_shape, stride=stride, padding=padding, dilation=dilation,
                         groups=groups, y_shape=dy.shape)
-    x5 = _as5(np.asarray(x, np.float64), prob.ndim)
+    xp = _padded_input(prob, x)
     dy5 = _as5(np.asarray(dy, np.float64), prob.ndim)
-    xp = np.zeros(_padded_shape(prob))
-    xp[_interior(prob)] = x5
     dw = np.zeros((prob.K,) + prob.filter_size + (prob.Cg,))
     G, Cg, Kg = prob.groups, prob.Cg, prob.Kg
     dyf = dy5.reshape(-1, prob.K)
