@@ -168,10 +168,12 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
                 print(f"time budget of {time_budget} s spent: stopping (rerun to resume)")
                 break
             cands = candidates(p, variants, tiles)
-            compiled = list(pool.map(_compile_one, [(p, v, c) for v, c in cands]))
+            futures = [pool.submit(_compile_one, (p, v, c)) for v, c in cands]
+            # the float64 reference is computed here while the workers compile
             inputs = random_inputs(p, rng)
             ref = reference_output(p, inputs)
             sets = device_sets(inputs)
+            compiled = [f.result() for f in futures]
             best, tried = None, []
             for (v, c), (err, _) in zip(cands, compiled):
                 if err is None:
