@@ -4,12 +4,12 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 """
 from __future__ import annotations
 
-from . import implicit_gemm
+from . import implicit_gemm, ks_deconv
 import math
 
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
 
-VARIANTS = {m.NAME: m for m in (implicit_gemm,)}
+VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm)}  # preference order: specialised first
 
 
 def get_variant(name):

@@ -27,6 +27,7 @@ class Operand:
     fast: str
     invariant: Callable
     element: Callable
+    per_group: bool = False  # element() also takes the grid-z index (variants whose z axis is more than groups)
 
 
 @dataclass
@@ -106,14 +107,16 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         out = []
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            pred, val = view.a.element({n: inv_a[n][e] for n in inv_names_a}, kt * BK + col, kt, col)
+            pred, val = view.a.element({n: inv_a[n][e] for n in inv_names_a}, kt * BK + col, kt, col,
+                                        *([g] if view.a.per_group else []))
             if view.M % BM:  # a partial last tile: rows past M must not be read
                 pred = (m0 + row < view.M) & pred
             st = ra.store(e, select(pred, val, Const(0.0)))
             out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)
-            pred, val = view.b.element({n: inv_b[n][e] for n in inv_names_b}, kt * BK + row, kt, row)
+            pred, val = view.b.element({n: inv_b[n][e] for n in inv_names_b}, kt * BK + row, kt, row,
+                                        *([g] if view.b.per_group else []))
             if view.N % BN:
                 pred = (n0 + col < view.N) & pred
             st = rb.store(e, select(pred, val, Const(0.0)))
