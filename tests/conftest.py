@@ -18,6 +18,9 @@ Environment, decided here once, before anything imports numba or compiles a kern
   An explicit NUMBA_ENABLE_CUDASIM in the caller's environment wins either way.  The decision
   looks at device files rather than asking numba, because asking numba would fix the mode.
 
+* NUMBA_BOUNDSCHECK=1 (unless set): the CPU kernels check every index, so a tile load that reads
+  past a tensor (harmless-looking on the CPU, a fault on the GPU) fails a CPU test.
+
 * hypothesis: a "kernelgen" profile with deadline=None (a new shape means a numba compile of
   seconds).  Example counts stay per test (settings(max_examples=...)), kept small for the same
   reason.  Examples are not derandomized: every run draws fresh shapes and data.
@@ -42,6 +45,9 @@ from hypothesis import HealthCheck, settings
 def _nvidia_device_visible() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/dxg")
 
+
+# Out-of-bounds reads are silent on the CPU but fault on the GPU: make the CPU tests catch them.
+os.environ.setdefault("NUMBA_BOUNDSCHECK", "1")
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _nvidia_device_visible():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
