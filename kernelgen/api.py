@@ -96,7 +96,7 @@ def make_plan(problem, backend, algo=None, config=None) -> Plan:
             if tuned is not None:
                 variant, config = get_variant(tuned[0]), tuned[1]
     if config is None:
-        config = default_config(problem, backend)
+        config = default_config(problem, backend, variant)
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
     return Plan(problem, variant.NAME, config, backend)

@@ -4,12 +4,13 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 """
 from __future__ import annotations
 
-from . import implicit_gemm, ks_deconv
+from . import conv_v2, implicit_gemm, ks_deconv
 import math
 
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
 
-VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm)}  # preference order: specialised first
+# preference order for the automatic choice; conv_v2 runs where forced or where the tuner picked it
+VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm, conv_v2)}
 
 
 def get_variant(name):
@@ -70,10 +71,27 @@ def split_for(problem, tile):
     return max(1, min(128, _cdiv(K, tile[2]) // 8, _cdiv(2 * SM_COUNT, blocks)))
 
 
-def default_config(problem, backend) -> TileConfig:
-    """Heuristic schedule when no tuned entry exists: the CPU default, or the cheapest CUDA tile
-    under the cost model above."""
+def config_ok(variant, problem, cfg):
+    check = getattr(variant, "config_ok", None)
+    return check is None or check(problem, cfg)
+
+
+def default_config(problem, backend, variant=None) -> TileConfig:
+    """Heuristic schedule when no tuned entry exists: the CPU default (shrunk until the variant
+    accepts it), or the cheapest CUDA tile under the cost model above that the variant accepts."""
     if backend != "cuda":
-        return CPU_DEFAULT
-    best = min(CUDA_TILES, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
+        for bm in (32, 16, 8, 4, 2, 1):
+            for bk in (8, 4, 2, 1):
+                cfg = TileConfig(bm, CPU_DEFAULT.BN, bk, min(bm, CPU_DEFAULT.TM), CPU_DEFAULT.TN)
+                if config_ok(variant, problem, cfg):
+                    return cfg
+        raise ValueError(f"no CPU schedule fits variant {variant.NAME} on {problem.key()}")
+    tiles = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(*t, split_k=split_for(problem, t)))]
+    if not tiles:
+        tiles = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(*t))]
+        if not tiles:
+            raise ValueError(f"no CUDA tile fits variant {variant.NAME} on {problem.key()}")
+        best = min(tiles, key=lambda t: estimated_cost(problem, t))
+        return TileConfig(*best)
+    best = min(tiles, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
     return TileConfig(*best, split_k=split_for(problem, best))

@@ -68,9 +68,9 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
         j = _unflatten(tap, J)
         return j, [a[ax] + j[ax] * st[ax] for ax in range(3)]
 
-    def a_elem(inv, kk, kt, col, g):
+    def a_elem(inv, kk, kt, col, ctx):
         tap, k = reduction_split(kk, kt, col, p.Kg, cfg.BK)
-        j, t = taps_of(tap, g)
+        j, t = taps_of(tap, ctx.g)
         o = [inv["o" + nm] - j[ax] for ax, nm in enumerate("dhw")]
         pred = [inv["ok" + nm].ne(0) for nm in "dhw"] + [t[ax] < T[ax] for ax in range(3) if T[ax] % st[ax]]
         pred += [o[ax] >= 0 for ax in range(3)] + [o[ax] < O[ax] for ax in range(3)]
@@ -81,9 +81,9 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
         grp = g // classes
         return {"col": grp * p.Kg * TRS * p.Cg + n}
 
-    def b_elem(inv, kk, kt, row, g):
+    def b_elem(inv, kk, kt, row, ctx):
         tap, k = reduction_split(kk, kt, row, p.Kg, cfg.BK)
-        _, t = taps_of(tap, g)
+        _, t = taps_of(tap, ctx.g)
         pred = [t[ax] < T[ax] for ax in range(3) if T[ax] % st[ax]] + ([kk < Kr] if Kr % cfg.BK else [])
         return all_of(pred), Load("w", (inv["col"] + (k * TRS + _flatten(t, T)) * p.Cg,))
 
@@ -97,8 +97,8 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
 
     params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (p.N * _prod(I) * p.C,), p.dtype, role="out"))
-    return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, per_group=True),
-                    Operand("mn", b_inv, b_elem, per_group=True), store, params, p.dtype,
+    return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, context=True),
+                    Operand("mn", b_inv, b_elem, context=True), store, params, p.dtype,
                     doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]")
 
 

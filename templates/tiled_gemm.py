@@ -27,7 +27,15 @@ class Operand:
     fast: str
     invariant: Callable
     element: Callable
-    per_group: bool = False  # element() also takes the grid-z index (variants whose z axis is more than groups)
+    context: bool = False  # element() also gets a BlockContext (variants that need the block's position)
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    """Block-uniform values a view may use: grid-z index g, first row m0 and first column n0."""
+    g: object
+    m0: object
+    n0: object
 
 
 @dataclass
@@ -43,6 +51,7 @@ class GemmView:
     dtype: str = "float32"
     doc: str = ""
     meta: dict = field(default_factory=dict)
+    k_tiles: Callable | None = None  # (BlockContext) -> Expr: a per-block count of BK slices (ConvV2)
 
 
 def _cdiv(a, b):
@@ -74,6 +83,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     tid, bm, bn, bz = Var("tid"), Var("bm"), Var("bn"), Var("bz")
     g = bz // SK if SK > 1 else bz
     m0, n0 = bm * BM, bn * BN
+    ctx = BlockContext(g, m0, n0)
 
     # --- per-thread invariants of the lines (A rows / B columns) this thread loads ---------------
     def line_of(operand, e, rows, cols, is_a):
@@ -108,7 +118,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
             pred, val = view.a.element({n: inv_a[n][e] for n in inv_names_a}, kt * BK + col, kt, col,
-                                        *([g] if view.a.per_group else []))
+                                        *([ctx] if view.a.context else []))
             if view.M % BM:  # a partial last tile: rows past M must not be read
                 pred = (m0 + row < view.M) & pred
             st = ra.store(e, select(pred, val, Const(0.0)))
@@ -116,7 +126,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)
             pred, val = view.b.element({n: inv_b[n][e] for n in inv_names_b}, kt * BK + row, kt, row,
-                                        *([g] if view.b.per_group else []))
+                                        *([ctx] if view.b.context else []))
             if view.N % BN:
                 pred = (n0 + col < view.N) & pred
             st = rb.store(e, select(pred, val, Const(0.0)))
@@ -156,6 +166,10 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
 
     k_lo = (bz % SK) * kt_per_split if SK > 1 else Const(0)
     k_extent = kt_per_split if SK > 1 else nkt
+    if view.k_tiles is not None:  # the reduction length depends on the block
+        if SK > 1 or S > 1:
+            raise ValueError(f"TileConfig: a per-block reduction needs split_k=1 and stages=1, got {cfg}")
+        k_extent = view.k_tiles(ctx)
     k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
     kt = Var("kt")
     ragged = SK > 1 and nkt % SK  # the last split has fewer slices: guard each one

@@ -69,11 +69,9 @@ def candidate_configs(problem, tiles=TILES):
 
 
 def candidates(problem, variants=None, tiles=TILES):
-    from kernelgen.templates import candidates as variant_candidates
-    vs = [v.NAME for v in variant_candidates(problem)]
-    if variants:
-        vs = [v for v in vs if v in variants]
-    return [(v, c) for v in vs for c in candidate_configs(problem, tiles)]
+    from kernelgen.templates import candidates as variant_candidates, config_ok
+    vs = [v for v in variant_candidates(problem) if not variants or v.NAME in variants]
+    return [(v.NAME, c) for v in vs for c in candidate_configs(problem, tiles) if config_ok(v, problem, c)]
 
 
 def _compile_one(args):
