@@ -55,12 +55,12 @@ def tuned_device():
     return device_name()
 
 
-def tuned_choice(problem):
+def tuned_choice(problem, preferred=None):
     """(variant name, TileConfig) from the tuned database for this GPU, or None."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("KERNELGEN_NO_TUNED") == "1":
         return None
     from .tuning import database
-    hit = database.lookup(problem, tuned_device())
+    hit = database.lookup(problem, tuned_device(), preferred)
     return None if hit is None else hit[:2]
 
 
@@ -92,7 +92,7 @@ def make_plan(problem, backend, algo=None, config=None) -> Plan:
     else:
         variant = candidates(problem)[0]
         if config is None and backend == "cuda":
-            tuned = tuned_choice(problem)
+            tuned = tuned_choice(problem, variant.NAME)
             if tuned is not None:
                 variant, config = get_variant(tuned[0]), tuned[1]
     if config is None:

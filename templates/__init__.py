@@ -30,6 +30,8 @@ def candidates(problem):
 CUDA_TILES = {  # (BM, BN, BK, TM, TN): (efficiency, blocks per SM)
     (128, 64, 8, 8, 4): (1.0, 2), (64, 64, 8, 4, 4): (0.85, 3), (128, 32, 8, 8, 2): (0.65, 2),
     (128, 128, 8, 8, 8): (0.88, 1), (64, 128, 8, 4, 8): (0.85, 2), (256, 64, 8, 8, 4): (0.88, 1),
+    # narrow tiles for GEMMs with a handful of columns (3-channel backward-data); not yet measured
+    (256, 16, 8, 8, 2): (0.6, 2), (256, 8, 8, 8, 2): (0.45, 3),
 }
 SM_COUNT = 132
 

@@ -71,21 +71,19 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     pads = [pd > 0 for pd in p.padding]
 
     def a_inv(m, g):
-        n, *o = _unflatten(m, (p.N,) + p.out_size)
-        corner = [o[ax] * p.stride[ax] - p.padding[ax] for ax in range(3)]
-        # the window corner's linear offset (negative when it starts in the padding: only used once a
-        # tap's predicate has put the element inside x); coordinates kept only where padding is tested
-        inv = {"base": n * _prod(p.in_size) * p.C + g * p.Cg + _flatten(corner, p.in_size) * p.C}
-        inv.update({name: corner[ax] for ax, name in enumerate("dhw") if pads[ax]})
+        *o, = _unflatten(m, (p.N,) + p.out_size)
+        n, o = o[0], o[1:]
+        inv = {"base": n * _prod(p.in_size) * p.C + g * p.Cg}
+        for ax, name in enumerate("dhw"):
+            inv[name] = o[ax] * p.stride[ax] - p.padding[ax]
         return inv
 
     def a_elem(inv, kk, kt, col):
         tap, c = reduction_split(kk, kt, col, p.Cg, cfg.BK)
-        step = [t * d for t, d in zip(_unflatten(tap, p.filter_size), p.dilation)]  # uniform per slice
-        coords = [inv[nm] + step[ax] for ax, nm in enumerate("dhw") if pads[ax]]
-        pred = _in_range(coords, [n for n, pd in zip(p.in_size, pads) if pd], [True] * len(coords))
-        pred += [kk < Kr] if Kr % cfg.BK else []
-        return all_of(pred), Load("x", (inv["base"] + _flatten(step, p.in_size) * p.C + c,))
+        taps = _unflatten(tap, p.filter_size)
+        coords = [inv[nm] + taps[ax] * p.dilation[ax] for ax, nm in enumerate("dhw")]
+        pred = _in_range(coords, p.in_size, pads) + ([kk < Kr] if Kr % cfg.BK else [])
+        return all_of(pred), Load("x", (inv["base"] + _flatten(coords, p.in_size) * p.C + c,))
 
     def b_inv(n, g):
         return {"base": (g * p.Kg + n) * Kr}

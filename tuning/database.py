@@ -71,16 +71,25 @@ def _distance(a, b):
     return sum(abs(math.log(x) - math.log(y)) for x, y in pairs)
 
 
-def lookup(problem, device_key: str):
-    """(variant, TileConfig, how) for a problem, or None when the database has nothing near."""
+def _considered(entry, variant):
+    """Was `variant` among the candidates this entry's tune compared?  (A variant added after the
+    tune must not lose to an entry that never measured it.)"""
+    return variant is None or any(t.get("variant") == variant for t in entry.get("tried", ()))
+
+
+def lookup(problem, device_key: str, preferred=None):
+    """(variant, TileConfig, how) for a problem, or None when the database has nothing near that
+    measured the `preferred` variant (the one the heuristic would run)."""
     table = entries_for(device_key)
     if not table:
         return None
     e = table.get(problem.key())
-    if e is not None:
+    if e is not None and _considered(e, preferred):
         return e["variant"], config_from(e), "tuned"
     best, best_d = None, None
     for e in table.values():
+        if not _considered(e, preferred):
+            continue
         from kernelgen.problem import ConvProblem
         other = ConvProblem(**{**e["problem"], **{k: tuple(v) for k, v in e["problem"].items() if isinstance(v, list)}})
         d = _distance(problem, other)
