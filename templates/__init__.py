@@ -32,6 +32,8 @@ CUDA_TILES = {  # (BM, BN, BK, TM, TN): (efficiency, blocks per SM)
     (128, 128, 8, 8, 8): (0.88, 1), (64, 128, 8, 4, 8): (0.85, 2), (256, 64, 8, 8, 4): (0.88, 1),
     # narrow tiles for GEMMs with a handful of columns (3-channel backward-data); not yet measured
     (256, 16, 8, 8, 2): (0.6, 2), (256, 8, 8, 8, 2): (0.45, 3),
+    # a short tile, so that ConvV2 (whose blocks must not straddle a batch of N rows) runs at N = 32
+    (32, 64, 8, 4, 4): (0.7, 4),
 }
 SM_COUNT = 132
 
