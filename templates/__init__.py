@@ -91,11 +91,12 @@ def default_config(problem, backend, variant=None) -> TileConfig:
                     return cfg
         raise ValueError(f"no CPU schedule fits variant {variant.NAME} on {problem.key()}")
     tiles = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(*t, split_k=split_for(problem, t)))]
-    if not tiles:
-        tiles = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(*t))]
-        if not tiles:
-            raise ValueError(f"no CUDA tile fits variant {variant.NAME} on {problem.key()}")
-        best = min(tiles, key=lambda t: estimated_cost(problem, t))
-        return TileConfig(*best)
-    best = min(tiles, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
-    return TileConfig(*best, split_k=split_for(problem, best))
+    if tiles:
+        best = min(tiles, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
+        return TileConfig(*best, split_k=split_for(problem, best))
+    for bk in (8, 4, 2, 1):  # variants with their own constraints (ConvV2: no split-K, BK | C/groups)
+        fitting = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(t[0], t[1], bk, t[3], t[4]))]
+        if fitting:
+            best = min(fitting, key=lambda t: estimated_cost(problem, t))
+            return TileConfig(best[0], best[1], bk, best[3], best[4])
+    raise ValueError(f"no CUDA tile fits variant {variant.NAME} on {problem.key()}")
