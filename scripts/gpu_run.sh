@@ -42,5 +42,5 @@ if [ "$mode" = tune-bench ]; then
   cp "$KERNELGEN_CACHE_DIR"/tuned/*.json "$OUT/" || true
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ] || [ "$mode" = tune-bench ]; then
-  python3 -m kernelgen bench gpu_md --compare torch --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "bench:"
+  python3 -m kernelgen bench "${BENCH_TABLE:-gpu_md}" --compare torch --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "bench:"
 fi
