@@ -17,6 +17,7 @@ from pathlib import Path
 
 SHIPPED = Path(__file__).parent / "db"
 FORMAT = 1
+NEAREST_MAX_DISTANCE = 0.75  # sum of |log size ratios| (N, C, K, spatial) to trust a neighbour's config
 
 
 def user_db_dir() -> Path:
@@ -95,7 +96,9 @@ def lookup(problem, device_key: str, preferred=None):
         d = _distance(problem, other)
         if d is not None and (best_d is None or d < best_d):
             best, best_d = e, d
-    if best is None:
+    # measured on the H100 (BENCHMARKS.md): a neighbour further than ~2x in one size hurt more often than
+    # it helped, so beyond that the cost-model default decides
+    if best is None or best_d > NEAREST_MAX_DISTANCE:
         return None
     cfg = config_from(best)
     if problem.direction != "bwd_weight" and cfg.split_k > 1:
