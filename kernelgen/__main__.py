@@ -20,7 +20,13 @@ def main(argv=None):
         for name, (_, doc) in COMMANDS.items():
             print(f"  {name:<6} {doc}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+    except ModuleNotFoundError as e:
+        if e.name != COMMANDS[argv[0]][0]:
+            raise
+        print(f"python -m kernelgen {argv[0]}: not available in this build ({e.name} is missing)")
+        return 2
     return module.main(argv[1:]) or 0
 
 

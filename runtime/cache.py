@@ -12,7 +12,9 @@ content.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
+import json
 import importlib.util
 import os
 import sys
@@ -135,4 +137,29 @@ class KernelCache:
                 self._memory.clear()
 
 
+def load_persistent_stats(directory) -> dict:
+    try:
+        return json.loads((Path(directory) / "stats.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_persistent_stats(cache: KernelCache):
+    """Add this process's counters to the directory's lifetime totals (best effort, atomic)."""
+    mine = cache.stats.__dict__
+    if not any(mine.values()) or not cache.directory.exists():
+        return
+    try:
+        totals = load_persistent_stats(cache.directory)
+        for k, v in mine.items():
+            totals[k] = totals.get(k, 0) + v
+        fd, tmp = tempfile.mkstemp(dir=cache.directory, prefix=".tmp_", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(totals, f)
+        os.replace(tmp, cache.directory / "stats.json")
+    except OSError:
+        pass
+
+
 KERNELS = KernelCache()
+atexit.register(_save_persistent_stats, KERNELS)
