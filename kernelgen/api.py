@@ -57,8 +57,8 @@ def tuned_device():
 
 def tuned_choice(problem, preferred=None):
     """(variant name, TileConfig) from the tuned database for this GPU, or None."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or os.environ.get("KERNELGEN_NO_TUNED") == "1":
-        return None
+    if not gpu_present() or os.environ.get("KERNELGEN_NO_TUNED") == "1":
+        return None  # databases are per GPU: rendering for CUDA on a GPU-less machine uses the heuristics
     from .tuning import database
     hit = database.lookup(problem, tuned_device(), preferred)
     return None if hit is None else hit[:2]

@@ -9,7 +9,7 @@ import operator
 from dataclasses import replace
 
 from .ir import (Assign, BinOp, Buffer, Call, Const, Expr, For, If, Kernel, Load, Select, Store, Var,
-                 map_expr, map_stmt_exprs)
+                 expr_vars, map_expr, map_stmt_exprs)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -50,6 +50,13 @@ def _simplify(e):
                 return a
         if op == "//" and _is(b, 1):
             return a
+        # (x + c) // m and (x + c) % m with m | c: exact for floor division, any sign of x
+        if op in ("//", "%") and isinstance(b, Const) and isinstance(b.value, int) and b.value > 0 \
+                and isinstance(a, BinOp) and a.op == "+" and isinstance(a.b, Const) and isinstance(a.b.value, int) \
+                and a.b.value % b.value == 0:
+            if op == "%":
+                return _simplify(BinOp("%", a.a, b))
+            return _simplify(BinOp("+", _simplify(BinOp("//", a.a, b)), Const(a.b.value // b.value)))
         if op == "%" and _is(b, 1):
             return Const(0)
         if op == "and":
@@ -244,4 +251,154 @@ def lower(kernel: Kernel, target: str) -> Kernel:
         k = scalarize_registers(fold_constants(unroll(k)))
     else:
         k = demote_unroll(k)
-    return fold_constants(flatten_buffers(k))
+    return eliminate_common_subexpressions(propagate_constants(fold_constants(flatten_buffers(k))))
+
+
+# --- common subexpression elimination ---------------------------------------------------------------
+
+def _size(e):
+    if isinstance(e, BinOp):
+        return 1 + _size(e.a) + _size(e.b)
+    if isinstance(e, (Call, Select)):
+        return 1 + sum(_size(c) for c in _children(e))
+    return 0 if isinstance(e, (Const, Var)) else 1
+
+
+def _children(e):
+    if isinstance(e, BinOp):
+        return (e.a, e.b)
+    if isinstance(e, Call):
+        return e.args
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, Load):
+        return e.index
+    return ()
+
+
+def _stmt_exprs(s):
+    """The expressions a statement evaluates itself (not those of nested bodies)."""
+    if isinstance(s, Assign):
+        return [s.value]
+    if isinstance(s, Store):
+        return list(s.index) + [s.value]
+    if isinstance(s, If):
+        return [s.cond]
+    if isinstance(s, For):
+        return [x for x in (s.extent, s.start) if isinstance(x, Expr)]
+    return []
+
+
+def _assigned(stmts, out=None):
+    """Names (re)bound anywhere in a statement list: Assign targets and loop variables."""
+    out = {} if out is None else out
+    for s in stmts:
+        if isinstance(s, Assign):
+            out[s.var] = out.get(s.var, 0) + 1
+        elif isinstance(s, For):
+            out[s.var] = out.get(s.var, 0) + 2
+            _assigned(s.body, out)
+        elif isinstance(s, If):
+            _assigned(s.body, out), _assigned(s.orelse, out)
+    return out
+
+
+def _count(e, counts):
+    if _size(e) >= 3 and not isinstance(e, Load):
+        counts[e] = counts.get(e, 0) + 1
+    for c in _children(e):
+        _count(c, counts)
+
+
+def _cse_block(stmts, prefix, counter, outer_bound=frozenset()):
+    """Name the repeated pure subexpressions of one statement list: `_e3 = ...` right before the
+    statement that first needs it.  Only expressions whose variables are bound once, before that
+    statement, qualify, so moving them cannot change their value."""
+    stmts = [(_cse_stmt(s, prefix, counter, outer_bound)) for s in stmts]
+    assigned = _assigned(stmts)
+    while True:
+        counts = {}
+        for s in stmts:
+            for e in _stmt_exprs(s):
+                _count(e, counts)
+            for body in ([s.body] if isinstance(s, For) else [s.body, s.orelse] if isinstance(s, If) else []):
+                for inner in body:  # uses one level down count too (the name is visible there)
+                    for e in _stmt_exprs(inner):
+                        _count(e, counts)
+        first_def = {s.var: i for i, s in reversed(list(enumerate(stmts))) if isinstance(s, Assign)}
+        best = None
+        for e, n in counts.items():
+            names = expr_vars(e)
+            if n < 2 or any(assigned.get(v, 0) > 1 or (v in assigned and v not in first_def) for v in names):
+                continue
+            if best is None or _size(e) > _size(best):
+                best = e
+        if best is None:
+            return tuple(stmts)
+        name = f"{prefix}{counter[0]}"
+        counter[0] += 1
+        sub = lambda x: map_expr(x, lambda n: Var(name) if n == best else n)
+        uses = [i for i, s in enumerate(stmts) if _mentions(s, best)]
+        at = uses[0]
+        defined_before = max([first_def[v] for v in expr_vars(best) if v in first_def], default=-1)
+        if defined_before >= at:
+            return tuple(stmts)
+        stmts = [map_stmt_exprs(s, sub) for s in stmts]
+        stmts.insert(at, Assign(name, best))
+        assigned[name] = 1
+
+
+def _mentions(s, target):
+    found = []
+    map_stmt_exprs(s, lambda e: map_expr(e, lambda n: (found.append(1) if n == target else None) or n))
+    return bool(found)
+
+
+def _cse_stmt(s, prefix, counter, outer_bound):
+    if isinstance(s, For):
+        return replace(s, body=_cse_block(s.body, prefix, counter))
+    if isinstance(s, If):
+        return If(s.cond, _cse_block(s.body, prefix, counter), _cse_block(s.orelse, prefix, counter))
+    return s
+
+
+def propagate_constants(kernel: Kernel) -> Kernel:
+    """Scalars bound exactly once, to a constant, are replaced by it (e.g. the unit dims' offsets of a
+    2D problem seen as 3D), and their assignments dropped."""
+    counts = _assigned(kernel.body)
+    consts = {}
+
+    def scan(stmts):
+        for st in stmts:
+            if isinstance(st, Assign) and counts.get(st.var) == 1 and isinstance(st.value, Const):
+                consts[st.var] = st.value
+            elif isinstance(st, For):
+                scan(st.body)
+            elif isinstance(st, If):
+                scan(st.body), scan(st.orelse)
+
+    scan(kernel.body)
+    if not consts:
+        return kernel
+    sub = lambda e: map_expr(e, lambda n: consts.get(n.name, n) if isinstance(n, Var) else n)
+
+    def walk(stmts):
+        out = []
+        for st in stmts:
+            if isinstance(st, Assign) and st.var in consts:
+                continue
+            if isinstance(st, For):
+                st = replace(map_stmt_exprs(replace(st, body=()), sub), body=walk(st.body))
+            elif isinstance(st, If):
+                st = If(sub(st.cond), walk(st.body), walk(st.orelse))
+            else:
+                st = map_stmt_exprs(st, sub)
+            out.append(st)
+        return tuple(out)
+
+    return fold_constants(replace(kernel, body=walk(kernel.body)))
+
+
+def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
+    """Readable, cheaper source: repeated index arithmetic is computed once and named."""
+    return replace(kernel, body=_cse_block(kernel.body, "_e", [0]))
