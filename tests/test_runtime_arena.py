@@ -1,0 +1,100 @@
+"""Pool bookkeeping over a fake backing allocator; the numba EMM test needs a real GPU."""
+import random
+
+import pytest
+
+from kernelgen.runtime.arena import Pool, size_class
+
+
+class FakeBacking:
+    def __init__(self, capacity):
+        self.capacity, self.used, self.next_handle = capacity, 0, 1
+        self.live = {}
+
+    def alloc(self, nbytes):
+        if self.used + nbytes > self.capacity:
+            raise MemoryError("fake out of memory")
+        handle = self.next_handle
+        self.next_handle += 1
+        self.live[handle] = nbytes
+        self.used += nbytes
+        return handle
+
+    def free(self, handle):
+        self.used -= self.live.pop(handle)
+
+
+def test_size_class_rounds_up_with_bounded_waste():
+    for n in [0, 1, 511, 512, 513, 4097, 10**6, 3 * 2**20 + 7]:
+        c = size_class(n)
+        assert c >= n and c % 512 == 0
+        assert c - n <= max(512, n / 8)
+    with pytest.raises(ValueError, match="nbytes"):
+        size_class(-1)
+
+
+def test_freed_block_is_reused_on_same_stream_only():
+    backing = FakeBacking(1 << 30)
+    pool = Pool(backing)
+    a = pool.alloc(1000)
+    pool.free(a)
+    b = pool.alloc(900)                 # same class as 1000
+    assert b.handle == a.handle and pool.stats()["served_from_pool"] == 1
+    pool.free(b)
+    c = pool.alloc(1000, stream=7)      # another stream must not take it without an event
+    assert c.handle != a.handle
+    assert pool.stats()["backing_allocs"] == 2
+    with pytest.raises(ValueError, match="already freed"):
+        pool.free(b)
+
+
+def test_no_growth_over_10000_mixed_cycles():
+    # a training-loop shape: each step allocates the same multiset of mixed sizes in a fresh order
+    # and frees it in another; after the first step on each stream the backing must never grow
+    backing = FakeBacking(1 << 34)
+    pool = Pool(backing)
+    rng = random.Random(0)
+    sizes = [rng.choice([100, 4096, 70_000, 1 << 20, 3 << 20]) + rng.randrange(64) for _ in range(20)]
+    for step in range(500):
+        order = sizes[:]
+        rng.shuffle(order)
+        live = [pool.alloc(n, stream=step % 2) for n in order]
+        rng.shuffle(live)
+        for block in live:
+            pool.free(block)
+        if step == 1:
+            warm_backing = backing.used
+    assert warm_backing == 2 * sum(size_class(n) for n in sizes)
+    assert backing.used == warm_backing == pool.stats()["cached"]
+    assert pool.stats()["in_use"] == 0
+    assert pool.stats()["backing_allocs"] == 40
+    assert pool.stats()["served_from_pool"] == 500 * 20 - 40
+    assert pool.release_cached() == warm_backing and backing.used == 0
+
+
+def test_oom_releases_cache_then_retries_then_raises_with_stats():
+    backing = FakeBacking(8192)
+    pool = Pool(backing)
+    small = pool.alloc(4096)
+    pool.free(small)                    # 4096 cached, 4096 left in the backing
+    big = pool.alloc(8000)              # needs the cached block released first
+    assert pool.stats()["cached"] == 0 and pool.stats()["in_use"] == size_class(8000)
+    with pytest.raises(MemoryError, match=r"1000 bytes.*in_use"):
+        pool.alloc(1000)
+    pool.free(big)
+    assert pool.stats()["peak"] == size_class(8000)
+
+
+@pytest.mark.gpu
+def test_numba_device_array_comes_from_pool():
+    # the memory manager can only be swapped before the CUDA context exists: run in a child
+    import subprocess
+    import sys
+    code = ("from kernelgen.runtime import arena; arena.install()\n"
+            "from numba import cuda; import numpy as np\n"
+            "a = cuda.device_array(1000, np.float32); assert arena.POOL.stats()['in_use'] >= 4000\n"
+            "del a; import gc; gc.collect(); cuda.current_context().deallocations.clear()\n"
+            "b = cuda.to_device(np.arange(1000, dtype=np.float32))\n"
+            "assert arena.POOL.stats()['served_from_pool'] >= 1, arena.POOL.stats()\n"
+            "assert (b.copy_to_host() == np.arange(1000)).all()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
