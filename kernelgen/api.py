@@ -24,6 +24,8 @@ def gpu_present() -> bool:
     """A real GPU (the simulator does not count: it is a debugging tool, ~ms per thread)."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return False
+    from .runtime.arena import install_from_env
+    install_from_env()  # KERNELGEN_ARENA=1: numba accepts a memory manager only before its context exists
     try:
         from numba import cuda
         return cuda.is_available()

@@ -105,7 +105,7 @@ class CudaBacking:
         try:
             return driver.driver.cuMemAlloc(nbytes)
         except driver.CudaAPIError as e:
-            if getattr(e, "code", None) == 2:   # CUDA_ERROR_OUT_OF_MEMORY
+            if int(getattr(e, "code", -1)) == 2:   # CUDA_ERROR_OUT_OF_MEMORY
                 raise MemoryError(str(e)) from e
             raise
 
