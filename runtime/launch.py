@@ -4,7 +4,7 @@ Everything here is fixed when the module is built, so a call does no IR work at 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _fill_kernel = None
 
@@ -37,6 +37,8 @@ class Launcher:
     zero_output: bool
     backend: str
     source_path: str = ""
+    # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
+    _configured: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_module(cls, module, backend):
@@ -49,8 +51,11 @@ class Launcher:
             if self.zero_output:
                 for name in self.outputs:
                     fill_device(args[name], 0)
-            launch = self.kernel[self.grid, self.threads] if stream is None else \
-                self.kernel[self.grid, self.threads, stream]
+            launch = self._configured.get(stream)
+            if launch is None:
+                launch = self.kernel[self.grid, self.threads] if stream is None else \
+                    self.kernel[self.grid, self.threads, stream]
+                self._configured[stream] = launch
             launch(*ordered)
         else:
             if self.zero_output:

@@ -98,3 +98,9 @@ def test_numba_device_array_comes_from_pool():
             "assert arena.POOL.stats()['served_from_pool'] >= 1, arena.POOL.stats()\n"
             "assert (b.copy_to_host() == np.arange(1000)).all()\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_launch_measures_the_cpu_path():
+    from kernelgen.runtime.bench_launch import main
+    rows = dict(main(["--calls", "20"]))
+    assert rows["kernelgen.conv cpu (numpy arrays)"] > 0
