@@ -104,3 +104,25 @@ def test_bench_launch_measures_the_cpu_path():
     from kernelgen.runtime.bench_launch import main
     rows = dict(main(["--calls", "20"]))
     assert rows["kernelgen.conv cpu (numpy arrays)"] > 0
+
+
+@pytest.mark.sim
+def test_launcher_reuses_configured_kernel_per_stream(rng, assert_close):
+    import numpy as np
+    from numba import cuda
+
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    x = rng.standard_normal((1, 3, 3, 2)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 1, 2)).astype(np.float32)
+    launcher = get_launcher(make_plan(make_problem("fwd", x.shape, w.shape), "cuda"))
+    stream = cuda.stream()
+    for s in (None, stream, None, stream):
+        out = cuda.to_device(np.full(2 * 9, np.nan, np.float32))
+        launcher({"x": cuda.to_device(x.ravel()), "w": cuda.to_device(w.ravel()), launcher.outputs[0]: out},
+                 stream=s)
+        if s is not None:
+            s.synchronize()
+        assert_close(out.copy_to_host().reshape(1, 3, 3, 2), ref.conv_forward(x, w))
+    assert set(launcher._configured) == {None, stream}
