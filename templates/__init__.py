@@ -4,13 +4,13 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 """
 from __future__ import annotations
 
-from . import conv_v2, implicit_gemm, ks_deconv
+from . import conv_v2, implicit_gemm, ks_deconv, sk_dilated, winograd
 import math
 
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
 
 # preference order for the automatic choice; conv_v2 runs where forced or where the tuner picked it
-VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm, conv_v2)}
+VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm, conv_v2, sk_dilated, winograd)}
 
 
 def get_variant(name):

@@ -1,0 +1,39 @@
+"""Sk-dilated: dilated convolution without a zero-filled (dilated) filter.
+
+Honest scope: the core's implicit GEMM (templates/implicit_gemm.py) already reads the filter with
+unit step and the input with step `dilation` in all three directions, so it never materialises a
+dilated filter.  What this variant adds is the V2 form for forward: dilation + filter trimming
+(templates/conv_v2.py), whose trimmed window lo/hi formulas divide by the dilation, so taps whose
+dilated position lands in the padding are neither read nor multiplied.  Where ConvV2's schedule
+constraints are not met (config_ok), or for backward-data / backward-weight, it builds the core's
+unit-step view.  It only applies to problems with some dilation > 1; it is never the automatic
+choice (it is reached with algo="sk_dilated" or by the tuner).
+"""
+from __future__ import annotations
+
+from . import conv_v2, implicit_gemm
+from .config import TileConfig
+from .tiled_gemm import tiled_gemm
+
+NAME = "sk_dilated"
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def applies(p):
+    if not any(d > 1 for d in p.dilation):
+        return False
+    return implicit_gemm.applies(p)
+
+
+def _trimmed(p, cfg):
+    return p.direction == "fwd" and conv_v2.applies(p) and conv_v2.config_ok(p, cfg)
+
+
+def build(p, cfg: TileConfig):
+    if _trimmed(p, cfg):
+        view, name = conv_v2.v2_view(p, cfg), f"conv_{p.direction}_sk_v2"
+    else:
+        view, name = implicit_gemm.VIEWS[p.direction](p, cfg), f"conv_{p.direction}_sk"
+    k = tiled_gemm(name, view, cfg)
+    return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
+                       {**k.meta, "problem": p.key(), "template": NAME, "trimmed": _trimmed(p, cfg)})
