@@ -1,0 +1,72 @@
+"""Gradients of nn ops against central finite differences in float64 (convs through kernelgen's CPU path)."""
+import numpy as np
+import pytest
+
+from kernelgen.nn import functional as F
+from kernelgen.nn.tensor import Tensor, no_grad
+
+
+def numeric_grad(f, arrays, i, eps=1e-6):
+    a = arrays[i]
+    g = np.zeros_like(a)
+    it = np.nditer(a, flags=["multi_index"])
+    for _ in it:
+        idx = it.multi_index
+        old = a[idx]
+        a[idx] = old + eps
+        hi = f(*arrays)
+        a[idx] = old - eps
+        lo = f(*arrays)
+        a[idx] = old
+        g[idx] = (hi - lo) / (2 * eps)
+    return g
+
+
+def check(op, *shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    proj = rng.standard_normal(op(*[Tensor(a) for a in arrays]).shape)  # random projection -> scalar loss
+
+    def scalar(*arrs):
+        with no_grad():
+            return float((op(*[Tensor(a) for a in arrs]).data * proj).sum())
+    tensors = [Tensor(a.copy(), requires_grad=True) for a in arrays]
+    op(*tensors).backward(proj)
+    for i, t in enumerate(tensors):
+        np.testing.assert_allclose(t.grad, numeric_grad(scalar, arrays, i), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stride,padding,groups", [(1, 1, 1), (2, 1, 2)])
+def test_conv2d_grad(stride, padding, groups):
+    check(lambda x, w, b: F.conv2d(x, w, b, stride=stride, padding=padding, groups=groups),
+          (2, 5, 5, 4), (4, 3, 3, 4 // groups), (4,))
+
+
+def test_linear_relu_add_mul_grad():
+    check(lambda x, w, b: F.relu(F.linear(x, w, b)), (3, 5), (4, 5), (4,))
+    check(lambda a, b: F.mul(F.add(a, b), a), (3, 4), (4,))
+
+
+def test_pool_flatten_cross_entropy_grad():
+    labels = np.array([0, 2, 1])
+    check(lambda x: F.global_avg_pool(x), (3, 2, 2, 4))
+    check(lambda x: F.reshape(F.flatten(x), (3, 8)), (3, 2, 2, 2))
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((3, 4))
+    t = Tensor(logits.copy(), requires_grad=True)
+    F.cross_entropy(t, labels).backward()
+    num = numeric_grad(lambda l: float(F.cross_entropy(Tensor(l), labels).data), [logits], 0)
+    np.testing.assert_allclose(t.grad, num, rtol=1e-5, atol=1e-7)
+
+
+def test_no_grad_builds_no_graph():
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    with no_grad():
+        y = F.relu(x)
+    assert not y.requires_grad and y._parents == ()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_grad(training):
+    rm, rv = np.zeros(3), np.ones(3) * 1.5
+    check(lambda x, w, b: F.batch_norm(x, w, b, rm.copy(), rv.copy(), training=training), (2, 3, 2, 3), (3,), (3,))
