@@ -125,3 +125,28 @@ def random_array():
 @pytest.fixture(scope="session")
 def assert_close():
     return _assert_close
+
+
+def _run_poisoned(problem, inputs, backend, algo=None, config=None):
+    """Launch the kernel kernelgen picks (or `algo`/`config`) on host inputs, into an output filled
+    with NaN beforehand, so that an element the kernel never writes shows up."""
+    from kernelgen.api import get_launcher, make_plan
+    plan = make_plan(problem, backend, algo, config)
+    launcher = get_launcher(plan)
+    args = {k: np.ascontiguousarray(v).reshape(-1) for k, v in inputs.items()}
+    out = np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype)
+    if backend == "cuda":
+        from numba import cuda
+        args = {k: cuda.to_device(v) for k, v in args.items()}
+        args[launcher.outputs[0]] = dev = cuda.to_device(out)
+        launcher(args)
+        out = dev.copy_to_host()
+    else:
+        args[launcher.outputs[0]] = out
+        launcher(args)
+    return plan, out.reshape(problem.output_shape)
+
+
+@pytest.fixture(scope="session")
+def run_poisoned():
+    return _run_poisoned

@@ -12,25 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 import kernelgen
 from kernelgen import reference as ref
-from kernelgen.api import get_launcher, make_plan
+from kernelgen.api import make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates.config import TileConfig
-
-
-def run_poisoned(p, x, w, b, backend, config=None):
-    plan = make_plan(p, backend, algo="conv_v2", config=config)
-    launcher = get_launcher(plan)
-    args = {"x": x.reshape(-1), "w": w.reshape(-1), "bias": b}
-    out = np.full(int(np.prod(p.y_shape)), np.nan, p.dtype)
-    if backend == "cuda":
-        from numba import cuda
-        args = {k: cuda.to_device(v) for k, v in args.items()}
-        args["y"] = cuda.to_device(out)
-        launcher(args)
-        return args["y"].copy_to_host().reshape(p.y_shape)
-    args["y"] = out
-    launcher(args)
-    return out.reshape(p.y_shape)
 
 
 @st.composite
@@ -53,13 +37,14 @@ def padded_problems(draw):
 
 @settings(max_examples=8)
 @given(case=padded_problems(), dtype=st.sampled_from(["float32", "float64"]))
-def test_conv_v2_cpu_matches_reference(case, dtype, assert_close):
+def test_conv_v2_cpu_matches_reference(case, dtype, assert_close, run_poisoned):
     rng = np.random.default_rng()
     x_shape, w_shape, kw = case
     p = make_problem("fwd", x_shape, w_shape, dtype=dtype, has_bias=True, **kw)
     x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
     b = rng.standard_normal(p.K).astype(dtype)
-    assert_close(run_poisoned(p, x, w, b, "cpu"), ref.conv_forward(x, w, b, **kw), dtype)
+    _, y = run_poisoned(p, {"x": x, "w": w, "bias": b}, "cpu", algo="conv_v2")
+    assert_close(y, ref.conv_forward(x, w, b, **kw), dtype)
 
 
 def test_conv_v2_through_the_api_and_its_source(rng, assert_close):
@@ -82,10 +67,11 @@ def test_conv_v2_rejects_configs_it_cannot_run():
 @pytest.mark.parametrize("case", [((4, 4, 4, 8), (6, 3, 3, 8), dict(padding=1)),
                                   ((4, 7, 5, 8), (6, 3, 2, 4), dict(padding=(2, 1), stride=(2, 1), groups=2)),
                                   ((2, 6, 4), (3, 5, 4), dict(padding=4, dilation=2))])
-def test_conv_v2_simulator(case, rng, assert_close):
+def test_conv_v2_simulator(case, rng, assert_close, run_poisoned):
     x_shape, w_shape, kw = case
     p = make_problem("fwd", x_shape, w_shape, has_bias=True, **kw)
     x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
     b = rng.standard_normal(p.K).astype("float32")
     cfg = TileConfig(x_shape[0], 8, 4, 2, 2)
-    assert_close(run_poisoned(p, x, w, b, "cuda", cfg), ref.conv_forward(x, w, b, **kw))
+    _, y = run_poisoned(p, {"x": x, "w": w, "bias": b}, "cuda", algo="conv_v2", config=cfg)
+    assert_close(y, ref.conv_forward(x, w, b, **kw))
