@@ -1,0 +1,49 @@
+"""Data: scikit-learn's handwritten digits (8x8, 1797 images) and a prefetching batch loader."""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+
+def load_digits_split(test_fraction=0.2, seed=0):
+    """(x_train, y_train, x_test, y_test): images as uint8 (N, 8, 8, 1) in 0..16, labels int64."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    images = d.images.astype(np.uint8)[..., None]
+    order = np.random.default_rng(seed).permutation(len(images))
+    n_test = int(len(images) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return images[train], d.target[train], images[test], d.target[test]
+
+
+class Loader:
+    """Batches of (float32 images scaled to [0, 1], labels); a background thread prepares the next
+    batches while the current one trains.  Images stay uint8 until they are used."""
+
+    def __init__(self, images, labels, batch_size=64, shuffle=True, seed=0, prefetch=2, dtype="float32"):
+        self.images, self.labels, self.batch_size, self.shuffle = images, labels, batch_size, shuffle
+        self.rng, self.prefetch, self.dtype = np.random.default_rng(seed), prefetch, dtype
+
+    def __len__(self):
+        return -(-len(self.images) // self.batch_size)
+
+    def _batches(self):
+        order = self.rng.permutation(len(self.images)) if self.shuffle else np.arange(len(self.images))
+        for i in range(0, len(order), self.batch_size):
+            idx = order[i:i + self.batch_size]
+            yield (self.images[idx].astype(self.dtype) / 16.0), self.labels[idx]
+
+    def __iter__(self):
+        q = queue.Queue(self.prefetch)
+        done = object()
+
+        def work():
+            for b in self._batches():
+                q.put(b)
+            q.put(done)
+
+        threading.Thread(target=work, daemon=True).start()
+        while (item := q.get()) is not done:
+            yield item

@@ -1,0 +1,160 @@
+"""Modules: parameters, train/eval, state_dict, and the layers and models built from them."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import functional as F
+from .tensor import Tensor
+
+
+class Module:
+    training = True
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def children(self):
+        return [v for v in vars(self).values() if isinstance(v, Module)] + \
+               [m for v in vars(self).values() if isinstance(v, (list, tuple)) for m in v if isinstance(m, Module)]
+
+    def named_state(self, prefix=""):
+        """(name, array) for every parameter and buffer, in a stable order."""
+        for k, v in sorted(vars(self).items()):
+            if isinstance(v, Tensor):
+                yield prefix + k, v.data
+            elif isinstance(v, np.ndarray):
+                yield prefix + k, v
+            elif isinstance(v, Module):
+                yield from v.named_state(f"{prefix}{k}.")
+            elif isinstance(v, (list, tuple)):
+                for i, m in enumerate(v):
+                    if isinstance(m, Module):
+                        yield from m.named_state(f"{prefix}{k}.{i}.")
+
+    def parameters(self):
+        out = [v for _, v in sorted(vars(self).items()) if isinstance(v, Tensor) and v.requires_grad]
+        for c in self.children():
+            out += c.parameters()
+        return out
+
+    def train(self, mode=True):
+        self.training = mode
+        for c in self.children():
+            c.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def state_dict(self):
+        return {k: v.copy() for k, v in self.named_state()}
+
+    def load_state_dict(self, state):
+        mine = dict(self.named_state())
+        if set(mine) != set(state):
+            raise ValueError(f"state must have keys {sorted(mine)}, got {sorted(state)}")
+        for k, v in state.items():
+            if mine[k].shape != np.shape(v):
+                raise ValueError(f"state[{k!r}] must have shape {mine[k].shape}, got {np.shape(v)}")
+            mine[k][...] = v  # in place: parameters and buffers keep their identity
+
+    def save(self, path):
+        np.savez(path, **self.state_dict())
+
+    def load(self, path):
+        with np.load(path) as f:
+            self.load_state_dict({k: f[k] for k in f.files})
+
+
+def kaiming_uniform(shape, fan_in, rng, dtype):
+    bound = np.sqrt(6.0 / fan_in)  # He et al.: gain sqrt(2) for ReLU, uniform(-b, b)
+    return rng.uniform(-bound, bound, shape).astype(dtype)
+
+
+class Conv2d(Module):
+    def __init__(self, c_in, c_out, k, *, stride=1, padding=0, groups=1, bias=True, rng=None, dtype="float32",
+                 backend="cpu"):
+        rng = rng or np.random.default_rng()
+        fan_in = c_in // groups * k * k
+        self.weight = Tensor(kaiming_uniform((c_out, k, k, c_in // groups), fan_in, rng, dtype), True)
+        self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
+        self.kw = dict(stride=stride, padding=padding, groups=groups, backend=backend)
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, **self.kw)
+
+
+class Linear(Module):
+    def __init__(self, f_in, f_out, *, rng=None, dtype="float32"):
+        rng = rng or np.random.default_rng()
+        self.weight = Tensor(kaiming_uniform((f_out, f_in), f_in, rng, dtype), True)
+        self.bias = Tensor(np.zeros(f_out, dtype), True)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class BatchNorm2d(Module):
+    def __init__(self, c, *, momentum=0.1, eps=1e-5, dtype="float32"):
+        self.weight = Tensor(np.ones(c, dtype), True)
+        self.bias = Tensor(np.zeros(c, dtype), True)
+        self.running_mean, self.running_var = np.zeros(c, dtype), np.ones(c, dtype)
+        self.momentum, self.eps = momentum, eps
+
+    def forward(self, x):
+        return F.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                            training=self.training, momentum=self.momentum, eps=self.eps)
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+class GlobalAvgPool(Module):
+    def forward(self, x):
+        return F.global_avg_pool(x)
+
+
+class Sequential(Module):
+    def __init__(self, *layers):
+        self.layers = list(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class BasicBlock(Module):
+    """ResNet basic block: conv-bn-relu-conv-bn, plus the (projected) input, then relu."""
+
+    def __init__(self, c_in, c_out, stride, rng, backend):
+        self.conv1 = Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False, rng=rng, backend=backend)
+        self.bn1 = BatchNorm2d(c_out)
+        self.conv2 = Conv2d(c_out, c_out, 3, padding=1, bias=False, rng=rng, backend=backend)
+        self.bn2 = BatchNorm2d(c_out)
+        self.shortcut = None
+        if stride != 1 or c_in != c_out:
+            self.shortcut = Sequential(Conv2d(c_in, c_out, 1, stride=stride, bias=False, rng=rng, backend=backend),
+                                       BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class SmallResNet(Module):
+    """A ResNet for 8x8 single-channel images (the digits set): stem, two stages, pool, linear."""
+
+    def __init__(self, classes=10, width=16, seed=0, backend="cpu"):
+        rng = np.random.default_rng(seed)
+        self.stem = Sequential(Conv2d(1, width, 3, padding=1, bias=False, rng=rng, backend=backend),
+                               BatchNorm2d(width), ReLU())
+        self.stage1 = BasicBlock(width, width, 1, rng, backend)
+        self.stage2 = BasicBlock(width, 2 * width, 2, rng, backend)
+        self.head = Linear(2 * width, classes, rng=rng)
+
+    def forward(self, x):
+        return self.head(F.global_avg_pool(self.stage2(self.stage1(self.stem(x)))))
