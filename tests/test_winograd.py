@@ -55,3 +55,131 @@ def test_transform_equals_direct_correlation(alpha, r):
     dd = [sum(BT_f[i][j] * d[j] for j in range(alpha)) for i in range(alpha)]
     y = [sum(AT_f[o][i] * gg[i] * dd[i] for i in range(alpha)) for o in range(n)]
     assert y == [sum(g[j] * d[o + j] for j in range(r)) for o in range(n)]
+
+
+# --- kernels ---------------------------------------------------------------------------------------
+import kernelgen  # noqa: E402
+from kernelgen import reference as R  # noqa: E402
+from kernelgen.problem import make_problem  # noqa: E402
+from kernelgen.templates import winograd  # noqa: E402
+from kernelgen.templates.config import CPU_DEFAULT  # noqa: E402
+
+
+def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu", bias=None):
+    """Run the winograd kernel with an explicit state count.  The plan key does not carry alpha, so
+    the kernel is cached here under a key that does."""
+    from kernelgen.render_cpu import render_cpu
+    from kernelgen.render_cuda import render_cuda
+    from kernelgen.runtime.cache import KERNELS
+    from kernelgen.runtime.launch import Launcher
+    dtype = "float64" if src.dtype == np.float64 else "float32"
+    p = make_problem(direction, x_shape, w.shape, stride=1, padding=padding, dilation=1, groups=groups,
+                     dtype=dtype, has_bias=bias is not None)
+    kernel = winograd.build(p, CPU_DEFAULT, alpha)
+    render = render_cuda if backend == "cuda" else render_cpu
+    launcher = KERNELS.get(("winograd-test", p.key(), alpha, backend), lambda: render(kernel),
+                           lambda m: Launcher.from_module(m, backend))
+    src_name = "x" if direction == "fwd" else "dy"
+    args = {src_name: src.reshape(-1).copy(), "w": w.reshape(-1).copy()}
+    if bias is not None:
+        args["bias"] = bias.copy()
+    out = np.full(int(np.prod(p.output_shape)), np.nan, dtype=src.dtype)
+    if backend == "cuda":
+        from numba import cuda
+        dev = {k: cuda.to_device(v) for k, v in args.items()}
+        dev[launcher.outputs[0]] = cuda.to_device(out)
+        launcher(dev)
+        out = dev[launcher.outputs[0]].copy_to_host()
+    else:
+        args[launcher.outputs[0]] = out
+        launcher(args)
+    return out.reshape(p.output_shape)
+
+
+def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C=3, K=2):
+    n = alpha - r + 1
+    W = n + r + 1  # output width not a multiple of n, at least two tiles
+    pad = (r // 2) if pad is None else pad
+    x_shape = (2, H, W, C * groups)
+    w = rng.standard_normal((K * groups, 2, r, C)).astype(dtype)
+    if direction == "fwd":
+        x = rng.standard_normal(x_shape).astype(dtype)
+        got = _run_alpha("fwd", alpha, x, w, x_shape, pad, groups)
+        want = R.conv_forward(x.astype(np.float64), w.astype(np.float64), padding=pad, groups=groups)
+    else:
+        oh, ow = H + 2 * pad - 1, W + 2 * pad - r + 1
+        dy = rng.standard_normal((2, oh, ow, K * groups)).astype(dtype)
+        got = _run_alpha("bwd_data", alpha, dy, w, x_shape, pad, groups)
+        want = R.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x_shape, padding=pad,
+                                    groups=groups)
+    assert not np.isnan(got).any()
+    return got, want
+
+
+@pytest.mark.parametrize("alpha,r", COMBOS)
+def test_forward_float64_every_state_and_width(alpha, r):
+    rng = np.random.default_rng()
+    got, want = _case(rng, alpha, r, "fwd", groups=2 if r % 2 else 1)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("alpha,r", [(4, 3), (8, 5), (16, 9), (8, 2)])
+def test_backward_data_float64(alpha, r):
+    rng = np.random.default_rng()
+    got, want = _case(rng, alpha, r, "bwd_data", groups=2 if alpha == 8 else 1, pad=r - 1 if r < 5 else 1)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("alpha,r,bound", [(4, 3, 2e-6), (8, 3, 1e-5), (8, 7, 1e-5), (16, 3, 2e-4), (16, 9, 2e-4)])
+def test_float32_accuracy(alpha, r, bound):
+    rng = np.random.default_rng()
+    got, want = _case(rng, alpha, r, "fwd", dtype=np.float32, C=16)
+    rel = np.abs(got - want).max() / np.abs(want).max()
+    assert rel <= bound, rel
+
+
+def test_api_algo_winograd_with_bias_and_3d():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 3, 4, 7, 3))
+    w = rng.standard_normal((4, 2, 3, 3, 3))
+    b = rng.standard_normal(4)
+    y = kernelgen.conv(x, w, b, padding=1, backend="cpu", algo="winograd")
+    np.testing.assert_allclose(y, R.conv_forward(x, w, b, padding=1), rtol=1e-9, atol=1e-9)
+
+
+def test_accuracy_switch_and_applicability(monkeypatch):
+    p9 = make_problem("fwd", (1, 4, 12, 2), (2, 3, 9, 2), stride=1, padding=0, dilation=1, groups=1,
+                      dtype="float32", has_bias=False)
+    assert not winograd.ALLOW_16_STATES and not winograd.applies(p9)  # width 9 needs 16 states
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    assert winograd.applies(p9)
+    monkeypatch.setitem(winograd.ENABLED_STATES, 16, False)
+    assert not winograd.applies(p9)
+    strided = make_problem("fwd", (1, 4, 12, 2), (2, 3, 3, 2), stride=2, padding=0, dilation=1, groups=1,
+                           dtype="float32", has_bias=False)
+    assert not winograd.applies(strided)
+    with pytest.raises(ValueError, match="cannot compute"):
+        kernelgen.conv(np.ones((1, 4, 12, 2)), np.ones((2, 3, 3, 2)), stride=2, backend="cpu", algo="winograd")
+    from kernelgen.templates import candidates
+    p3 = make_problem("fwd", (1, 4, 12, 2), (2, 3, 3, 2), stride=1, padding=1, dilation=1, groups=1,
+                      dtype="float32", has_bias=False)
+    assert candidates(p3)[0].NAME != "winograd"  # never the automatic choice until measured
+
+
+def test_cuda_render_scalarizes_registers():
+    x = np.random.default_rng().standard_normal((1, 5, 9, 3)).astype(np.float32)
+    w = np.random.default_rng().standard_normal((4, 3, 3, 3)).astype(np.float32)
+    src = kernelgen.explain(kernelgen.conv, x, w, padding=1, backend="cuda", algo="winograd").source
+    assert "local.array" not in src and "winograd" in src
+
+
+@pytest.mark.sim
+def test_simulator_forward_and_backward_data():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 2, 5, 2)).astype(np.float32)
+    w = rng.standard_normal((2, 1, 3, 2)).astype(np.float32)
+    got = _run_alpha("fwd", 4, x, w, x.shape, 1, 1, backend="cuda")
+    np.testing.assert_allclose(got, R.conv_forward(x, w, padding=1), rtol=1e-5, atol=1e-5)
+    dy = rng.standard_normal((1, 2, 5, 2)).astype(np.float32)
+    got = _run_alpha("bwd_data", 4, dy, w, x.shape, 1, 1, backend="cuda")
+    np.testing.assert_allclose(got, R.conv_backward_data(dy, w, x.shape, padding=1), rtol=1e-5, atol=1e-5)
