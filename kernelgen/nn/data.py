@@ -22,16 +22,22 @@ class Loader:
     """Batches of (float32 images scaled to [0, 1], labels); a background thread prepares the next
     batches while the current one trains.  Images stay uint8 until they are used."""
 
-    def __init__(self, images, labels, batch_size=64, shuffle=True, seed=0, prefetch=2, dtype="float32"):
+    def __init__(self, images, labels, batch_size=64, shuffle=True, seed=0, prefetch=2, dtype="float32",
+                 drop_last=False):
+        # drop_last: every batch has the same shape, so kernelgen compiles each layer's kernels once
         self.images, self.labels, self.batch_size, self.shuffle = images, labels, batch_size, shuffle
+        self.drop_last = drop_last
         self.rng, self.prefetch, self.dtype = np.random.default_rng(seed), prefetch, dtype
 
     def __len__(self):
+        if self.drop_last:
+            return len(self.images) // self.batch_size
         return -(-len(self.images) // self.batch_size)
 
     def _batches(self):
         order = self.rng.permutation(len(self.images)) if self.shuffle else np.arange(len(self.images))
-        for i in range(0, len(order), self.batch_size):
+        end = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        for i in range(0, end, self.batch_size):
             idx = order[i:i + self.batch_size]
             yield (self.images[idx].astype(self.dtype) / 16.0), self.labels[idx]
 
