@@ -74,7 +74,10 @@ class Plan:
     backend: str
 
     def key(self):
-        return (self.problem, self.variant, self.config, self.backend, device_key(self.backend))
+        from .templates import get_variant
+        extra = getattr(get_variant(self.variant), "key_extra", None)  # module-level settings a variant reads
+        return (self.problem, self.variant, self.config, self.backend, device_key(self.backend),
+                extra(self.problem) if extra else None)
 
     def kernel_ir(self):
         from .templates import get_variant

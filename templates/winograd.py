@@ -37,6 +37,11 @@ def choose_states(S):
     return None
 
 
+def key_extra(p):
+    """What the kernel depends on beyond (problem, config): the state count the settings select."""
+    return ("states", choose_states(p.filter_size[2]))
+
+
 def applies(p):
     if p.direction not in DIRECTIONS or any(s != 1 for s in p.stride) or any(d != 1 for d in p.dilation):
         return False

@@ -183,3 +183,14 @@ def test_simulator_forward_and_backward_data():
     dy = rng.standard_normal((1, 4, 5, 2)).astype(np.float32)  # height 2 + 2*1 - 1 + 1
     got = _run_alpha("bwd_data", 4, dy, w, x.shape, 1, 1, backend="cuda")
     np.testing.assert_allclose(got, R.conv_backward_data(dy, w, x.shape, padding=1), rtol=1e-5, atol=1e-5)
+
+
+def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
+    """The state count comes from module settings, so it is part of the kernel cache key."""
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.templates import winograd as W
+    p = make_problem("fwd", (1, 6, 12, 4), (4, 3, 3, 4), padding=1)
+    before = make_plan(p, "cpu", "winograd").key()
+    monkeypatch.setitem(W.ENABLED_STATES, 4, False)
+    assert make_plan(p, "cpu", "winograd").key() != before
