@@ -26,8 +26,8 @@ def padded_problems(draw):
         pad = (1,) + pad[1:]
     dil = tuple(draw(st.integers(1, 2)) for _ in range(nd))
     stride = tuple(draw(st.integers(1, 2)) for _ in range(nd))
-    size = tuple(draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 7 if nd < 3 else 4))
-                 for f, p, d in zip(filt, pad, dil))
+    lows = [max(1, d * (f - 1) + 1 - 2 * p) for f, p, d in zip(filt, pad, dil)]
+    size = tuple(draw(st.integers(lo, max(lo, 7 if nd < 3 else 4))) for lo in lows)
     groups = draw(st.sampled_from([1, 2]))
     c, k = groups * draw(st.sampled_from([2, 4])), groups * draw(st.integers(1, 3))
     n = draw(st.sampled_from([1, 2, 4]))
