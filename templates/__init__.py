@@ -8,6 +8,7 @@ from . import conv_v2, implicit_gemm, ks_deconv, sk_dilated, winograd
 import math
 
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
+from .tiled_gemm import _cdiv
 
 # preference order for the automatic choice; conv_v2 runs where forced or where the tuner picked it
 VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm, conv_v2, sk_dilated, winograd)}
@@ -37,9 +38,6 @@ CUDA_TILES = {  # (BM, BN, BK, TM, TN): (efficiency, blocks per SM)
 }
 SM_COUNT = 132
 
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def gemm_shape(problem):

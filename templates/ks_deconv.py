@@ -22,14 +22,11 @@ from ..ir import Buffer, If, Load, Store, all_of
 
 from .config import TileConfig
 from .implicit_gemm import _flatten, _prod, _unflatten, reduction_split
-from .tiled_gemm import GemmView, Operand, tiled_gemm
+from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 
 NAME = "ks_deconv"
 DIRECTIONS = ("bwd_data",)
 
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def applies(p):

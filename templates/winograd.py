@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..ir import Assign, Buffer, Const, For, If, Kernel, Load, Select, Store, Var, all_of
 
 from .config import TileConfig
+from .tiled_gemm import _cdiv
 from .implicit_gemm import epilogue_value
 from .winograd_transforms import STATES, supported, winograd_matrices
 
@@ -22,9 +23,6 @@ ALLOW_16_STATES = False          # 16-state kernels are ~1e-4 relative in fp32: 
 ENABLED_STATES = {4: True, 8: True, 16: True}
 THREADS = 64
 
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def choose_states(S):
