@@ -113,27 +113,73 @@ def get_launcher(plan: Plan):
     return KERNELS.get(plan.key(), plan.render, lambda module: Launcher.from_module(module, plan.backend))
 
 
-def _run(problem: ConvProblem, inputs: dict, backend, algo, template, config=None):
-    plan = make_plan(problem, backend, algo, config)
-    launcher = get_launcher(plan)
+@dataclass
+class Prepared:
+    """Everything a call with a given signature needs: validated problem, plan, and (fetched on the
+    first run, so that explain() never compiles) the launcher."""
+    problem: ConvProblem
+    plan: Plan
+    _launcher: object = None
+
+    @property
+    def backend(self):
+        return self.plan.backend
+
+    @property
+    def launcher(self):
+        if self._launcher is None:
+            self._launcher = get_launcher(self.plan)
+        return self._launcher
+
+
+# call signature (op, argument types/shapes/dtypes, keyword values, variant settings) -> Prepared.
+# A repeated call with the same signature skips validation, planning, the database and the cache.
+_PREPARED: dict = {}
+
+
+def clear_caches():
+    """Forget prepared calls and loaded tuning databases (after tuning in this process, say)."""
+    _PREPARED.clear()
+    from .tuning import database
+    database.entries_for.cache_clear()
+
+
+def _array_sig(a):
+    return None if a is None else (type(a), tuple(a.shape), a.dtype) if hasattr(a, "shape") else (type(a), id(a))
+
+
+def _prepare(sig, build, algo, config=None) -> Prepared:
+    """The memoised front half of every op: `build()` validates arguments and returns (problem,
+    backend); it runs only on the first call with this signature."""
+    from .templates import settings_token
+    key = sig + (algo, config, settings_token())
+    try:
+        hit = _PREPARED.get(key)
+    except TypeError:  # an unhashable argument (a list for padding, say): validate every time
+        key, hit = None, None
+    if hit is None:
+        problem, backend = build()
+        plan = make_plan(problem, backend, algo, config)
+        hit = Prepared(problem, plan)
+        if key is not None:
+            _PREPARED[key] = hit
+    return hit
+
+
+def _run(prep: Prepared, inputs: dict, template, stream=None, out=None):
+    if prep.backend == "cuda":
+        from .runtime.cuda_call import run_cuda
+        return run_cuda(prep, inputs, template, stream, out)
+    if stream is not None:
+        raise ValueError(f"stream must be None on the cpu backend, got {stream!r}")
+    problem, launcher = prep.problem, prep.launcher
     out_name = launcher.outputs[0]
-    out_shape = problem.output_shape
-    n_out = int(np.prod(out_shape))
-    if backend == "cuda":
-        from numba import cuda
-        on_device = arrays.is_cuda_array(template)
-        args = {}
-        for name, a in inputs.items():
-            d = arrays.to_device_view(a, name) if on_device else cuda.to_device(arrays.to_host(a, name, problem.dtype))
-            args[name] = d.reshape(d.size)
-        args[out_name] = cuda.device_array(n_out, dtype=problem.dtype)
-        launcher(args)
-        out = args[out_name].reshape(out_shape)
-        return arrays.like_input(out, template) if on_device else out.copy_to_host()
     args = {name: arrays.to_host(a, name, problem.dtype).reshape(-1) for name, a in inputs.items()}
-    args[out_name] = np.empty(n_out, dtype=problem.dtype)
+    result = arrays.check_out(out, problem.output_shape, problem.dtype, False) if out is not None else \
+        np.empty(problem.output_shape, dtype=problem.dtype)
+    args[out_name] = result.reshape(-1)
     launcher(args)
-    return args[out_name].reshape(out_shape)
+    return result
 
 
 def _check_bias(bias, channels, name="bias"):
@@ -141,19 +187,25 @@ def _check_bias(bias, channels, name="bias"):
         raise ValueError(f"{name} must have shape ({channels},), got {arrays.shape_of(bias)}")
 
 
-def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None):
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
+         stream=None, out=None):
     """Convolution (cross-correlation, as in PyTorch) in channels-last layout.
 
     x: (N, *spatial, C) with 1-3 spatial dims; w: (K, *filter, C // groups); bias: (K,) or None.
-    Returns y: (N, *out, K), a NumPy array for NumPy inputs, a CUDA array for CUDA inputs.
+    Returns y: (N, *out, K), a NumPy array for NumPy inputs, a CUDA array for CUDA inputs (written
+    into `out` when given).  `stream`: a numba/torch/CuPy CUDA stream to run on (default stream if None).
     """
-    backend = resolve_backend(backend, x, w, bias)
-    dt = arrays.check_arrays({"x": x, "w": w, "bias": bias}, backend)
-    p = make_problem("fwd", arrays.shape_of(x), arrays.shape_of(w), stride=stride, padding=padding,
-                     dilation=dilation, groups=groups, dtype=dt, has_bias=bias is not None)
-    _check_bias(bias, p.K)
+    def build():
+        be = resolve_backend(backend, x, w, bias)
+        dt = arrays.check_arrays({"x": x, "w": w, "bias": bias}, be)
+        p = make_problem("fwd", arrays.shape_of(x), arrays.shape_of(w), stride=stride, padding=padding,
+                         dilation=dilation, groups=groups, dtype=dt, has_bias=bias is not None)
+        _check_bias(bias, p.K)
+        return p, be
+    sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups, backend)
+    prep = _prepare(sig, build, algo)
     inputs = {"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}
-    return _run(p, inputs, backend, algo, x)
+    return _run(prep, inputs, x, stream, out)
 
 
 def _shape_arg(name, shape):
@@ -162,44 +214,55 @@ def _shape_arg(name, shape):
     return tuple(int(s) for s in shape)
 
 
-def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None):
+def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
+                       stream=None, out=None):
     """Gradient of conv with respect to x: dx of shape x_shape from dy (N, *out, K) and w."""
-    x_shape = _shape_arg("x_shape", x_shape)
-    backend = resolve_backend(backend, dy, w)
-    dt = arrays.check_arrays({"dy": dy, "w": w}, backend)
-    p = make_problem("bwd_data", x_shape, arrays.shape_of(w), stride=stride, padding=padding,
-                     dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
-    return _run(p, {"dy": dy, "w": w}, backend, algo, dy)
+    def build():
+        be = resolve_backend(backend, dy, w)
+        dt = arrays.check_arrays({"dy": dy, "w": w}, be)
+        p = make_problem("bwd_data", _shape_arg("x_shape", x_shape), arrays.shape_of(w), stride=stride,
+                         padding=padding, dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
+        return p, be
+    sig = ("bwd_data", _array_sig(dy), _array_sig(w), x_shape, stride, padding, dilation, groups, backend)
+    return _run(_prepare(sig, build, algo), {"dy": dy, "w": w}, dy, stream, out)
 
 
-def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None):
+def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
+                         stream=None, out=None):
     """Gradient of conv with respect to w: dw of shape w_shape from x and dy."""
-    w_shape = _shape_arg("w_shape", w_shape)
-    backend = resolve_backend(backend, x, dy)
-    dt = arrays.check_arrays({"x": x, "dy": dy}, backend)
-    p = make_problem("bwd_weight", arrays.shape_of(x), w_shape, stride=stride, padding=padding,
-                     dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
-    return _run(p, {"x": x, "dy": dy}, backend, algo, x)
+    def build():
+        be = resolve_backend(backend, x, dy)
+        dt = arrays.check_arrays({"x": x, "dy": dy}, be)
+        p = make_problem("bwd_weight", arrays.shape_of(x), _shape_arg("w_shape", w_shape), stride=stride,
+                         padding=padding, dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
+        return p, be
+    sig = ("bwd_weight", _array_sig(x), _array_sig(dy), w_shape, stride, padding, dilation, groups, backend)
+    return _run(_prepare(sig, build, algo), {"x": x, "dy": dy}, x, stream, out)
 
 
 def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, backend=None,
-           algo=None):
+           algo=None, stream=None, out=None):
     """Transposed convolution (PyTorch's conv_transpose semantics), channels-last.
 
     x: (N, *spatial, C_in); w: (C_in, *filter, C_out // groups); bias: (C_out,) or None.
     It is the backward-data pass of the convolution whose weight is w.
     """
-    backend = resolve_backend(backend, x, w, bias)
-    dt = arrays.check_arrays({"x": x, "w": w, "bias": bias}, backend)
-    out_shape = deconv_output_shape(arrays.shape_of(x), arrays.shape_of(w), stride, padding, output_padding,
-                                    dilation, groups)
-    p = make_problem("bwd_data", out_shape, arrays.shape_of(w), stride=stride, padding=padding,
-                     dilation=dilation, groups=groups, dtype=dt)
-    _check_bias(bias, out_shape[-1])
-    dy = x if p.y_shape == arrays.shape_of(x) else _zero_extend(x, p.y_shape)
-    y = _run(p, {"dy": dy, "w": w}, backend, algo, x)
+    def build():
+        be = resolve_backend(backend, x, w, bias)
+        dt = arrays.check_arrays({"x": x, "w": w, "bias": bias}, be)
+        out_shape = deconv_output_shape(arrays.shape_of(x), arrays.shape_of(w), stride, padding, output_padding,
+                                        dilation, groups)
+        p = make_problem("bwd_data", out_shape, arrays.shape_of(w), stride=stride, padding=padding,
+                         dilation=dilation, groups=groups, dtype=dt)
+        _check_bias(bias, out_shape[-1])
+        return p, be
+    sig = ("deconv", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, output_padding, dilation,
+           groups, backend)
+    prep = _prepare(sig, build, algo)
+    dy = x if prep.problem.y_shape == arrays.shape_of(x) else _zero_extend(x, prep.problem.y_shape)
+    y = _run(prep, {"dy": dy, "w": w}, x, stream, out)
     if bias is not None:
-        y = _add_bias(y, bias)
+        y = _add_bias(y, bias, stream)
     return y
 
 
@@ -219,12 +282,12 @@ def _zero_extend(a, shape):
     return out
 
 
-def _add_bias(y, bias):
+def _add_bias(y, bias, stream=None):
     if isinstance(y, np.ndarray):
         y += np.asarray(bias, y.dtype)
         return y
     from .runtime.elementwise import add_channel_bias
-    add_channel_bias(y, bias)
+    add_channel_bias(y, bias, stream)
     return y
 
 
@@ -254,8 +317,8 @@ def explain(op, *args, **kwargs) -> Explanation:
         raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
     captured = {}
 
-    def capture(problem, inputs, backend, algo, template, config=None):
-        captured["plan"] = make_plan(problem, backend, algo, config)
+    def capture(prep, inputs, template, stream=None, out=None):
+        captured["plan"] = prep.plan
         return None
 
     global _run

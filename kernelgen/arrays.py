@@ -75,3 +75,35 @@ def like_input(out, template):
         import cupy
         return cupy.asarray(out)
     return out
+
+
+def check_out(out, shape, dtype, on_device):
+    """Validate a caller-provided output array (before any kernel runs) and return it."""
+    if on_device != is_cuda_array(out):
+        raise TypeError(f"out must be a {'CUDA' if on_device else 'NumPy'} array like the inputs, "
+                        f"got {type(out).__name__}")
+    if shape_of(out) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {shape_of(out)}")
+    if dtype_name(out) != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {dtype_name(out)}")
+    if on_device:  # raises unless C-contiguous (simulator arrays have no __cuda_array_interface__)
+        pointer(out, "out") if hasattr(out, "__cuda_array_interface__") else to_device_view(out, "out")
+        return out
+    if not (isinstance(out, np.ndarray) and out.flags.c_contiguous):
+        raise ValueError("out must be a C-contiguous NumPy array")
+    return out
+
+
+def pointer(a, name):
+    """Device address of a C-contiguous CUDA array (any __cuda_array_interface__ producer)."""
+    cai = a.__cuda_array_interface__
+    strides = cai.get("strides")
+    if strides is not None:
+        shape, itemsize = cai["shape"], np.dtype(cai["typestr"]).itemsize
+        expect, acc = [], itemsize
+        for n in reversed(shape):
+            expect.append(acc)
+            acc *= n
+        if any(s != e for s, e, n in zip(strides, reversed(expect), shape) if n > 1):
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {strides}")
+    return cai["data"][0]

@@ -114,7 +114,108 @@ class CudaBacking:
         driver.driver.cuMemFree(handle)
 
 
-POOL: Pool | None = None
+class PinnedBacking:
+    """Page-locked host buffers (cuMemHostAlloc through numba) as flat uint8 NumPy arrays."""
+
+    def alloc(self, nbytes):
+        from numba import cuda
+        try:
+            return cuda.pinned_array(nbytes, dtype="uint8")
+        except Exception as e:
+            raise MemoryError(str(e)) from e
+
+    def free(self, handle):
+        pass  # numba frees pinned memory when the array is collected
+
+
+POOL: Pool | None = None          # device memory (also numba's, once install() ran)
+PINNED: Pool | None = None        # host staging buffers for host<->device copies
+
+
+def device_pool() -> Pool:
+    global POOL
+    if POOL is None:
+        POOL = Pool(CudaBacking())
+    return POOL
+
+
+def pinned_pool() -> Pool:
+    global PINNED
+    if PINNED is None:
+        PINNED = Pool(PinnedBacking())
+    return PINNED
+
+
+def _stream_key(stream):
+    if stream is None or stream == 0:
+        return 0
+    try:
+        return int(stream.handle)
+    except (AttributeError, TypeError, ValueError):
+        return id(stream)
+
+
+def device_empty(shape, dtype, stream=None):
+    """A C-contiguous device array whose memory comes from the pool and goes back to it (on the
+    same stream) when the array is collected.  The simulator allocates plainly."""
+    import math
+
+    import numpy as np
+    from numba import cuda
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return cuda.device_array(shape, dtype=dtype)
+    from numba.cuda.cudadrv import devicearray, driver
+    dtype = np.dtype(dtype)
+    nbytes = max(1, math.prod(shape) * dtype.itemsize)
+    strides, acc = [], dtype.itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    pool, key = device_pool(), _stream_key(stream)
+    block = pool.alloc(nbytes, key)
+    mem = driver.MemoryPointer(cuda.current_context(), block.handle, nbytes,
+                               finalizer=lambda: pool.free(block))
+    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=stream or 0, gpu_data=mem)
+
+
+_PENDING = []   # (event, pinned block): staging buffers whose async copy may still be running
+
+
+def _reap_staging():
+    still = []
+    for event, block in _PENDING:
+        if event.query():
+            PINNED.free(block)
+        else:
+            still.append((event, block))
+    _PENDING[:] = still
+
+
+def to_device_staged(host, stream=None):
+    """Copy a NumPy array into a pooled device array through a pooled pinned buffer.  On a stream the
+    copy is asynchronous; its pinned block goes back to the pool only once an event recorded after
+    the copy has completed, so a later host write into a reused block can never race the copy."""
+    import numpy as np
+    host = np.ascontiguousarray(host)
+    out = device_empty(host.shape, host.dtype, stream)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        out.copy_to_device(host)
+        return out
+    from numba import cuda
+    pool = pinned_pool()
+    _reap_staging()
+    block = pool.alloc(max(1, host.nbytes), 0)
+    staging = block.handle[:host.nbytes].view(host.dtype)
+    np.copyto(staging, host.reshape(-1))
+    out.copy_to_device(staging.reshape(host.shape), stream=stream or 0)
+    if stream is None:
+        pool.free(block)  # a default-stream copy from pinned memory has completed on return
+    else:
+        event = cuda.event(timing=False)
+        event.record(stream)
+        _PENDING.append((event, block))
+    return out
 
 
 def _make_emm_class():
@@ -125,9 +226,7 @@ def _make_emm_class():
         """numba EMM: device allocations come from POOL; host/pinned memory stays numba's."""
 
         def initialize(self):
-            global POOL
-            if POOL is None:
-                POOL = Pool(CudaBacking())
+            device_pool()
 
         def memalloc(self, size):
             block = POOL.alloc(size)

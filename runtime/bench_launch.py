@@ -33,18 +33,34 @@ def main(argv=None):
     rows = []
     if gpu_present():
         from numba import cuda
+
+        from kernelgen.runtime import arena
         dx, dw = cuda.to_device(x), cuda.to_device(w)
-        rows.append(("kernelgen.conv cuda (device arrays)",
+        out = cuda.device_array((1, 8, 8, 4), np.float32)
+        rows.append(("kernelgen.conv cuda (numba arrays)",
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1), args.calls, cuda.synchronize)))
+        rows.append(("kernelgen.conv cuda (numba arrays, out=)",
+                     per_call_us(lambda: kernelgen.conv(dx, dw, padding=1, out=out), args.calls, cuda.synchronize)))
+        empty = cuda.jit(lambda a: None)
+        rows.append(("empty numba kernel launch", per_call_us(lambda: empty[1, 32](out), args.calls,
+                                                               cuda.synchronize)))
         try:
             import torch
             if torch.cuda.is_available():
-                tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().cuda()
-                tw = torch.from_numpy(w).permute(0, 3, 1, 2).contiguous().cuda()
-                rows.append(("torch conv2d cuda", per_call_us(
-                    lambda: torch.nn.functional.conv2d(tx, tw, padding=1), args.calls, torch.cuda.synchronize)))
+                tx = torch.from_numpy(x).cuda()
+                tw = torch.from_numpy(w).cuda()
+                tout = torch.empty((1, 8, 8, 4), device="cuda")
+                rows.append(("kernelgen.conv cuda (torch tensors)", per_call_us(
+                    lambda: kernelgen.conv(tx, tw, padding=1), args.calls, torch.cuda.synchronize)))
+                rows.append(("kernelgen.conv cuda (torch tensors, out=)", per_call_us(
+                    lambda: kernelgen.conv(tx, tw, padding=1, out=tout), args.calls, torch.cuda.synchronize)))
+                nx = tx.permute(0, 3, 1, 2)
+                nw = tw.permute(0, 3, 1, 2)
+                rows.append(("torch conv2d cuda (channels_last)", per_call_us(
+                    lambda: torch.nn.functional.conv2d(nx, nw, padding=1), args.calls, torch.cuda.synchronize)))
         except ImportError:
             pass
+        rows.append(("(device pool served_from_pool)", float(arena.device_pool().stats()["served_from_pool"])))
     rows.append(("kernelgen.conv cpu (numpy arrays)",
                  per_call_us(lambda: kernelgen.conv(x, w, padding=1, backend="cpu"), args.calls)))
     print(f"{'path':40s} {'us/call':>10s}")

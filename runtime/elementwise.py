@@ -11,7 +11,7 @@ def _add_channel_bias_body(y, bias, channels):
         y[i] += bias[i % channels]
 
 
-def add_channel_bias(y, bias):
+def add_channel_bias(y, bias, stream=None):
     """y[..., c] += bias[c] in place, for a C-contiguous channels-last device array y."""
     global _bias_kernel, cuda
     from numba import cuda
@@ -22,4 +22,6 @@ def add_channel_bias(y, bias):
     d = to_device_view(y, "y")
     flat = d.reshape(d.size)
     b = to_device_view(bias, "bias")
-    _bias_kernel[(flat.size + 255) // 256, 256](flat, b, b.size)
+    grid = (flat.size + 255) // 256
+    launch = _bias_kernel[grid, 256] if stream is None else _bias_kernel[grid, 256, stream]
+    launch(flat, b, b.size)

@@ -21,6 +21,11 @@ def get_variant(name):
         raise ValueError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}") from None
 
 
+def settings_token():
+    """Module-level settings of every variant (Winograd's state counts): a change re-plans calls."""
+    return tuple(m.settings() for m in VARIANTS.values() if hasattr(m, "settings"))
+
+
 def candidates(problem):
     """Variants that can compute this problem, in preference order."""
     return [m for m in VARIANTS.values() if problem.direction in m.DIRECTIONS and m.applies(problem)]

@@ -35,6 +35,11 @@ def choose_states(S):
     return None
 
 
+def settings():
+    """The module settings this variant's choices read (part of every prepared call's key)."""
+    return ALLOW_16_STATES, tuple(sorted(ENABLED_STATES.items()))
+
+
 def key_extra(p):
     """What the kernel depends on beyond (problem, config): the state count the settings select."""
     return ("states", choose_states(p.filter_size[2]))

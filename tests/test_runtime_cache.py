@@ -58,6 +58,9 @@ def test_memory_hit_does_not_render_again(rng, monkeypatch):
     real = api.Plan.render
     monkeypatch.setattr(api.Plan, "render", lambda self: renders.append(1) or real(self))
     before = KERNELS.stats.memory_hits
+    kernelgen.conv(x, w, backend="cpu")  # same signature: the prepared call, not even a cache lookup
+    assert KERNELS.stats.memory_hits == before and not renders
+    api.clear_caches()                   # a new call of the same kernel: a memory hit, no render
     y = kernelgen.conv(x, w, backend="cpu")
     assert KERNELS.stats.memory_hits == before + 1 and not renders
     assert np.abs(y - ref.conv_forward(x, w)).max() < 1e-5 * np.abs(y).max()

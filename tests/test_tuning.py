@@ -78,9 +78,9 @@ def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
     db = tmp_path / "db.json"
     real = tuner.candidates
 
-    def with_a_broken_one(problem, variants=None, tiles=tuner.TILES):
+    def with_a_broken_one(problem, variants=None, tiles=tuner.TILES, keep=None):
         # an unknown variant fails in the compile worker: it must be recorded and skipped
-        return real(problem, variants, tiles) + [("no_such_variant", TileConfig(16, 16, 4, 4, 2))]
+        return real(problem, variants, tiles, keep) + [("no_such_variant", TileConfig(16, 16, 4, 4, 2))]
 
     monkeypatch.setattr(tuner, "candidates", with_a_broken_one)
     _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=2, tiles=TINY_TILES, limit=1)
@@ -96,3 +96,12 @@ def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
                                 directions=("fwd", "bwd_weight"))
     assert entries2[key] == json.loads(json.dumps(entry))  # kept as saved, not re-tuned
     assert len(entries2) == 2
+
+
+def test_candidates_keep_the_cheapest_per_variant():
+    p = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
+    every = tuner.candidates(p)
+    kept = tuner.candidates(p, keep=4)
+    assert 0 < len(kept) <= 4 * len({v for v, _ in every}) < len(every)
+    assert set(kept) <= set(every)
+

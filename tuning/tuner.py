@@ -68,10 +68,21 @@ def candidate_configs(problem, tiles=TILES):
     return out
 
 
-def candidates(problem, variants=None, tiles=TILES):
-    from kernelgen.templates import candidates as variant_candidates, config_ok
+def candidates(problem, variants=None, tiles=TILES, keep=None):
+    """(variant, config) pairs to try; with `keep`, only that many per variant, the cheapest under
+    the cost model (templates.estimated_cost) - a tune spends its time where a winner is likely."""
+    from kernelgen.templates import CUDA_TILES, candidates as variant_candidates, config_ok, estimated_cost
     vs = [v for v in variant_candidates(problem) if not variants or v.NAME in variants]
-    return [(v.NAME, c) for v in vs for c in candidate_configs(problem, tiles) if config_ok(v, problem, c)]
+    out = []
+    for v in vs:
+        cfgs = [c for c in candidate_configs(problem, tiles) if config_ok(v, problem, c)]
+        if keep:
+            def cost(c):
+                tile = (c.BM, c.BN, c.BK, c.TM, c.TN)
+                return estimated_cost(problem, tile, c.split_k) if tile in CUDA_TILES else float("inf")
+            cfgs = sorted(cfgs, key=cost)[:keep]
+        out += [(v.NAME, c) for c in cfgs]
+    return out
 
 
 def _compile_one(args):
@@ -87,6 +98,13 @@ def _compile_one(args):
         return None, time.perf_counter() - t
     except Exception as e:  # recorded by the parent; the tune goes on
         return f"compile: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t
+
+
+def _reference_job(args):
+    """Worker: the float64 reference for a problem's seeded random inputs (overlaps GPU timing)."""
+    problem, seed = args
+    t = time.perf_counter()
+    return reference_output(problem, random_inputs(problem, np.random.default_rng(seed))), time.perf_counter() - t
 
 
 def reference_output(problem, inputs):
@@ -139,7 +157,9 @@ def device_name():
 
 
 def tune(table, *, db_path=None, workers=None, variants=None, limit=None, directions=("fwd", "bwd_data", "bwd_weight"),
-         time_budget=None, tiles=TILES):
+         time_budget=None, tiles=TILES, keep=8):
+    """Every problem's compile and reference jobs are queued up front, in problem order, so the
+    worker pool compiles problem i+1.. while the parent times problem i on the GPU."""
     from tqdm import tqdm
     name, layers = load_table(table)
     problems = []
@@ -149,29 +169,37 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
             if p not in problems:
                 problems.append(p)
     problems = problems[:limit] if limit else problems
-    # every worker process must see the same disk cache as this one
+    # every worker process must see the same disk cache as this one; one BLAS thread per worker
     os.environ.setdefault("KERNELGEN_CACHE_DIR", str(database.user_db_dir().parent))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     dev = device_name()
     db_path = db_path or database.user_db_dir() / database.db_name(dev)
     entries = database.load(db_path)
     todo = [p for p in problems if p.key() not in entries]
     print(f"tune {name}: {len(problems)} problems, {len(problems) - len(todo)} already in {db_path}")
-    rng = np.random.default_rng(0)
     workers = workers or min(16, os.cpu_count() or 1)
-    failures = []
+    failures, phases = [], {"wait": 0.0, "measure": 0.0}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         t_start = time.perf_counter()
-        for p in tqdm(todo, desc="tune", unit="problem"):
+        jobs = []
+        for i, p in enumerate(todo):
+            cands = candidates(p, variants, tiles, keep)
+            ref_job = pool.submit(_reference_job, (p, i))
+            jobs.append((p, i, cands, ref_job, [pool.submit(_compile_one, (p, v, c)) for v, c in cands]))
+        for p, seed, cands, ref_job, futures in tqdm(jobs, desc="tune", unit="problem"):
             if time_budget and time.perf_counter() - t_start > time_budget:
                 print(f"time budget of {time_budget} s spent: stopping (rerun to resume)")
+                for *_, rj, fs in jobs:
+                    for f in [rj, *fs]:
+                        f.cancel()
                 break
-            cands = candidates(p, variants, tiles)
-            futures = [pool.submit(_compile_one, (p, v, c)) for v, c in cands]
-            # the float64 reference is computed here while the workers compile
-            inputs = random_inputs(p, rng)
-            ref = reference_output(p, inputs)
-            sets = device_sets(inputs)
+            t = time.perf_counter()
+            ref, _ = ref_job.result()
             compiled = [f.result() for f in futures]
+            phases["wait"] += time.perf_counter() - t
+            t = time.perf_counter()
+            sets = device_sets(random_inputs(p, np.random.default_rng(seed)))
             best, tried = None, []
             for (v, c), (err, _) in zip(cands, compiled):
                 if err is None:
@@ -185,9 +213,11 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
                         err = f"run: {type(e).__name__}: {str(e)[:200]}"
                 tried.append({"variant": v, "config": str(c), "error": err})
                 failures.append((p.key(), str(c), err))
+            phases["measure"] += time.perf_counter() - t
             if best is not None:
                 entries[p.key()] = database.entry(p, best[0], best[1], best[2], tried)
                 database.save(db_path, entries, dev)
+    print(f"tune {name}: parent waited {phases['wait']:.0f} s for workers, measured for {phases['measure']:.0f} s")
     database.entries_for.cache_clear()
     return db_path, entries, failures
 
@@ -200,6 +230,8 @@ def main(argv=None):
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--limit", type=int, default=None, help="tune only the first N problems")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new problems after it")
+    ap.add_argument("--keep", type=int, default=8, help="configs tried per variant, cheapest by the cost model "
+                    "(0: all)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
     if not gpu_present():
@@ -207,7 +239,8 @@ def main(argv=None):
         return 1
     t = time.perf_counter()
     path, entries, failures = tune(args.table, db_path=args.db, workers=args.workers, limit=args.limit,
-                                   time_budget=args.time_budget, directions=tuple(args.directions.split(",")))
+                                   time_budget=args.time_budget, directions=tuple(args.directions.split(",")),
+                                   keep=args.keep or None)
     print(f"database {path}: {len(entries)} entries, {len(failures)} rejected candidates, "
           f"{time.perf_counter() - t:.0f} s")
     return 0

@@ -1,0 +1,166 @@
+"""The call path: prepared-call memo, `out=`, `stream=`, pooled outputs, the fast launch route.
+
+CPU and simulator tests check behaviour; the `gpu` tests check that the fast route (second and later
+calls, no numba dispatcher) computes the same as the reference, on streams and with torch interop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelgen
+from kernelgen import api
+from kernelgen import reference as ref
+
+
+def _case(rng):
+    x = rng.standard_normal((2, 5, 6, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    return x, w
+
+
+def test_repeated_call_is_planned_once(rng, assert_close, monkeypatch):
+    x, w = _case(rng)
+    api.clear_caches()
+    calls = []
+    real = api.make_plan
+    monkeypatch.setattr(api, "make_plan", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for _ in range(3):
+        assert_close(kernelgen.conv(x, w, padding=1, backend="cpu"), ref.conv_forward(x, w, padding=(1, 1)))
+    assert len(calls) == 1
+    kernelgen.conv(x, w, padding=2, backend="cpu")       # another signature: planned anew
+    assert len(calls) == 2
+
+
+def test_variant_settings_are_part_of_the_prepared_key(monkeypatch):
+    from kernelgen.templates import settings_token, winograd
+    before = settings_token()
+    monkeypatch.setitem(winograd.ENABLED_STATES, 8, False)
+    assert settings_token() != before
+
+
+def test_unhashable_arguments_still_validate_and_run(rng, assert_close):
+    x, w = _case(rng)
+    got = kernelgen.conv(x, w, padding=[1, 1], backend="cpu")
+    assert_close(got, ref.conv_forward(x, w, padding=(1, 1)))
+    with pytest.raises(ValueError, match="padding"):
+        kernelgen.conv(x, w, padding=[1, 1, 1], backend="cpu")
+
+
+def test_memo_does_not_skip_validation_of_a_new_signature(rng):
+    x, w = _case(rng)
+    kernelgen.conv(x, w, padding=1, backend="cpu")
+    with pytest.raises(ValueError, match="in-channels"):
+        kernelgen.conv(x[..., :3], w, padding=1, backend="cpu")
+
+
+def test_out_argument_cpu(rng, assert_close):
+    x, w = _case(rng)
+    out = np.full((2, 5, 6, 3), np.nan, np.float32)
+    got = kernelgen.conv(x, w, padding=1, backend="cpu", out=out)
+    assert got is out
+    assert_close(out, ref.conv_forward(x, w, padding=(1, 1)))
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (np.zeros((2, 5, 6, 4), np.float32), ValueError, "out must have shape"),
+    (np.zeros((2, 5, 6, 3), np.float64), TypeError, "out must have dtype float32"),
+    (np.zeros((2, 5, 3, 6), np.float32).transpose(0, 1, 3, 2), ValueError, "C-contiguous"),
+])
+def test_bad_out_is_rejected_before_running(rng, bad, err, match):
+    x, w = _case(rng)
+    before = bad.copy()
+    with pytest.raises(err, match=match):
+        kernelgen.conv(x, w, padding=1, backend="cpu", out=bad)
+    assert np.array_equal(bad, before)
+
+
+def test_stream_on_cpu_backend_is_rejected(rng):
+    x, w = _case(rng)
+    with pytest.raises(ValueError, match="stream must be None on the cpu backend"):
+        kernelgen.conv(x, w, backend="cpu", stream=object())
+
+
+@pytest.mark.sim
+def test_stream_and_out_in_simulator(rng, assert_close):
+    from numba import cuda
+    x = rng.standard_normal((1, 3, 3, 2)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    want = ref.conv_forward(x, w, padding=(1, 1))
+    stream = cuda.stream()
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    out = cuda.to_device(np.full((1, 3, 3, 2), np.nan, np.float32))
+    got = kernelgen.conv(dx, dw, padding=1, backend="cuda", stream=stream, out=out)
+    stream.synchronize()
+    assert got is out
+    assert_close(out.copy_to_host(), want)
+    # host inputs on the cuda backend: staged copies on the stream, a complete NumPy result back
+    assert_close(kernelgen.conv(x, w, padding=1, backend="cuda", stream=stream), want)
+    with pytest.raises(TypeError, match="stream must be"):
+        kernelgen.conv(dx, dw, padding=1, backend="cuda", stream="fast")
+
+
+# --- real GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["conv", "conv_backward_data", "conv_backward_weight"])
+def test_fast_route_matches_reference(op, rng, assert_close):
+    from numba import cuda
+    x = rng.standard_normal((4, 12, 12, 16)).astype(np.float32)
+    w = rng.standard_normal((24, 3, 3, 16)).astype(np.float32)
+    kw = dict(stride=2, padding=1)
+    y_shape = kernelgen.problem.make_problem("fwd", x.shape, w.shape, **kw).output_shape
+    dy = rng.standard_normal(y_shape).astype(np.float32)
+    if op == "conv":
+        args, want = (cuda.to_device(x), cuda.to_device(w)), ref.conv_forward(x, w, stride=(2, 2), padding=(1, 1))
+    elif op == "conv_backward_data":
+        args = (cuda.to_device(dy), cuda.to_device(w), x.shape)
+        want = ref.conv_backward_data(dy, w, x.shape, stride=(2, 2), padding=(1, 1))
+    else:
+        args = (cuda.to_device(x), cuda.to_device(dy), w.shape)
+        want = ref.conv_backward_weight(x, dy, w.shape, stride=(2, 2), padding=(1, 1))
+    fn = getattr(kernelgen, op)
+    fn(*args, **kw)                                            # compiles; later calls take the fast route
+    stream = cuda.stream()
+    for s in (None, stream):
+        out = cuda.to_device(np.full(want.shape, np.nan, np.float32))
+        fn(*args, **kw, out=out, stream=s)
+        if s is not None:
+            s.synchronize()
+        assert_close(out.copy_to_host(), want, tol=2e-5)
+        got = fn(*args, **kw, stream=s)                          # pooled output
+        cuda.synchronize()
+        assert_close(got.copy_to_host(), want, tol=2e-5)
+
+
+@pytest.mark.gpu
+def test_fast_route_is_taken_and_outputs_are_pooled(rng):
+    from numba import cuda
+
+    from kernelgen.runtime import arena
+    x, w = _case(rng)
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    kernelgen.conv(dx, dw, padding=1)
+    launcher = [p for p in api._PREPARED.values() if p.problem.x_shape == x.shape][-1].launcher
+    assert launcher.fast
+    before = arena.device_pool().stats()["served_from_pool"]
+    for _ in range(5):
+        kernelgen.conv(dx, dw, padding=1)
+    cuda.synchronize()
+    assert arena.device_pool().stats()["served_from_pool"] >= before + 4
+
+
+@pytest.mark.gpu
+def test_torch_stream_and_tensors(rng, assert_close):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    x, w = _case(rng)
+    tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+    s = torch.cuda.Stream()
+    kernelgen.conv(tx, tw, padding=1)
+    with torch.cuda.stream(s):
+        got = kernelgen.conv(tx, tw, padding=1, stream=s)
+    s.synchronize()
+    assert isinstance(got, torch.Tensor)
+    assert_close(got.cpu().numpy(), ref.conv_forward(x, w, padding=(1, 1)), tol=2e-5)
