@@ -76,8 +76,10 @@ class Plan:
     def key(self):
         from .templates import get_variant
         extra = getattr(get_variant(self.variant), "key_extra", None)  # module-level settings a variant reads
+        from .render_cuda import index32_enabled
+        options = ("index32", index32_enabled()) if self.backend == "cuda" else ()  # what the renderer reads
         return (self.problem, self.variant, self.config, self.backend, device_key(self.backend),
-                extra(self.problem) if extra else None)
+                extra(self.problem) if extra else None) + options
 
     def kernel_ir(self):
         from .templates import get_variant

@@ -2,7 +2,9 @@
 # Prepare the GPU machine and run kernelgen there: GPU tests, demo, benchmark against cuDNN.
 #
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
-# There (device machine, repo root):     bash scripts/gpu_run.sh [tests|bench|all|tune-bench|probe] [bench args...]
+# There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
+#   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, comma-separated
+#   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
 #
@@ -17,8 +19,14 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
   done
   exit 0
 fi
-mode="${1:-all}"; shift || true
-OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+mode=",${1:-all},"; shift || true
+[ "$mode" = ",all," ] && mode=",tests,bench,"
+has() { case "$mode" in *",$1,"*) return 0;; *) return 1;; esac; }
+# the device tool returns at most 8 files: everything is written to a work folder and packed into
+# $OUT/results.tgz on exit (also when a step fails)
+FINAL_OUT="${OUT:-$PWD/out}"; mkdir -p "$FINAL_OUT"
+OUT=/tmp/kg_results; rm -rf "$OUT"; mkdir -p "$OUT"
+trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . 2>/dev/null || true' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site .
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 KERNELGEN_CACHE_DIR="${KERNELGEN_CACHE_DIR:-/tmp/kgcache}"
@@ -26,21 +34,29 @@ REPO="$PWD"
 cd /tmp  # import the installed package, not the source tree (templates/ etc. map into kernelgen.*)
 python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy', numpy.__version__, 'numba', numba.__version__, 'gpu', cuda.get_current_device().name)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
-if [ "$mode" = tests ] || [ "$mode" = all ]; then
+if has tests; then
   if [ -d "$REPO/tests" ]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || true
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
 fi
-if [ "$mode" = probe ]; then
+if has runtime; then
+  python3 -m kernelgen.runtime.bench_launch --calls 3000 2>&1 | tee "$OUT/launch.log"
+  rm -rf /tmp/kg_firstcall
+  for run in cold warm; do
+    KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \
+      --out "$OUT/firstcall_$run.json" 2>&1 | tail -3
+  done
+fi
+if has probe; then
   python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning
 fi
-if [ "$mode" = tune-bench ]; then
+if has tune-bench || has tune; then
   for t in ${TUNE_TABLES:-gpu_md}; do
     python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:" || true
   done
   cp "$KERNELGEN_CACHE_DIR"/tuned/*.json "$OUT/" || true
 fi
-if [ "$mode" = bench ] || [ "$mode" = all ] || [ "$mode" = tune-bench ]; then
+if has bench || has tune-bench; then
   python3 -m kernelgen bench "${BENCH_TABLE:-gpu_md}" --compare torch --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "bench:"
 fi
