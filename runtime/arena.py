@@ -155,9 +155,13 @@ def _stream_key(stream):
         return id(stream)
 
 
+_PROTOTYPES = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape, for cheap clones
+
+
 def device_empty(shape, dtype, stream=None):
     """A C-contiguous device array whose memory comes from the pool and goes back to it (on the
-    same stream) when the array is collected.  The simulator allocates plainly."""
+    same stream) when its memory pointer - shared by every view of it - is collected.  The simulator
+    allocates plainly."""
     import math
 
     import numpy as np
@@ -168,15 +172,23 @@ def device_empty(shape, dtype, stream=None):
     from numba.cuda.cudadrv import devicearray, driver
     dtype = np.dtype(dtype)
     nbytes = max(1, math.prod(shape) * dtype.itemsize)
-    strides, acc = [], dtype.itemsize
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    pool, key = device_pool(), _stream_key(stream)
-    block = pool.alloc(nbytes, key)
-    mem = driver.MemoryPointer(cuda.current_context(), block.handle, nbytes,
-                               finalizer=lambda: pool.free(block))
-    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=stream or 0, gpu_data=mem)
+    pool = device_pool()
+    block = pool.alloc(nbytes, _stream_key(stream))
+    mem = driver.MemoryPointer(cuda.current_context(), block.handle, nbytes, finalizer=lambda: pool.free(block))
+    proto = _PROTOTYPES.get((shape, dtype))
+    if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
+        strides, acc = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        arr = devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=mem)
+        _PROTOTYPES[(shape, dtype)] = {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
+    else:
+        arr = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
+        arr.__dict__.update(proto)
+        arr.gpu_data = mem
+    arr.stream = stream or 0
+    return arr
 
 
 _PENDING = []   # (event, pinned block): staging buffers whose async copy may still be running

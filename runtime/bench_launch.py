@@ -24,6 +24,7 @@ def per_call_us(fn, calls, sync=lambda: None):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", action="store_true", help="also print where a GPU call's time goes (cProfile)")
     args = ap.parse_args(argv)
     import kernelgen
     from kernelgen.api import gpu_present
@@ -60,6 +61,12 @@ def main(argv=None):
                     lambda: torch.nn.functional.conv2d(nx, nw, padding=1), args.calls, torch.cuda.synchronize)))
         except ImportError:
             pass
+        if args.profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [kernelgen.conv(dx, dw, padding=1) for _ in range(args.calls)])
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
         rows.append(("(device pool served_from_pool)", float(arena.device_pool().stats()["served_from_pool"])))
     rows.append(("kernelgen.conv cpu (numpy arrays)",
                  per_call_us(lambda: kernelgen.conv(x, w, padding=1, backend="cpu"), args.calls)))

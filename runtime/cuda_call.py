@@ -48,19 +48,38 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
     return host
 
 
+def _pointer(a, name):
+    """(device address, element count) of a C-contiguous device array, by the cheapest route its type
+    offers (this runs on every call of the fast path)."""
+    kind = type(a).__module__
+    if kind.startswith("torch"):
+        if not a.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
+        return a.data_ptr(), a.numel()
+    if kind.startswith("numba") and hasattr(a, "_dummy"):
+        if not a._dummy.is_c_contig:
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
+        return a.device_ctypes_pointer.value or 0, a.size
+    return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
+
+
+def _new_output(template, shape, dtype, nstream):
+    """The output in the caller's currency: a torch tensor from torch's caching allocator for torch
+    inputs, otherwise a numba array from kernelgen's pool (returned as CuPy by like_input)."""
+    if type(template).__module__.startswith("torch"):
+        import torch
+        return torch.empty(shape, dtype=torch.float32, device=template.device)
+    return device_empty(shape, dtype, nstream)
+
+
 def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
-    result = out if out is not None else device_empty(shape, dtype, nstream)
-    n_out = math.prod(shape)
-    ptr_sizes = []
-    for name in launcher.params:
-        if name == out_name:
-            ptr_sizes.append((arrays.pointer(result, "out"), n_out))
-        else:
-            a = inputs[name]
-            ptr_sizes.append((arrays.pointer(a, name), math.prod(a.shape)))
+    result = out if out is not None else _new_output(template, shape, dtype, nstream)
+    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params]
 
     def zero():
         flat = arrays.to_device_view(result, "out")
         fill_device(flat.reshape(flat.size), 0, nstream)
     launcher.launch_pointers(ptr_sizes, np.dtype(dtype).itemsize, nstream, zero)
-    return out if out is not None else arrays.like_input(result, template)
+    if out is not None or type(result) is type(template):
+        return result
+    return arrays.like_input(result, template)

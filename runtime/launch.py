@@ -50,32 +50,63 @@ def _fast_launch_available():
     return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("KERNELGEN_FAST_LAUNCH", "1") == "1"
 
 
+def _libcuda():
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernel
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn.restype = ctypes.c_int
+    return lib
+
+
 class _FastLaunch:
-    """cuda.core launch of the one compiled overload: what numba's _Kernel.launch does, minus the
-    per-call typing and wrapping (a 1D C-contiguous array argument flattens to meminfo, parent,
-    size, itemsize, data, shape, stride)."""
+    """cuLaunchKernel through ctypes on the one compiled overload: what numba's _Kernel.launch does,
+    minus argument typing, array wrapping and cuda.core's parameter packing.  A 1D C-contiguous
+    array argument is seven 8-byte words: meminfo, parent, size, itemsize, data, shape, stride.
+    Each thread packs into its own buffers; only the creating thread (whose CUDA context numba made
+    current) uses this route."""
 
-    def __init__(self, dispatcher, grid, threads):
-        from cuda.core import LaunchConfig, launch
+    _lib = None
+
+    def __init__(self, dispatcher, grid, threads, n_params):
+        import ctypes
+        import threading
+        if _FastLaunch._lib is None:
+            _FastLaunch._lib = _libcuda()
         kernel = next(iter(dispatcher.overloads.values()))
-        self.kernel = kernel._codelibrary.get_cufunc().kernel
-        grid = grid if isinstance(grid, tuple) else (grid,)
-        self.config = LaunchConfig(grid=grid, block=threads, shmem_size=0)
-        self.launch = launch
-        self._streams = {}
+        self.handle = int(kernel._codelibrary.get_cufunc().handle)
+        grid = tuple(grid) if isinstance(grid, tuple) else (grid,)
+        self.grid = grid + (1,) * (3 - len(grid))
+        self.threads = threads
+        self.words = (ctypes.c_int64 * (7 * n_params))()
+        base = ctypes.addressof(self.words)
+        self.params = (ctypes.c_void_p * (7 * n_params))(*[base + 8 * i for i in range(7 * n_params)])
+        self.thread = threading.get_ident()
+        self.launch = self._lib.cuLaunchKernel
 
-    def core_stream(self, stream):
-        s = self._streams.get(stream)
-        if s is None:
-            from numba.cuda.cudadrv import driver
-            s = self._streams[stream] = driver._to_core_stream(stream or 0)
-        return s
+    def usable(self):
+        import threading
+        return threading.get_ident() == self.thread
 
-    def __call__(self, ptr_sizes, itemsize, stream):
-        args = []
+    def __call__(self, ptr_sizes, itemsize, stream_handle):
+        words = self.words
+        i = 0
         for ptr, n in ptr_sizes:
-            args += (0, 0, n, itemsize, ptr, n, itemsize)
-        self.launch(self.core_stream(stream), self.config, self.kernel, *args)
+            words[i + 2] = n
+            words[i + 3] = itemsize
+            words[i + 4] = ptr
+            words[i + 5] = n
+            words[i + 6] = itemsize
+            i += 7
+        gx, gy, gz = self.grid
+        err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, 0, stream_handle, self.params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def stream_handle(stream) -> int:
+    """Raw CUstream of a numba stream (0: the default stream)."""
+    return 0 if stream is None else int(stream.handle)
 
 
 @dataclass
@@ -111,7 +142,7 @@ class Launcher:
                 self._configured[stream] = launch
             launch(*ordered)
             if self._fast is None and _fast_launch_available():
-                self._fast = _FastLaunch(self.kernel, self.grid, self.threads)
+                self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params))
         else:
             if self.zero_output:
                 for name in self.outputs:
@@ -124,8 +155,8 @@ class Launcher:
         is a callable that clears the outputs when the kernel accumulates into them."""
         if self.zero_output:
             zero()
-        self._fast(ptr_sizes, itemsize, stream)
+        self._fast(ptr_sizes, itemsize, stream_handle(stream))
 
     @property
     def fast(self) -> bool:
-        return self._fast is not None
+        return self._fast is not None and self._fast.usable()

@@ -41,7 +41,7 @@ if has tests; then
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
 fi
 if has runtime; then
-  python3 -m kernelgen.runtime.bench_launch --calls 3000 2>&1 | tee "$OUT/launch.log"
+  python3 -m kernelgen.runtime.bench_launch --calls 3000 --profile 2>&1 | tee "$OUT/launch.log"
   rm -rf /tmp/kg_firstcall
   for run in cold warm; do
     KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \
