@@ -28,6 +28,7 @@ FINAL_OUT="${OUT:-$PWD/out}"; mkdir -p "$FINAL_OUT"
 OUT=/tmp/kg_results; rm -rf "$OUT"; mkdir -p "$OUT"
 trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . 2>/dev/null || true' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+rm -rf build  # setuptools reuses a stale build/lib from an earlier call on a warm machine
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site .
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 KERNELGEN_CACHE_DIR="${KERNELGEN_CACHE_DIR:-/tmp/kgcache}"
 REPO="$PWD"
