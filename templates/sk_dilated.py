@@ -2,12 +2,14 @@
 
 Honest scope: the core's implicit GEMM (templates/implicit_gemm.py) already reads the filter with
 unit step and the input with step `dilation` in all three directions, so it never materialises a
-dilated filter.  What this variant adds is the V2 form for forward: dilation + filter trimming
-(templates/conv_v2.py), whose trimmed window lo/hi formulas divide by the dilation, so taps whose
-dilated position lands in the padding are neither read nor multiplied.  Where ConvV2's schedule
-constraints are not met (config_ok), or for backward-data / backward-weight, it builds the core's
-unit-step view.  It only applies to problems with some dilation > 1; it is never the automatic
-choice (it is reached with algo="sk_dilated" or by the tuner).
+dilated filter.  What this variant adds is the V2 form (templates/conv_v2.py), dilation + filter
+trimming, in every direction ConvV2 covers: forward and stride-1 backward-data trim the taps (lo/hi
+divide by the dilation), backward-weight trims each tap's output range (its bounds subtract
+tap*dilation), so terms whose dilated position lands in the padding (or outside dy) are neither
+read nor multiplied.  Where ConvV2 does not apply (nothing to trim, strided backward-data) or its
+schedule constraints are not met (config_ok), it builds the core's unit-step view.  It only applies
+to problems with some dilation > 1; it is never the automatic choice (it is reached with
+algo="sk_dilated" or by the tuner).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def applies(p):
 
 
 def _trimmed(p, cfg):
-    return p.direction == "fwd" and conv_v2.applies(p) and conv_v2.config_ok(p, cfg)
+    return conv_v2.applies(p) and conv_v2.config_ok(p, cfg)
 
 
 def build(p, cfg: TileConfig):
