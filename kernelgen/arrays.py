@@ -12,8 +12,10 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 
 
 def is_cuda_array(a) -> bool:
+    # asked of the type: on an instance, hasattr would evaluate the (costly) interface property.
     # numba device arrays say __cuda_ndarray__; the simulator's have no __cuda_array_interface__
-    return hasattr(a, "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False))
+    return hasattr(type(a), "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False)) \
+        or "__cuda_array_interface__" in getattr(a, "__dict__", ())
 
 
 def dtype_name(a) -> str:
@@ -23,10 +25,10 @@ def dtype_name(a) -> str:
 
 
 def shape_of(a):
-    if hasattr(a, "__cuda_array_interface__"):
-        return tuple(a.__cuda_array_interface__["shape"])
-    if is_cuda_array(a):
+    if hasattr(a, "shape") and not isinstance(a, (list, tuple)):
         return tuple(a.shape)
+    if is_cuda_array(a):
+        return tuple(a.__cuda_array_interface__["shape"])
     return tuple(np.shape(a))
 
 
@@ -78,17 +80,18 @@ def like_input(out, template):
 
 
 def check_out(out, shape, dtype, on_device):
-    """Validate a caller-provided output array (before any kernel runs) and return it."""
+    """Validate a caller-provided output array (before any kernel runs) and return it.  Runs on every
+    call that passes out=, so it reads attributes, not the __cuda_array_interface__ dict."""
     if on_device != is_cuda_array(out):
         raise TypeError(f"out must be a {'CUDA' if on_device else 'NumPy'} array like the inputs, "
                         f"got {type(out).__name__}")
     if shape_of(out) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, got {shape_of(out)}")
-    if dtype_name(out) != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {dtype_name(out)}")
-    if on_device:  # raises unless C-contiguous (simulator arrays have no __cuda_array_interface__)
-        pointer(out, "out") if hasattr(out, "__cuda_array_interface__") else to_device_view(out, "out")
-        return out
+    got = str(getattr(out, "dtype", "")).rpartition(".")[2]  # numpy/numba 'float32', torch 'torch.float32'
+    if got != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {got or dtype_name(out)}")
+    if on_device:
+        return out  # contiguity is checked where its address is read
     if not (isinstance(out, np.ndarray) and out.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous NumPy array")
     return out

@@ -155,6 +155,20 @@ def _stream_key(stream):
         return id(stream)
 
 
+_CONTEXT = {}
+
+
+def _context():
+    """numba's context object for this thread, looked up once (cuda.current_context() asks the driver)."""
+    import threading
+    key = threading.get_ident()
+    ctx = _CONTEXT.get(key)
+    if ctx is None:
+        from numba import cuda
+        ctx = _CONTEXT[key] = cuda.current_context()
+    return ctx
+
+
 _PROTOTYPES = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape, for cheap clones
 
 
@@ -174,7 +188,7 @@ def device_empty(shape, dtype, stream=None):
     nbytes = max(1, math.prod(shape) * dtype.itemsize)
     pool = device_pool()
     block = pool.alloc(nbytes, _stream_key(stream))
-    mem = driver.MemoryPointer(cuda.current_context(), block.handle, nbytes, finalizer=lambda: pool.free(block))
+    mem = driver.MemoryPointer(_context(), block.handle, nbytes, finalizer=lambda: pool.free(block))
     proto = _PROTOTYPES.get((shape, dtype))
     if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
         strides, acc = [], dtype.itemsize

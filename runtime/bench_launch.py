@@ -42,6 +42,14 @@ def main(argv=None):
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1), args.calls, cuda.synchronize)))
         rows.append(("kernelgen.conv cuda (numba arrays, out=)",
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1, out=out), args.calls, cuda.synchronize)))
+        from kernelgen import api
+        prep = [p for p in api._PREPARED.values() if p.problem.x_shape == x.shape][-1]
+        ptrs = [(int(a.device_ctypes_pointer.value), a.size) for a in (dx, dw, out)]
+        rows.append(("  of which: raw cuLaunchKernel of that kernel", per_call_us(
+            lambda: prep.launcher._fast(ptrs, 4, 0), args.calls, cuda.synchronize)))
+        from kernelgen.tuning.timing import time_cuda
+        rows.append(("  of which: the kernel's GPU time (events)", 1e3 * time_cuda(
+            lambda: prep.launcher._fast(ptrs, 4, 0), repeat=200)))
         empty = cuda.jit(lambda a: None)
         rows.append(("empty numba kernel launch", per_call_us(lambda: empty[1, 32](out), args.calls,
                                                                cuda.synchronize)))

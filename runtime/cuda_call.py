@@ -25,7 +25,7 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
     if out is not None:
         arrays.check_out(out, shape, problem.dtype, on_device)
     out_name = launcher.outputs[0]
-    if on_device and launcher.fast and all(hasattr(a, "__cuda_array_interface__") for a in inputs.values()):
+    if on_device and launcher.fast and all(hasattr(type(a), "__cuda_array_interface__") for a in inputs.values()):
         return _fast(launcher, inputs, out_name, shape, problem.dtype, nstream, template, out)
 
     args = {}
@@ -33,6 +33,8 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
         d = arrays.to_device_view(a, name) if on_device else \
             to_device_staged(arrays.to_host(a, name, problem.dtype), nstream)
         args[name] = d.reshape(d.size)
+    if out is not None and on_device:
+        _pointer(out, "out") if hasattr(type(out), "__cuda_array_interface__") else arrays.to_device_view(out, "out")
     dev_out = arrays.to_device_view(out, "out") if (out is not None and on_device) else \
         device_empty(shape, problem.dtype, nstream)
     args[out_name] = dev_out.reshape(dev_out.size)
