@@ -25,8 +25,8 @@ has() { case "$mode" in *",$1,"*) return 0;; *) return 1;; esac; }
 # the device tool returns at most 8 files: everything is written to a work folder and packed into
 # $OUT/results.tgz on exit (also when a step fails)
 FINAL_OUT="${OUT:-$PWD/out}"; mkdir -p "$FINAL_OUT"
-OUT=/tmp/kg_results; rm -rf "$OUT"; mkdir -p "$OUT"
-trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . 2>/dev/null || true' EXIT
+OUT=/tmp/kg_results_${RESULTS_NAME:-results}; rm -rf "$OUT"; mkdir -p "$OUT"
+trap 'tar czf "$FINAL_OUT/${RESULTS_NAME:-results}.tgz" -C "$OUT" . 2>/dev/null || true' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 rm -rf build  # setuptools reuses a stale build/lib from an earlier call on a warm machine
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site .
@@ -54,7 +54,7 @@ if has probe; then
 fi
 if has tune-bench || has tune; then
   for t in ${TUNE_TABLES:-gpu_md}; do
-    python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:" || true
+    python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:\|Warning\|warn(" || true
   done
   cp "$KERNELGEN_CACHE_DIR"/tuned/*.json "$OUT/" || true
 fi

@@ -42,7 +42,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     _, layers = load_table(args.table)
     layers = [l for l in layers if l.name in args.layers.split(",")]
-    cfgs = [TileConfig(*map(int, c.split(",")[:5]), stages=int(c.split(",")[5])) for c in args.configs.split(";")]
+    # each config: BM,BN,BK,TM,TN,stages[,smem_pad]
+    cfgs = [TileConfig(*map(int, c.split(",")[:5]), stages=int(c.split(",")[5]),
+                       smem_pad=int(c.split(",")[6]) if len(c.split(",")) > 6 else 0) for c in args.configs.split(";")]
     rows = []
     rng = np.random.default_rng(0)
     for layer in layers:

@@ -30,6 +30,9 @@ TILES = [(128, 64, 8, 8, 4), (128, 128, 8, 8, 8), (64, 64, 8, 4, 4), (128, 32, 8
          (256, 64, 8, 8, 4)]
 WIDE_TILES = TILES + [(64, 32, 8, 4, 4), (128, 64, 16, 8, 4), (32, 64, 8, 4, 4), (256, 32, 8, 8, 4)]
 SM_COUNT = 132
+# shared-row padding: 0, or 4 floats, which spreads the transposed tile store over all 32 banks and
+# keeps rows 16-byte aligned for the vectorised fragment loads
+SMEM_PADS = (0, 4)
 
 
 def estimated_registers(cfg):
@@ -61,10 +64,11 @@ def candidate_configs(problem, tiles=TILES):
     out = []
     for bm, bn, bk, tm, tn in tiles:
         for stages in (1, 2):
-            for sk in split_choices(problem, bm, bn, bk):
-                cfg = TileConfig(bm, bn, bk, tm, tn, split_k=sk, stages=stages)
-                if fits(cfg):
-                    out.append(cfg)
+            for pad in SMEM_PADS:
+                for sk in split_choices(problem, bm, bn, bk):
+                    cfg = TileConfig(bm, bn, bk, tm, tn, split_k=sk, smem_pad=pad, stages=stages)
+                    if fits(cfg):
+                        out.append(cfg)
     return out
 
 
@@ -157,7 +161,7 @@ def device_name():
 
 
 def tune(table, *, db_path=None, workers=None, variants=None, limit=None, directions=("fwd", "bwd_data", "bwd_weight"),
-         time_budget=None, tiles=TILES, keep=8):
+         time_budget=None, tiles=TILES, keep=12):
     """Every problem's compile and reference jobs are queued up front, in problem order, so the
     worker pool compiles problem i+1.. while the parent times problem i on the GPU."""
     from tqdm import tqdm
@@ -230,7 +234,7 @@ def main(argv=None):
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--limit", type=int, default=None, help="tune only the first N problems")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new problems after it")
-    ap.add_argument("--keep", type=int, default=8, help="configs tried per variant, cheapest by the cost model "
+    ap.add_argument("--keep", type=int, default=12, help="configs tried per variant, cheapest by the cost model "
                     "(0: all)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
