@@ -15,10 +15,18 @@ class is part of the grid's z axis (GemmView.groups = groups x s^D).  Sub-filter
 differ when T or the output size is not a multiple of s (3x3 at s=2 -> 2x2, 2x1, 1x2, 1x1): the
 GEMM uses the largest (U, J) and predicates the rest, which the tile loads turn into zeros and the
 stores skip.  kernelgen.deconv is this backward-data pass, so it uses KS-deconv too.
+
+KS-deconv-V2 (opt-in: TRIM = True, not yet measured on a GPU) adds ConvV2's filter trimming per
+class: rows batch-fastest (m = u * N + n), so with N % BM == 0 a block is one class position u and
+only the sub-filter taps whose dy position lands inside dy are in its reduction,
+    j_lo = max(0, b_a + u - O + 1),   j_hi = min(J_a, b_a + u + 1),
+with the class's own J_a (no predicated taps of a smaller sub-filter) and an empty reduction for
+positions past the class's size.  Needs K/groups % BK == 0 and split_k = stages = 1 (the per-block
+reduction); with any other schedule the predicated form above runs.
 """
 from __future__ import annotations
 
-from ..ir import Buffer, If, Load, Store, all_of
+from ..ir import Buffer, Call, Const, If, Load, Store, all_of, select
 
 from .config import TileConfig
 from .implicit_gemm import _flatten, _prod, _unflatten, reduction_split
@@ -26,11 +34,32 @@ from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 
 NAME = "ks_deconv"
 DIRECTIONS = ("bwd_data",)
+TRIM = False  # KS-deconv-V2 where the schedule fits: opt in until measured
 
+
+def settings():
+    """The module setting this variant's kernels read (part of every prepared call's key)."""
+    return (TRIM,)
+
+
+def key_extra(p):
+    return ("trim", TRIM)
 
 
 def applies(p):
     return p.direction == "bwd_data" and any(s > 1 for s in p.stride) and all(d == 1 for d in p.dilation)
+
+
+def _class_split(p):
+    classes = _prod(p.stride)
+
+    def split_class(g):
+        """grid-z index -> (group, class coordinates a, first position i0, dy offset b), per dim."""
+        a = _unflatten(g % classes, p.stride)
+        i0 = [(a[ax] - p.padding[ax]) % p.stride[ax] for ax in range(3)]
+        b = [(i0[ax] + p.padding[ax]) // p.stride[ax] for ax in range(3)]
+        return g // classes, a, i0, b
+    return split_class
 
 
 def ks_view(p, cfg: TileConfig) -> GemmView:
@@ -41,12 +70,7 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
     M, Ng, Kr = p.N * _prod(U), p.Cg, _prod(J) * p.Kg
     TRS = _prod(T)
 
-    def split_class(g):
-        """grid-z index -> (group, class coordinates a, first position i0, dy offset b), per dim."""
-        a = _unflatten(g % classes, st)
-        i0 = [(a[ax] - p.padding[ax]) % st[ax] for ax in range(3)]
-        b = [(i0[ax] + p.padding[ax]) // st[ax] for ax in range(3)]
-        return g // classes, a, i0, b
+    split_class = _class_split(p)
 
     def class_size(i0, ax):
         return (I[ax] - i0 + st[ax] - 1) // st[ax]  # U_a: positions of this class along ax
@@ -99,7 +123,92 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
                     doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]")
 
 
+def trim_ok(p, cfg: TileConfig):
+    """KS-deconv-V2's schedule: block rows share one class position, slices do not straddle taps."""
+    return p.N % cfg.BM == 0 and p.Kg % cfg.BK == 0 and cfg.split_k == 1 and cfg.stages == 1
+
+
+def ks_v2_view(p, cfg: TileConfig) -> GemmView:
+    if not trim_ok(p, cfg):
+        raise ValueError(f"config must have N % BM == 0, K/groups % BK == 0, split_k = stages = 1 for "
+                         f"KS-deconv-V2 (N={p.N}, K/groups={p.Kg}), got {cfg}")
+    st, T, I, O = p.stride, p.filter_size, p.in_size, p.out_size
+    U = [_cdiv(I[ax], st[ax]) for ax in range(3)]
+    classes, TRS = _prod(st), _prod(T)
+    M, Ng, Kr = p.N * _prod(U), p.Cg, _prod([_cdiv(T[ax], st[ax]) for ax in range(3)]) * p.Kg
+    per_tap = p.Kg // cfg.BK
+    split_class = _class_split(p)
+
+    def window(ctx):
+        """The block's class, dy anchor b_a + u (dy position of j = 0) and trimmed sub-filter range."""
+        _, a, i0, b = split_class(ctx.g)
+        pos, u = ctx.m0 // p.N, []
+        for size in reversed(U):
+            u.append(pos % size)
+            pos = pos // size
+        u = u[::-1]
+        anchor = [b[ax] + u[ax] for ax in range(3)]
+        lo, cnt = [], []
+        for ax in range(3):
+            l = Call("max", (Const(0), anchor[ax] - (O[ax] - 1)))
+            h = Call("min", (Const(0) - (Const(0) - (T[ax] - a[ax])) // st[ax], anchor[ax] + 1))  # J_a
+            n = Call("max", (Const(0), h - l))
+            if I[ax] % st[ax]:  # this class may have fewer positions than the largest one
+                n = select(u[ax] < (I[ax] - i0[ax] + st[ax] - 1) // st[ax], n, Const(0))
+            lo.append(l), cnt.append(n)
+        return a, anchor, lo, cnt
+
+    def taps(kt, ctx):
+        a, anchor, lo, cnt = window(ctx)
+        j, rest = [], kt // per_tap
+        for ax in (2, 1, 0):
+            j.append(lo[ax] + rest % cnt[ax])
+            rest = rest // cnt[ax]
+        j = j[::-1]
+        return anchor, j, [a[ax] + j[ax] * st[ax] for ax in range(3)], (kt % per_tap) * cfg.BK
+
+    def k_tiles(ctx):
+        _, _, _, cnt = window(ctx)
+        return cnt[0] * cnt[1] * cnt[2] * per_tap
+
+    def a_inv(m, g):
+        return {"base": (m % p.N) * _prod(O) * p.K + (g // classes) * p.Kg}
+
+    def a_elem(inv, kk, kt, col, ctx):
+        anchor, j, _, k0 = taps(kt, ctx)
+        o = [anchor[ax] - j[ax] for ax in range(3)]
+        return Const(True), Load("dy", (inv["base"] + _flatten(o, O) * p.K + k0 + col,))
+
+    def b_inv(n, g):
+        return {"col": (g // classes) * p.Kg * TRS * p.Cg + n}
+
+    def b_elem(inv, kk, kt, row, ctx):
+        _, _, t, k0 = taps(kt, ctx)
+        return Const(True), Load("w", (inv["col"] + ((k0 + row) * TRS + _flatten(t, T)) * p.Cg,))
+
+    def store(m, n, g, value, atomic):
+        grp, _, i0, _ = split_class(g)
+        u = _unflatten(m // p.N, tuple(U))
+        i = [i0[ax] + u[ax] * st[ax] for ax in range(3)]
+        ok = all_of([i[ax] < I[ax] for ax in range(3) if I[ax] % st[ax]])
+        off = ((m % p.N) * _prod(I) + _flatten(i, I)) * p.C + grp * p.Cg + n
+        return [If(ok, (Store("dx", (off,), value, "atomic" if atomic else False),))]
+
+    params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
+              Buffer("dx", (p.N * _prod(I) * p.C,), p.dtype, role="out"))
+    return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, context=True),
+                    Operand("mn", b_inv, b_elem, context=True), store, params, p.dtype,
+                    doc=f"KS-deconv-V2 backward-data: {classes} trimmed stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]",
+                    k_tiles=k_tiles)
+
+
+def trimmed(p, cfg):
+    return TRIM and trim_ok(p, cfg)
+
+
 def build(p, cfg: TileConfig):
-    k = tiled_gemm(f"conv_{p.direction}_ks", ks_view(p, cfg), cfg)
+    view, name = (ks_v2_view(p, cfg), f"conv_{p.direction}_ks_v2") if trimmed(p, cfg) else \
+        (ks_view(p, cfg), f"conv_{p.direction}_ks")
+    k = tiled_gemm(name, view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
-                       {**k.meta, "problem": p.key(), "template": NAME})
+                       {**k.meta, "problem": p.key(), "template": NAME, "trimmed": trimmed(p, cfg)})
