@@ -3,6 +3,7 @@
 CPU backend over 1D/2D/3D, stride, dilation, groups, padding up to larger than the filter (whole
 windows in the padding: the block's reduction is empty and only the bias remains); the CUDA
 rendering in the simulator on tiny shapes.  Outputs are NaN-poisoned before every launch.
+Backward-data and backward-weight: test_conv_v2_backward.py.
 """
 from __future__ import annotations
 

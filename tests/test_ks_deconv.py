@@ -109,7 +109,7 @@ def trimming(on=True):
         ks_deconv.TRIM = old
 
 
-@settings(max_examples=8)
+@settings(max_examples=6)
 @given(case=strided_problems(), dtype=st.sampled_from(["float32", "float64"]), data=st.data())
 def test_ks_deconv_v2_cpu_matches_reference(case, dtype, data, assert_close, run_poisoned):
     rng = np.random.default_rng()
