@@ -1,6 +1,7 @@
 """Differentiable ops on channels-last Tensors. Every convolution, forward and backward, is a kernelgen
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy.
-Each op's backward closure maps the output gradient to one gradient per parent (None: not needed)."""
+Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
+Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,6 +23,50 @@ def _sum_to(g, shape):
         if n == 1 and g.shape[axis] != 1:
             g = g.sum(axis=axis, keepdims=True)
     return g
+
+
+def _kahan_steps(terms, c=None):
+    """Kahan's recurrence over axis 0 of `terms`, vectorised over the other axes: (sum, compensation),
+    the true sum being close to sum - compensation."""
+    s = np.zeros_like(terms[0])
+    c = np.zeros_like(terms[0]) if c is None else c
+    for t in terms:
+        y = t - c
+        u = s + y
+        c = (u - s) - y  # what the addition u = s + y rounded away (negated)
+        s = u
+    return s, c
+
+
+def kahan_sum(x, axis=None, keepdims=False):
+    """Compensated sum in x's own precision: error about one rounding of the result, independent of the
+    number of terms (a plain float32 running sum loses ~n/2 roundings).  The m terms are split into
+    ~sqrt(m) interleaved segments (Alpha §5.6) summed side by side, so numpy loops ~2 sqrt(m) times
+    rather than m; the segment sums are then Kahan-summed, seeded with the segments' compensations."""
+    x = np.asarray(x)
+    axes = tuple(range(x.ndim)) if axis is None else tuple(sorted(a % x.ndim for a in np.atleast_1d(axis)))
+    rest = tuple(a for a in range(x.ndim) if a not in axes)
+    out_shape = tuple(x.shape[a] for a in rest)
+    rows = np.transpose(x, axes + rest).reshape(-1, int(np.prod(out_shape, dtype=np.int64)))
+    m = rows.shape[0]
+    lanes = max(1, int(np.ceil(np.sqrt(m))))
+    steps = -(-m // lanes)
+    if steps * lanes != m:  # zero rows pad the last step; adding 0 is exact
+        rows = np.concatenate([rows, np.zeros((steps * lanes - m, rows.shape[1]), rows.dtype)])
+    seg_sum, seg_c = _kahan_steps(rows.reshape(steps, lanes, -1))
+    total, c = _kahan_steps(seg_sum, seg_c.sum(axis=0))
+    out = (total - c).reshape(out_shape)
+    if keepdims:
+        out = out.reshape(tuple(1 if a in axes else n for a, n in enumerate(x.shape)))
+    return out
+
+
+def kahan_mean(x, axis=None, keepdims=False):
+    """Sum first, divide once at the end: one rounding for the division instead of one per term."""
+    x = np.asarray(x)
+    axes = range(x.ndim) if axis is None else np.atleast_1d(axis)
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    return kahan_sum(x, axis, keepdims) / np.asarray(count, x.dtype)
 
 
 def add(a, b):
@@ -95,8 +140,8 @@ def batch_norm(x, weight, bias, running_mean, running_var, *, training, momentum
     axes = tuple(range(x.data.ndim - 1))
     if training:
         count = x.data.size // x.shape[-1]
-        mean = x.data.mean(axis=axes, dtype=np.float64)
-        var = ((x.data - mean) ** 2).mean(axis=axes)
+        mean = kahan_mean(x.data, axes)
+        var = kahan_mean((x.data - mean) ** 2, axes)
         running_mean *= 1 - momentum
         running_mean += momentum * mean
         running_var *= 1 - momentum
@@ -127,10 +172,161 @@ def cross_entropy(logits, labels):
     z = logits.data - logits.data.max(axis=1, keepdims=True)
     log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     n = labels.shape[0]
-    loss = -log_probs[np.arange(n), labels].mean()
+    loss = -kahan_mean(log_probs[np.arange(n), labels])
 
     def backward(g):
         d = np.exp(log_probs)
         d[np.arange(n), labels] -= 1.0
         return (d * (g / n),)
     return Tensor.from_op(np.asarray(loss, dtype=logits.dtype), (logits,), backward)
+
+
+def concat(tensors, axis=0):
+    tensors = [_as_tensor(t) for t in tensors]
+    ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
+    return Tensor.from_op(np.concatenate([t.data for t in tensors], axis=axis), tuple(tensors),
+                          lambda g: tuple(np.split(g, ends, axis=axis)))
+
+
+# ---- activations ----
+
+def leaky_relu(x, negative_slope=0.01):
+    x = _as_tensor(x)
+    slope = np.where(x.data > 0, 1, negative_slope).astype(x.dtype)
+    return Tensor.from_op(x.data * slope, (x,), lambda g: (g * slope,))
+
+
+def _sigmoid_parts(u):
+    """(sigmoid(u), sigmoid(u) * (1 - sigmoid(u))) from e = exp(-|u|) <= 1: exp never overflows, and the
+    derivative e / (1 + e)^2 keeps its precision where 1 - sigmoid(u) would cancel to 0."""
+    e = np.exp(-np.abs(u))
+    s = np.where(u >= 0, 1, e) / (1 + e)
+    return s, e / (1 + e) ** 2
+
+
+def sigmoid(x):
+    x = _as_tensor(x)
+    s, ds = _sigmoid_parts(x.data)
+    return Tensor.from_op(s, (x,), lambda g: (g * ds,))
+
+
+def tanh(x):
+    x = _as_tensor(x)
+    y = np.tanh(x.data)
+    return Tensor.from_op(y, (x,), lambda g: (g * (1 - y * y),))
+
+
+# Python floats, not numpy scalars: they keep float32 data float32
+_GELU_A = 2 * float(np.sqrt(2 / np.pi))  # 0.5 (1 + tanh(z)) = sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3)
+_GELU_B = _GELU_A * 0.044715
+_GELU_CLIP = 30.0  # |u(30)| > 2000: sigmoid is exactly 0 or 1 in float64 already, and x^3 cannot overflow
+
+
+def gelu(x):
+    """GELU, tanh form: x sigmoid(u), u = A x + B x^3.  The derivative s + x s(1-s) (A + 3B x^2) is computed
+    from exp(-|u|) (Alpha §5.6): the textbook form's exp(u) overflows for x << 0 and gives inf/inf = NaN."""
+    x = _as_tensor(x)
+    xc = np.clip(x.data, -_GELU_CLIP, _GELU_CLIP)
+    s, ds = _sigmoid_parts(xc * (_GELU_A + _GELU_B * xc * xc))
+    dy = (s + xc * ds * (_GELU_A + 3 * _GELU_B * xc * xc)).astype(x.dtype)
+    return Tensor.from_op((x.data * s).astype(x.dtype), (x,), lambda g: (g * dy,))
+
+
+# ---- pooling (channels-last) ----
+
+def _pair(v):
+    return (v, v) if np.isscalar(v) else tuple(v)
+
+
+def _pool_windows(x_shape, kernel, stride, padding):
+    """Output size and, per kernel offset, the strided slices of the padded input that it reads."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(kernel if stride is None else stride), _pair(padding)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"padding must be at most half the kernel, got padding {padding} for kernel {kernel}")
+    p, q = (x_shape[1] + 2 * ph - kh) // sh + 1, (x_shape[2] + 2 * pw - kw) // sw + 1
+    if p < 1 or q < 1:
+        raise ValueError(f"pooling a {x_shape[1:3]} input with kernel {kernel} leaves an empty output")
+    offsets = [(slice(i, i + sh * (p - 1) + 1, sh), slice(j, j + sw * (q - 1) + 1, sw))
+               for i in range(kh) for j in range(kw)]
+    return (ph, pw), offsets
+
+
+def _pad_hw(a, ph, pw, value):
+    return np.pad(a, ((0, 0), (ph, ph), (pw, pw), (0, 0)), constant_values=value) if ph or pw else a
+
+
+def max_pool2d(x, kernel, stride=None, padding=0):
+    """(N, H, W, C) -> (N, P, Q, C); padding counts as -inf, ties go to the first offset (as PyTorch)."""
+    x = _as_tensor(x)
+    (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
+    xp = _pad_hw(x.data, ph, pw, -np.inf)
+    best = xp[:, offsets[0][0], offsets[0][1]].copy()
+    arg = np.zeros(best.shape, np.int32)  # which offset holds the maximum: the backward routes g there
+    for k, (hs, ws) in enumerate(offsets[1:], 1):
+        v = xp[:, hs, ws]
+        better = v > best
+        best[better], arg[better] = v[better], k
+
+    def backward(g):
+        dxp = np.zeros(xp.shape, g.dtype)
+        for k, (hs, ws) in enumerate(offsets):
+            dxp[:, hs, ws] += np.where(arg == k, g, 0)
+        return (dxp[:, ph:ph + x.shape[1], pw:pw + x.shape[2]],)
+    return Tensor.from_op(best, (x,), backward)
+
+
+def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """(N, H, W, C) -> (N, P, Q, C); count_include_pad=False divides by the number of real elements."""
+    x = _as_tensor(x)
+    (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
+    xp = _pad_hw(x.data, ph, pw, 0)
+    if count_include_pad:
+        inv = np.asarray(1.0 / len(offsets), x.dtype)
+    else:
+        ones = _pad_hw(np.ones((1,) + x.shape[1:3] + (1,), x.dtype), ph, pw, 0)
+        inv = 1 / sum(ones[:, hs, ws] for hs, ws in offsets)
+    y = sum(xp[:, hs, ws] for hs, ws in offsets) * inv
+
+    def backward(g):
+        dxp, gi = np.zeros(xp.shape, g.dtype), g * inv
+        for hs, ws in offsets:
+            dxp[:, hs, ws] += gi
+        return (dxp[:, ph:ph + x.shape[1], pw:pw + x.shape[2]],)
+    return Tensor.from_op(y.astype(x.dtype), (x,), backward)
+
+
+def _adaptive_bins(n, out):
+    """PyTorch's bins: [floor(i n / out), ceil((i + 1) n / out)); they overlap when out does not divide n."""
+    return [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """(N, H, W, C) -> (N, oh, ow, C), each output the mean of its bin."""
+    x = _as_tensor(x)
+    oh, ow = _pair(output_size)
+    cells = [(i, j, hb, wb) for i, hb in enumerate(_adaptive_bins(x.shape[1], oh))
+             for j, wb in enumerate(_adaptive_bins(x.shape[2], ow))]
+    y = np.empty((x.shape[0], oh, ow, x.shape[3]), x.dtype)
+    for i, j, (h0, h1), (w0, w1) in cells:
+        y[:, i, j] = x.data[:, h0:h1, w0:w1].mean(axis=(1, 2))
+
+    def backward(g):
+        dx = np.zeros(x.shape, g.dtype)
+        for i, j, (h0, h1), (w0, w1) in cells:
+            dx[:, h0:h1, w0:w1] += g[:, i, j, None, None] / ((h1 - h0) * (w1 - w0))
+        return (dx,)
+    return Tensor.from_op(y, (x,), backward)
+
+
+def dropout(x, p=0.5, training=True, generator=None):
+    """Zero each element with probability p and scale the rest by 1 / (1 - p) (inverted dropout), so
+    evaluation is the identity.  generator: a numpy Generator, for reproducible masks."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    x = _as_tensor(x)
+    if not training or p == 0:
+        return x
+    rng = generator if generator is not None else np.random.default_rng()
+    keep = rng.random(x.shape) >= p
+    mask = (keep / (1 - p) if p < 1 else keep).astype(x.dtype)
+    return Tensor.from_op(x.data * mask, (x,), lambda g: (g * mask,))

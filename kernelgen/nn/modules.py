@@ -111,9 +111,71 @@ class ReLU(Module):
         return F.relu(x)
 
 
+class LeakyReLU(Module):
+    def __init__(self, negative_slope=0.01):
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class GELU(Module):
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class Sigmoid(Module):
+    def forward(self, x):
+        return F.sigmoid(x)
+
+
+class Tanh(Module):
+    def forward(self, x):
+        return F.tanh(x)
+
+
 class GlobalAvgPool(Module):
     def forward(self, x):
         return F.global_avg_pool(x)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel, stride=None, padding=0):
+        self.kernel, self.stride, self.padding = kernel, stride, padding
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.kernel, self.stride, self.padding)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel, stride=None, padding=0, count_include_pad=True):
+        self.kernel, self.stride, self.padding, self.count_include_pad = kernel, stride, padding, count_include_pad
+
+    def forward(self, x):
+        return F.avg_pool2d(x, self.kernel, self.stride, self.padding, self.count_include_pad)
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        self.output_size = output_size
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+class Flatten(Module):
+    def forward(self, x):
+        return F.flatten(x)
+
+
+class Dropout(Module):
+    """Inverted dropout in training, the identity in eval(); rng (a seed or a Generator) fixes the masks."""
+
+    def __init__(self, p=0.5, rng=None):
+        self.p, self.rng = p, np.random.default_rng(rng)
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training, self.rng)
 
 
 class Sequential(Module):

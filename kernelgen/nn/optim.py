@@ -1,4 +1,5 @@
-"""Optimisers: SGD (momentum, weight decay) and Adam / AdamW, updating parameters in place."""
+"""Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
+(PyTorch's update rules and defaults)."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,4 +44,65 @@ class Adam(SGD):
             v += (1 - self.b2) * g * g
             mhat, vhat = m / (1 - self.b1 ** self.t), v / (1 - self.b2 ** self.t)
             update = self.lr * (mhat / (np.sqrt(vhat) + self.eps) + (self.wd * p.data if self.decoupled else 0))
+            p.data -= update.astype(p.data.dtype)
+
+
+class RMSprop(SGD):
+    """PyTorch's RMSprop: v = alpha v + (1 - alpha) g^2, step g / (sqrt(v) + eps); centered subtracts the
+    squared running mean of g from v; momentum keeps a buffer of those steps."""
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+        super().__init__(params, lr, momentum, weight_decay)
+        self.alpha, self.eps, self.centered = alpha, eps, centered
+        self.square_avg = [np.zeros_like(p.data) for p in self.params]
+        self.grad_avg = [np.zeros_like(p.data) for p in self.params] if centered else None
+
+    def step(self):
+        for i, (p, v, buf) in enumerate(zip(self.params, self.square_avg, self.velocity)):
+            if p.grad is None:
+                continue
+            g = p.grad + self.wd * p.data
+            v *= self.alpha
+            v += (1 - self.alpha) * g * g
+            if self.centered:
+                m = self.grad_avg[i]
+                m *= self.alpha
+                m += (1 - self.alpha) * g
+                avg = np.sqrt(v - m * m) + self.eps
+            else:
+                avg = np.sqrt(v) + self.eps
+            if self.momentum > 0:
+                buf *= self.momentum
+                buf += g / avg
+                p.data -= (self.lr * buf).astype(p.data.dtype)
+            else:
+                p.data -= (self.lr * g / avg).astype(p.data.dtype)
+
+
+class RAdam(Adam):
+    """PyTorch's RAdam: Adam whose adaptive step is switched on, rectified, once the variance estimate is
+    trustworthy (rho_t > 5); before that a bias-corrected momentum step.  decoupled: AdamW-style decay."""
+
+    def step(self):
+        self.t += 1
+        t, b1, b2 = self.t, self.b1, self.b2
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        rho_inf = 2 / (1 - b2) - 1
+        rho_t = rho_inf - 2 * t * b2 ** t / bc2
+        for p, m, v in zip(self.params, self.m, self.velocity):
+            if p.grad is None:
+                continue
+            if self.decoupled:
+                p.data *= 1 - self.lr * self.wd
+                g = p.grad
+            else:
+                g = p.grad + self.wd * p.data
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            update = self.lr * m / bc1
+            if rho_t > 5:
+                rect = np.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+                update = update * rect * np.sqrt(bc2) / (np.sqrt(v) + self.eps)
             p.data -= update.astype(p.data.dtype)
