@@ -42,6 +42,10 @@ CUDA_TILES = {  # (BM, BN, BK, TM, TN): (efficiency, blocks per SM)
     (32, 64, 8, 4, 4): (0.7, 4),
 }
 SM_COUNT = 132
+# Schedule knobs on top of the tile, best first: padded shared rows (conflict-free transposed store)
+# with the 2-stage register-prefetch pipeline won 27 of 33 problems of the full ResNet-18 tune, 1.10x
+# geo-mean over the plain schedule on the same tiles (PERF_NOTES.md #13).
+CUDA_SCHEDULES = (dict(smem_pad=4, stages=2), dict(smem_pad=4), {})
 
 
 
@@ -96,7 +100,10 @@ def default_config(problem, backend, variant=None) -> TileConfig:
     tiles = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(*t, split_k=split_for(problem, t)))]
     if tiles:
         best = min(tiles, key=lambda t: estimated_cost(problem, t, split_for(problem, t)))
-        return TileConfig(*best, split_k=split_for(problem, best))
+        for schedule in CUDA_SCHEDULES:
+            cfg = TileConfig(*best, split_k=split_for(problem, best), **schedule)
+            if config_ok(variant, problem, cfg):
+                return cfg
     for bk in (8, 4, 2, 1):  # variants with their own constraints (ConvV2: no split-K, BK | C/groups)
         fitting = [t for t in CUDA_TILES if config_ok(variant, problem, TileConfig(t[0], t[1], bk, t[3], t[4]))]
         if fitting:
