@@ -3,7 +3,8 @@
 Every convolution compiles a numba kernel per shape (seconds each, cached for the session), so the model
 tests share shapes: batch 2, width 4, and inputs chosen so that each model's layer1 (or first VGG stage)
 sees 32x32 maps.  ResNet-34 then reuses all of ResNet-18's kernels, the ImageNet stem adds one
-convolution, and VGG-16 four."""
+convolution, and VGG-16 four: ~47 kernels, about two minutes on 2 cores with a cold kernel cache.
+Those tests are marked slow (deselect with -m "not slow"); the rest of the file takes seconds."""
 import numpy as np
 import pytest
 
@@ -164,18 +165,21 @@ def check_one_training_step(model, x, classes, rng):
         assert not np.allclose(model(Tensor(x)).data, logits.data)
 
 
+@pytest.mark.slow
 def test_resnet18_cifar_stem_trains(rng):
     model = resnet18(10, width=4, stem="cifar", seed=int(rng.integers(1000)))
     assert len(count(model, Conv2d)) == 20 and len(count(model, BatchNorm2d)) == 20  # 17 convs + 3 projections
     check_one_training_step(model, rng.standard_normal((2, 32, 32, 3)).astype(np.float32), 10, rng)
 
 
+@pytest.mark.slow
 def test_resnet34_cifar_stem_trains(rng):
     model = resnet34(7, width=4, stem="cifar", seed=int(rng.integers(1000)))
     assert len(count(model, Conv2d)) == 36  # 33 convs + 3 projections
     check_one_training_step(model, rng.standard_normal((2, 32, 32, 3)).astype(np.float32), 7, rng)
 
 
+@pytest.mark.slow
 def test_resnet18_imagenet_stem_trains(rng):
     model = resnet18(5, width=4, stem="imagenet", seed=int(rng.integers(1000)))
     x = rng.standard_normal((2, 128, 128, 3)).astype(np.float32)
@@ -190,6 +194,7 @@ def test_resnet_parameter_counts_match_torchvision():
         assert sum(p.data.size for p in make(1000).parameters()) == n
 
 
+@pytest.mark.slow
 def test_vgg16_bn_trains(rng):
     model = vgg16_bn(10, width=4, hidden=16, seed=int(rng.integers(1000)))
     assert len(count(model, Conv2d)) == 13 and len(count(model, BatchNorm2d)) == 13 and len(count(model, Linear)) == 3
@@ -202,6 +207,7 @@ def test_vgg16_bn_trains(rng):
         np.testing.assert_array_equal(model(Tensor(x)).data, model(Tensor(x)).data)
 
 
+@pytest.mark.slow
 def test_model_state_round_trip_through_npz(tmp_path, rng):
     a, b = resnet18(10, width=4, stem="cifar", seed=1), resnet18(10, width=4, stem="cifar", seed=2)
     for bn in count(a, BatchNorm2d):  # buffers travel too
