@@ -105,3 +105,18 @@ def test_candidates_keep_the_cheapest_per_variant():
     assert 0 < len(kept) <= 4 * len({v for v, _ in every}) < len(every)
     assert set(kept) <= set(every)
 
+
+
+def test_bench_forces_variants_only_where_they_apply_and_summarises_each():
+    from kernelgen.tuning import bench
+    from kernelgen.tuning.shapes import load_table
+    _, layers = load_table("cks")
+    by = {l.name: l for l in layers}
+    assert bench._applies(by["r18_c512_4"].problem("fwd"), "conv_v2")
+    assert not bench._applies(by["r18_c128_s2"].problem("bwd_data"), "winograd")   # stride 2
+    assert bench._applies(by["r18_c128_s2"].problem("bwd_data"), None)
+    rows = [{"direction": "fwd", "ratio": 2.0, "forced": "conv_v2"}, {"direction": "fwd", "ratio": 0.5},
+            {"direction": "fwd", "ratio": 8.0, "forced": "conv_v2"}]
+    s = bench.summary(rows)
+    assert s["fwd"] == {"geomean_ratio": 0.5, "n": 1}
+    assert abs(s["fwd [conv_v2]"]["geomean_ratio"] - 4.0) < 1e-12

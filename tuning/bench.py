@@ -137,6 +137,15 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     return row
 
 
+def _applies(problem, algo):
+    """A forced variant is benched only on the problems it can compute (one algo list, many tables)."""
+    if algo is None:
+        return True
+    from kernelgen.templates import get_variant
+    v = get_variant(algo)
+    return problem.direction in v.DIRECTIONS and v.applies(problem)
+
+
 def precompile(plans, workers=None):
     """Compile every plan's kernel in parallel worker processes (they fill the disk cache), so the
     timed loop only loads; numba compiles one kernel per process at a time."""
@@ -159,11 +168,13 @@ def geomean(vals):
 
 
 def summary(rows):
+    """Geo-mean ratio per direction (and per forced variant, when the run forced several)."""
     out = {}
-    for d in DIRECTIONS + ("deconv",):
-        r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x]
-        if r:
-            out[d] = {"geomean_ratio": geomean(r), "n": len(r)}
+    for a in sorted({x.get("forced") or "" for x in rows}):
+        for d in DIRECTIONS + ("deconv",):
+            r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x and (x.get("forced") or "") == a]
+            if r:
+                out[f"{d} [{a}]" if a else d] = {"geomean_ratio": geomean(r), "n": len(r)}
     return out
 
 
@@ -208,7 +219,8 @@ def main(argv=None):
     ap.add_argument("--compare", default="torch", choices=["torch"], help="comparator (cuDNN through torch)")
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
-    ap.add_argument("--algo", default=None, help="force a variant")
+    ap.add_argument("--algo", default=None, help="force a variant; several, comma-separated, are benched "
+                    "side by side on the problems each applies to")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
@@ -224,13 +236,15 @@ def main(argv=None):
     tc = TorchConv()
     from tqdm import tqdm
     rows = []
-    jobs = [(l, d) for l in layers for d in dirs if not (l.transposed and d != "fwd")]
-    precompile([make_plan(l.problem(d), "cuda", args.algo) for l, d in jobs])
-    for layer, d in tqdm(jobs, desc="bench", unit="problem"):
+    algos = args.algo.split(",") if args.algo else [None]
+    jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
+            if _applies(l.problem(d), a)]
+    precompile([make_plan(l.problem(d), "cuda", a) for l, d, a in jobs])
+    for layer, d, a in tqdm(jobs, desc="bench", unit="problem"):
         try:
-            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=args.algo))
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=a) | ({"forced": a} if a else {}))
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
-            rows.append({"layer": layer.name, "direction": d, "error": f"{type(e).__name__}: {e}"})
+            rows.append({"layer": layer.name, "direction": d, "forced": a, "error": f"{type(e).__name__}: {e}"})
     from numba import cuda
     summ = summary(rows)
     report = {"table": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
