@@ -44,7 +44,7 @@ fi
 if has runtime; then
   python3 -m kernelgen.runtime.bench_launch --calls 3000 --profile 2>&1 | tee "$OUT/launch.log"
   rm -rf /tmp/kg_firstcall
-  for run in cold warm; do
+  [ "${FIRSTCALL:-1}" = 1 ] && for run in cold warm; do
     KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \
       --out "$OUT/firstcall_$run.json" 2>&1 | tail -3
   done
