@@ -13,6 +13,8 @@ algo="sk_dilated" or by the tuner).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import conv_v2, implicit_gemm
 from .config import TileConfig
 from .tiled_gemm import tiled_gemm
@@ -25,6 +27,13 @@ def applies(p):
     if not any(d > 1 for d in p.dilation):
         return False
     return implicit_gemm.applies(p)
+
+
+def config_ok(p, cfg: TileConfig):
+    """Every schedule runs (the core view where ConvV2's does not fit) except a 2-stage pipeline on a
+    tile that would otherwise run trimmed: trimming is what this variant is for (the untrimmed
+    pipelined kernel is implicit_gemm's), and default_config then falls back to one stage."""
+    return not (cfg.stages > 1 and conv_v2.applies(p) and conv_v2.config_ok(p, replace(cfg, stages=1)))
 
 
 def _trimmed(p, cfg):
