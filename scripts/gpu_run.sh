@@ -26,7 +26,8 @@ has() { case "$mode" in *",$1,"*) return 0;; *) return 1;; esac; }
 # $OUT/results.tgz on exit (also when a step fails)
 FINAL_OUT="${OUT:-$PWD/out}"; mkdir -p "$FINAL_OUT"
 OUT=/tmp/kg_results_${RESULTS_NAME:-results}; rm -rf "$OUT"; mkdir -p "$OUT"
-trap 'tar czf "$FINAL_OUT/${RESULTS_NAME:-results}.tgz" -C "$OUT" . 2>/dev/null || true' EXIT
+pack() { tar czf "$FINAL_OUT/${RESULTS_NAME:-results}.tgz" -C "$OUT" . 2>/dev/null || true; }
+trap pack EXIT  # and after every stage: a stage killed by an outer timeout loses only itself
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 rm -rf build  # setuptools reuses a stale build/lib from an earlier call on a warm machine
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site .
@@ -37,12 +38,16 @@ python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
 if has tests; then
   if [ -d "$REPO/tests" ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || true
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 \
+      | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
+    pack
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
+  pack
 fi
 if has runtime; then
   python3 -m kernelgen.runtime.bench_launch --calls 3000 --profile 2>&1 | tee "$OUT/launch.log"
+  pack
   rm -rf /tmp/kg_firstcall
   [ "${FIRSTCALL:-1}" = 1 ] && for run in cold warm; do
     KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \

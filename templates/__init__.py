@@ -109,4 +109,9 @@ def default_config(problem, backend, variant=None) -> TileConfig:
         if fitting:
             best = min(fitting, key=lambda t: estimated_cost(problem, t))
             return TileConfig(best[0], best[1], bk, best[3], best[4])
+    for bm in (16, 8, 4, 2, 1):  # row-count constraints (ConvV2: BM | N) that no listed tile meets
+        for bk in (8, 4, 2, 1):
+            cfg = TileConfig(bm, 64, bk, min(bm, 4), 4)
+            if config_ok(variant, problem, cfg):
+                return cfg
     raise ValueError(f"no CUDA tile fits variant {variant.NAME} on {problem.key()}")
