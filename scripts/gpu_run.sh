@@ -4,6 +4,9 @@
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, comma-separated
+#   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
+#   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
+#   on); nn-digits: `train digits --device cuda` (needs scikit-learn there).  One mode per call fits 10 minutes.
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
@@ -53,6 +56,22 @@ if has runtime; then
     KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \
       --out "$OUT/firstcall_$run.json" 2>&1 | tail -3
   done
+fi
+if has train; then mode="$mode,nn-tests,nn-bench,nn-digits,"; fi
+if has nn-tests && [ -d "$REPO/tests" ]; then
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_nn_gpu.py" 2>&1 \
+      | tee "$OUT/nn-gpu-tests.log" | grep -v "Warning\|warn(\|^$" | tail -25 || true
+  pack
+fi
+if has nn-bench; then
+  timeout "${STEP_TIMEOUT:-420}" python3 -m kernelgen.nn.bench_step --out "$OUT/bench_step.json" ${STEP_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_step.log" | grep -v "Warning\|warn(" || true
+  pack
+fi
+if has nn-digits; then
+  timeout "${DIGITS_TIMEOUT:-400}" python3 -m kernelgen train digits --device cuda --min-accuracy 0.97 2>&1 \
+    | tr '\r' '\n' | grep -v "it/s\|s/it\|Warning\|warn(" | tee "$OUT/train_digits_cuda.log" || true
+  pack
 fi
 if has probe; then
   python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning

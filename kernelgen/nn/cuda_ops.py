@@ -187,10 +187,10 @@ def zeros(shape, dtype=np.float32):
     return fill(empty(shape, dtype), 0.0)
 
 
-def add(a, b, relu=False):
+def add(a, b, relu=False, out=None):
     if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
-    out = empty(a.shape)
+    out = empty(a.shape) if out is None else out
     _add_k(_grid(a.size), BLOCK, a, b, out, a.size, int(relu))
     return out
 

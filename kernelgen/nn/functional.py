@@ -94,11 +94,13 @@ def add(a, b):
     return Tensor.from_op(a.data + b.data, (a, b), lambda g: (_sum_to(g, a.shape), _sum_to(g, b.shape)))
 
 
-def add_relu(a, b):
-    """relu(a + b), one pass on the device (a residual block's end); the mask is read from the output."""
+def add_relu(a, b, inplace=False):
+    """relu(a + b), one pass on the device (a residual block's end); the mask is read from the output.
+    inplace: on the device, write into a's buffer - for an `a` that no backward reads (a batch norm's
+    output without ReLU, as in a residual block), which saves one activation's memory."""
     a, b = _as_tensor(a), _as_tensor(b)
     if ops := _dev(a, b):
-        y = ops.add(a.data, b.data, relu=True)
+        y = ops.add(a.data, b.data, relu=True, out=a.data if inplace else None)
 
         def backward(g):
             dx = ops.relu_backward(g, y)
@@ -248,8 +250,9 @@ def _batch_norm_device(x, weight, bias, running_mean, running_var, training, mom
         raise TypeError("running_mean and running_var must be device arrays for cuda tensors (Module.to('cuda'))")
     y, mean, inv_std = ops.batch_norm_forward(x.data, weight.data, bias.data, running_mean, running_var,
                                               training, momentum, eps, fuse_relu)
+    mask = y if fuse_relu else None  # without the ReLU the backward needs only x, so y may be overwritten
     return Tensor.from_op(y, (x, weight, bias), lambda g: ops.batch_norm_backward(
-        g, x.data, y, fuse_relu, weight.data, mean, inv_std, training))
+        g, x.data, mask, fuse_relu, weight.data, mean, inv_std, training))
 
 
 def cross_entropy(logits, labels):

@@ -238,7 +238,8 @@ class BasicBlock(Module):
     def forward(self, x):
         out = self.bn1.forward_relu(self.conv1(x))
         out = self.bn2(self.conv2(out))
-        return F.add_relu(out, x if self.shortcut is None else self.shortcut(x))
+        # in place: bn2's output is read by no backward (batch norm keeps its input), so the sum can reuse it
+        return F.add_relu(out, x if self.shortcut is None else self.shortcut(x), inplace=True)
 
 
 class SmallResNet(Module):
