@@ -63,6 +63,20 @@ def test_batch_norm(training, relu, rng):
         assert rel_err(dev.copy_to_host(), host) <= TOL
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_batch_norm_add_relu(inplace, rng):
+    c = 3
+    x, r = rng.standard_normal((2, 2, 3, c)), rng.standard_normal((2, 2, 3, c))
+
+    def op(t, device):
+        m, v = np.zeros(c, t[0].dtype), np.ones(c, t[0].dtype)
+        if device == "cuda":
+            m, v = Tensor(m).cuda().data, Tensor(v).cuda().data
+        res = F.add(t[3], t[3]) if inplace else t[3]  # in place only into an intermediate, as BasicBlock does
+        return F.batch_norm_add_relu(t[0], t[1], t[2], m, v, res, training=True, inplace=inplace)
+    compare(op, [x, 1 + rng.random(c), rng.standard_normal(c), r], rng)
+
+
 def test_batch_norm_statistics_stay_accurate_with_a_large_mean(rng):
     # the CPU test's case: 1000 + N(0, 1) in float32; the device sums in float64 around a shift
     x = (1000 + rng.standard_normal((4, 4, 4, 2))).astype(np.float32)
@@ -132,18 +146,19 @@ def test_device_errors_name_the_problem(rng):
 
 
 class TinyResNet(Module):
-    """Stem (conv, batch norm + ReLU fused by Sequential), one residual block (batch norm + ReLU and
-    add + ReLU fused), global pool, linear: each kind of op a ResNet-18 step runs, with four convolutions."""
+    """Stem (conv, batch norm + ReLU fused by Sequential), two residual blocks (batch norm + ReLU, add + ReLU,
+    projection batch norm + add + ReLU fused), global pool, linear: each kind of op a ResNet-18 step runs."""
 
     def __init__(self, classes=3, width=2, seed=0):
         rng = np.random.default_rng(seed)
         self.stem = Sequential(Conv2d(1, width, 3, padding=1, bias=False, rng=rng, backend="cuda"),
                                BatchNorm2d(width), ReLU())
         self.block = BasicBlock(width, width, 1, rng, "cuda")
-        self.head = Linear(width, classes, rng=rng)
+        self.down = BasicBlock(width, 2 * width, 2, rng, "cuda")
+        self.head = Linear(2 * width, classes, rng=rng)
 
     def forward(self, x):
-        return self.head(F.global_avg_pool(self.block(self.stem(x))))
+        return self.head(F.global_avg_pool(self.down(self.block(self.stem(x)))))
 
 
 def test_resnet_training_step_matches_the_host(rng):

@@ -4,7 +4,7 @@ skipped without torch.  Errors are relative to the largest reference value."""
 import numpy as np
 import pytest
 
-from kernelgen.nn import SGD, Adam, Tensor
+from kernelgen.nn import SGD, Adam, ResNet, Tensor
 from kernelgen.nn import functional as F
 
 pytestmark = pytest.mark.gpu
@@ -74,6 +74,17 @@ def test_batch_norm(torch, training, relu, rng):
     assert rel_err(drv.copy_to_host(), trv.cpu().numpy()) <= 1e-6
 
 
+def test_batch_norm_add_relu(torch, rng):
+    c = 16
+    x, r = rng.standard_normal((8, 4, 4, c)).astype(np.float32), rng.standard_normal((8, 4, 4, c)).astype(np.float32)
+    w, b = (1 + rng.random(c)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    drm, drv = Tensor(np.zeros(c, np.float32)).cuda().data, Tensor(np.ones(c, np.float32)).cuda().data
+    trm, trv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    compare(torch, lambda x, w, b, r: F.batch_norm_add_relu(x, w, b, drm, drv, F.add(r, r), training=True, inplace=True),
+            lambda x, w, b, r: torch.relu(nhwc(torch.nn.functional.batch_norm(nchw(x), trm, trv, w, b, True)) + 2 * r),
+            [x, w, b, r], rng)
+
+
 def test_pool_linear_conv_loss(torch, rng):
     x = rng.standard_normal((4, 5, 5, 16)).astype(np.float32)
     compare(torch, F.global_avg_pool, lambda t: t.mean(dim=(1, 2)), [x], rng)
@@ -103,3 +114,48 @@ def test_optimizers(torch, name, kw, rng):
         ours.step()
         theirs.step()
     assert rel_err(p.numpy(), tp.detach().cpu().numpy()) <= 1e-5
+
+
+def ordered_layers(model):
+    """Our ResNet's layers in the order the PyTorch twin registers them (stem, blocks, fc)."""
+    out = list(model.stem.layers[:2])
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for blk in stage.layers:
+            out += [blk.conv1, blk.bn1, blk.conv2, blk.bn2] + (blk.shortcut.layers if blk.shortcut else [])
+    return out + [model.fc]
+
+
+def test_resnet_training_step_matches_pytorch(torch, rng):
+    """A whole ResNet (one block per stage) on the device, PyTorch's twin given the same weights: the loss,
+    every parameter's gradient and the parameters after an SGD step agree."""
+    from kernelgen.nn.bench_step import torch_resnet18
+    model = ResNet((1, 1, 1, 1), 10, width=8, stem="cifar", seed=int(rng.integers(1000))).to("cuda")
+    twin = torch_resnet18(torch, 10, 8, blocks=(1, 1, 1, 1)).cuda()
+    theirs = [m for m in twin.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear))]
+    ours = ordered_layers(model)
+    assert [type(m).__name__ for m in ours] == [type(m).__name__ for m in theirs]
+    pairs = []
+    with torch.no_grad():
+        for o, t in zip(ours, theirs):
+            w = torch.tensor(o.weight.numpy(), device="cuda")
+            t.weight.copy_(w.permute(0, 3, 1, 2) if isinstance(t, torch.nn.Conv2d) else w)
+            pairs.append((o.weight, t.weight, isinstance(t, torch.nn.Conv2d)))
+            if getattr(t, "bias", None) is not None:
+                t.bias.copy_(torch.tensor(o.bias.numpy(), device="cuda"))
+                pairs.append((o.bias, t.bias, False))
+    x = rng.standard_normal((8, 16, 16, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8)
+    opt, topt = SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    loss = F.cross_entropy(model(Tensor(x).cuda()), labels)
+    loss.backward()
+    tloss = torch.nn.functional.cross_entropy(twin(nchw(torch.tensor(x, device="cuda"))), torch.tensor(labels).cuda())
+    tloss.backward()
+    assert abs(loss.item() - tloss.item()) <= 1e-5 * abs(tloss.item())
+    as_ours = lambda t, conv: (t.permute(0, 2, 3, 1) if conv else t).detach().cpu().numpy()  # noqa: E731
+    for i, (o, t, conv) in enumerate(pairs):
+        err = rel_err(o.grad.copy_to_host(), as_ours(t.grad, conv))
+        assert err <= 1e-3, f"parameter {i} {tuple(o.shape)}: gradient relative error {err:.3g}"
+    opt.step()
+    topt.step()
+    for i, (o, t, conv) in enumerate(pairs):
+        assert rel_err(o.numpy(), as_ours(t, conv)) <= 1e-4, f"parameter {i} after the step"

@@ -47,8 +47,8 @@ def bench_kernelgen(x, labels, args):
     losses = []
 
     def step():
+        opt.zero_grad()  # first: last step's gradients are gone before this forward pass
         loss = F.cross_entropy(model(xd), yd)
-        opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.data)  # the device scalar, read back after the timing (the Tensor would keep the graph)
@@ -65,7 +65,8 @@ def bench_kernelgen(x, labels, args):
             "loss_first": float(losses[0].copy_to_host()), "loss_last": float(losses[-1].copy_to_host())}
 
 
-def torch_resnet18(torch, classes, width):
+def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
+    """kernelgen.nn's ResNet (CIFAR stem) in PyTorch, its layers registered in the same order."""
     nn = torch.nn
 
     class Block(nn.Module):
@@ -88,9 +89,9 @@ def torch_resnet18(torch, classes, width):
 
     layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
     c_in = width
-    for i in range(4):
+    for i, n in enumerate(blocks):
         c_out = width * 2 ** i
-        layers += [Block(c_in, c_out, 2 if i else 1), Block(c_out, c_out, 1)]
+        layers += [Block(c_in if b == 0 else c_out, c_out, 2 if i and b == 0 else 1) for b in range(n)]
         c_in = c_out
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
     return nn.Sequential(*layers)
@@ -110,8 +111,8 @@ def bench_torch(x, labels, args):
     losses = []
 
     def step():
-        loss = loss_fn(model(xt), yt)
         opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xt), yt)
         loss.backward()
         opt.step()
         losses.append(loss.detach())

@@ -268,11 +268,13 @@ def _inv_std_k(var, eps, inv_std, c):
 
 
 @kernel
-def _bn_apply_k(x, mean, inv_std, w, b, y, n, c, relu):
+def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
     i = cuda.grid(1)
     if i < n:
         ch = i % c
         v = (x[i] - mean[ch]) * inv_std[ch] * w[ch] + b[ch]
+        if has_res:
+            v += res[i]
         if relu and v < 0:
             v = np.float32(0)
         y[i] = v
@@ -343,8 +345,10 @@ def _channel_grid(rows, c):
     return n_part, ((c + TC - 1) // TC, n_part), (TC, TR)
 
 
-def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps, relu):
-    """(y, mean, inv_std); in training the running statistics are updated in place."""
+def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps, relu, residual=None, out=None):
+    """(y, mean, inv_std), y = [relu](batch_norm(x) [+ residual]), into `out` when given (it may be the
+    residual itself: each element is read before it is written, by the same thread); in training the running
+    statistics are updated in place."""
     c = tuple(x.shape)[-1]
     rows = x.size // c
     mean, inv_std = empty(c), empty(c)
@@ -357,8 +361,9 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
     else:
         mean = running_mean
         _inv_std_k(_grid(c), BLOCK, running_var, float(eps), inv_std, c)
-    y = empty(x.shape)
-    _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, y, x.size, c, int(relu))
+    y = empty(x.shape) if out is None else out
+    _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
+                int(residual is not None), y, x.size, c, int(relu))
     return y, mean, inv_std
 
 

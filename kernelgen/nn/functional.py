@@ -244,15 +244,36 @@ def batch_norm_relu(x, weight, bias, running_mean, running_var, *, training, mom
                            eps=eps))
 
 
-def _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, fuse_relu):
+def batch_norm_add_relu(x, weight, bias, running_mean, running_var, residual, *, training, momentum=0.1, eps=1e-5,
+                        inplace=False):
+    """relu(batch_norm(x, ...) + residual): a residual block whose shortcut is projected (conv + batch norm)
+    ends in one pass on the device, the batch norm's output never stored.  inplace: on the device, write
+    into residual's buffer - for a residual that no backward reads (a batch norm's output without ReLU)."""
+    x, weight, bias, residual = _as_tensor(x), _as_tensor(weight), _as_tensor(bias), _as_tensor(residual)
+    if _dev(x, weight, bias, residual):
+        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True,
+                                  residual, inplace)
+    return add_relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
+                               eps=eps), residual)
+
+
+def _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, fuse_relu,
+                       residual=None, inplace=False):
     from . import cuda_ops as ops
     if not (ops.is_device(running_mean) and ops.is_device(running_var)):
         raise TypeError("running_mean and running_var must be device arrays for cuda tensors (Module.to('cuda'))")
     y, mean, inv_std = ops.batch_norm_forward(x.data, weight.data, bias.data, running_mean, running_var,
-                                              training, momentum, eps, fuse_relu)
+                                              training, momentum, eps, fuse_relu, None if residual is None else
+                                              residual.data, residual.data if inplace else None)
     mask = y if fuse_relu else None  # without the ReLU the backward needs only x, so y may be overwritten
-    return Tensor.from_op(y, (x, weight, bias), lambda g: ops.batch_norm_backward(
-        g, x.data, mask, fuse_relu, weight.data, mean, inv_std, training))
+    if residual is None:
+        return Tensor.from_op(y, (x, weight, bias), lambda g: ops.batch_norm_backward(
+            g, x.data, mask, fuse_relu, weight.data, mean, inv_std, training))
+
+    def backward(g):
+        g = ops.relu_backward(g, y)  # the gradient of the sum, to both of its terms
+        return ops.batch_norm_backward(g, x.data, None, False, weight.data, mean, inv_std, training) + (g,)
+    return Tensor.from_op(y, (x, weight, bias, residual), backward)
 
 
 def cross_entropy(logits, labels):

@@ -239,7 +239,11 @@ class BasicBlock(Module):
         out = self.bn1.forward_relu(self.conv1(x))
         out = self.bn2(self.conv2(out))
         # in place: bn2's output is read by no backward (batch norm keeps its input), so the sum can reuse it
-        return F.add_relu(out, x if self.shortcut is None else self.shortcut(x), inplace=True)
+        if self.shortcut is None:
+            return F.add_relu(out, x, inplace=True)
+        conv, bn = self.shortcut.layers  # the projection's batch norm, the sum and the ReLU in one pass
+        return F.batch_norm_add_relu(conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, out,
+                                     training=bn.training, momentum=bn.momentum, eps=bn.eps, inplace=True)
 
 
 class SmallResNet(Module):

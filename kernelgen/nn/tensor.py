@@ -91,13 +91,18 @@ class Tensor:
         else:
             self.grad = self.grad + g
 
-    def backward(self, grad=None):
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's .grad.  Unless retain_graph, the graph is taken
+        apart on the way (as PyTorch does): each op's saved arrays go as soon as its backward has run, so
+        memory falls during the backward pass instead of peaking with all activations plus all gradients."""
         if grad is None:
             if self.data.size != 1:
                 raise ValueError(f"backward() without a gradient needs a scalar tensor, got shape {self.shape}")
-            grad = np.ones(self.shape, self.dtype)
-            if self.is_cuda:
-                grad = to_device_array(grad, "cuda")
+            if self.is_cuda:  # filled on the device: a host copy would wait for the whole forward pass
+                from .cuda_ops import empty, fill
+                grad = fill(empty(self.shape, self.dtype), 1.0)
+            else:
+                grad = np.ones(self.shape, self.dtype)
         order, seen = [], set()
 
         def visit(t):
@@ -109,13 +114,16 @@ class Tensor:
 
         visit(self)
         self._accumulate(grad)
-        for t in reversed(order):
+        while order:
+            t = order.pop()  # reverse topological order; popped, t no longer lives through this list
             if t._backward is not None and t.grad is not None:
                 for parent, g in zip(t._parents, t._backward(t.grad)):
                     if parent.requires_grad and g is not None:
                         parent._accumulate(g)
                 if t is not self:
                     t.grad = None  # intermediates are freed as soon as backward is past them
+            if not retain_graph and t._backward is not None:
+                t._parents, t._backward = (), None
         return self
 
     # a few operators, so models read naturally
