@@ -7,7 +7,18 @@ kernels themselves are checked in test_conv_sim.py - here it is everything aroun
 import numpy as np
 import pytest
 
-from kernelgen.nn import SGD, Adam, BasicBlock, BatchNorm2d, Conv2d, Linear, Module, ReLU, Sequential, Tensor
+from kernelgen.nn import (
+    SGD,
+    Adam,
+    BasicBlock,
+    BatchNorm2d,
+    Conv2d,
+    Linear,
+    Module,
+    ReLU,
+    Sequential,
+    Tensor,
+)
 from kernelgen.nn import functional as F
 
 pytestmark = pytest.mark.sim
@@ -143,6 +154,8 @@ def test_device_errors_name_the_problem(rng):
         F.cross_entropy(x, np.array([0, 3]))
     with pytest.raises(ValueError, match="shape"):
         F.add(x, Tensor(np.ones((3, 2), np.float32)).cuda())
+    with pytest.raises(TypeError, match="float32"):
+        Tensor(np.ones(3)).cuda()  # float64: kernelgen's CUDA kernels are float32-only
 
 
 class TinyResNet(Module):

@@ -4,7 +4,7 @@ kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, c
 Memory comes from kernelgen's arena (runtime/arena.py), so its `peak` is the training step's peak.
 A numba launch from Python costs tens of microseconds, mostly argument typing and packing: after a
 kernel's first (dispatched) call, later calls go straight to cuLaunchKernel with the arguments packed
-here (`_Kernel`), and ops are fused where the data allow (batch norm + ReLU, add + ReLU, the loss).
+by cuda_launch.kernel, and ops are fused where the data allow (batch norm + ReLU, add + ReLU, the loss).
 
 Per-channel sums (batch-norm statistics and gradients, bias gradients) are two-level: each block of
 (TC channels x TR row-threads) sums a strided share of the rows in float64, one partial per block row,
@@ -12,136 +12,26 @@ and a second kernel adds the partials per channel - float64 throughout, so the f
 are correctly rounded in practice (the CPU path gets there with Kahan sums in float32)."""
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-import struct
-import threading
 
 import numpy as np
 from numba import cuda, float64
 
-from kernelgen.runtime import arena
-
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-# the simulator runs one Python thread per CUDA thread (~ms each): small blocks keep the sim tests short
-BLOCK = 32 if SIM else 256
-TC, TR = (4, 2) if SIM else (32, 8)
-MAX_PARTIALS = 256
-
-
-def is_device(a) -> bool:
-    from kernelgen.arrays import is_cuda_array
-    return not isinstance(a, np.ndarray) and is_cuda_array(a)
-
-
-# ---- arrays -------------------------------------------------------------------------------------------
-
-def empty(shape, dtype=np.float32):
-    return arena.device_empty(shape, dtype)
-
-
-def to_device(host):
-    return arena.to_device_staged(np.ascontiguousarray(host))
-
-
-def to_host(a):
-    return a.copy_to_host()
-
-
-_VIEWS = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape (cloned: the constructor is slow)
-
-
-def view(a, shape):
-    """`a` (C-contiguous) reshaped, sharing its memory."""
-    shape = tuple(int(s) for s in shape)
-    if math.prod(shape) != a.size:
-        raise ValueError(f"shape must have {a.size} elements, got {shape}")
-    if SIM or tuple(a.shape) == shape:
-        return a if tuple(a.shape) == shape else a.reshape(shape)
-    from numba.cuda.cudadrv import devicearray
-    proto = _VIEWS.get((shape, a.dtype))
-    if proto is None:
-        v = a.reshape(shape)
-        _VIEWS[(shape, a.dtype)] = {k: x for k, x in v.__dict__.items() if k not in ("gpu_data", "stream")}
-        return v
-    out = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
-    out.__dict__.update(proto)
-    out.gpu_data, out.stream = a.gpu_data, a.stream
-    return out
-
-
-def _flat(a):
-    return a if a.ndim == 1 else view(a, (a.size,))
-
-
-# ---- launching ----------------------------------------------------------------------------------------
-
-_LIB = None
-
-
-class _Kernel:
-    """A numba kernel whose later calls skip the dispatcher.  Arguments are device arrays (passed flat,
-    1D: numba's seven-word array struct, packed here) or Python ints / floats (int64 / float64).  The
-    fast route is used only on the thread that compiled it and for the argument types it compiled."""
-
-    def __init__(self, fn):
-        self.jit = cuda.jit(fn)
-        self.fast = None
-
-    def __call__(self, grid, block, *args):
-        fast = self.fast
-        if fast is not None and fast[0] == tuple(map(type, args)) and fast[1] == threading.get_ident():
-            return self._launch(fast, grid, block, args)
-        args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)  # numpy scalars: Python's
-        self.jit[grid, block](*[a if isinstance(a, (int, float)) else _flat(a) for a in args])
-        if not SIM and fast is None and os.environ.get("KERNELGEN_FAST_LAUNCH", "1") == "1" \
-                and len(self.jit.overloads) == 1:
-            self._prepare(args)
-
-    def _prepare(self, args):
-        global _LIB
-        if _LIB is None:
-            from kernelgen.runtime.launch import _libcuda
-            _LIB = _libcuda()
-        n_words = sum(1 if isinstance(a, (int, float)) else 7 for a in args)
-        words = (ctypes.c_int64 * n_words)()
-        base = ctypes.addressof(words)
-        params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
-        handle = int(next(iter(self.jit.overloads.values()))._codelibrary.get_cufunc().handle)
-        self.fast = (tuple(map(type, args)), threading.get_ident(), words, params, handle)
-
-    @staticmethod
-    def _launch(fast, grid, block, args):
-        words, params, handle = fast[2], fast[3], fast[4]
-        i = 0
-        for a in args:
-            if isinstance(a, int):
-                words[i] = a
-                i += 1
-            elif isinstance(a, float):
-                words[i] = struct.unpack("q", struct.pack("d", a))[0]
-                i += 1
-            else:
-                n, itemsize = a.size, a.dtype.itemsize
-                words[i + 2], words[i + 3], words[i + 4] = n, itemsize, a.device_ctypes_pointer.value or 0
-                words[i + 5], words[i + 6] = n, itemsize
-                i += 7
-        g = grid if isinstance(grid, tuple) else (grid,)
-        b = block if isinstance(block, tuple) else (block,)
-        g, b = g + (1,) * (3 - len(g)), b + (1,) * (3 - len(b))
-        err = _LIB.cuLaunchKernel(fast[4], g[0], g[1], g[2], b[0], b[1], b[2], 0, None, params, None)
-        if err:
-            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
-
-
-def kernel(fn):
-    return _Kernel(fn)
-
-
-def _grid(n):
-    return max(1, (n + BLOCK - 1) // BLOCK)
-
+# the array helpers are re-exported: callers need only this module
+from .cuda_launch import (  # noqa: F401
+    BLOCK,
+    MAX_PARTIALS,
+    SIM,
+    TC,
+    TR,
+    _grid,
+    empty,
+    is_device,
+    kernel,
+    to_device,
+    to_host,
+    view,
+)
 
 # ---- elementwise ------------------------------------------------------------------------------------------
 
@@ -349,7 +239,7 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
     """(y, mean, inv_std), y = [relu](batch_norm(x) [+ residual]), into `out` when given (it may be the
     residual itself: each element is read before it is written, by the same thread); in training the running
     statistics are updated in place."""
-    c = tuple(x.shape)[-1]
+    c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
     rows = x.size // c
     mean, inv_std = empty(c), empty(c)
     if training:
@@ -370,7 +260,7 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
 def channel_sums(g, x=None, y=None, mean=None, inv_std=None):
     """(sum(g'), sum(g' * (x - mean) * inv_std)) over rows, per channel, g' = g masked by y > 0 when y
     is given; with x None only the first is meaningful (a bias gradient)."""
-    c = tuple(g.shape)[-1]
+    c = int(tuple(g.shape)[-1])
     rows = g.size // c
     n_part, grid, block = _channel_grid(rows, c)
     part_a, part_b = empty(n_part * c, np.float64), empty(n_part * c, np.float64)
@@ -386,7 +276,7 @@ def channel_sums(g, x=None, y=None, mean=None, inv_std=None):
 
 def batch_norm_backward(g, x, y, relu, w, mean, inv_std, training):
     """(dx, dweight, dbias); y (the output) is read only for the ReLU mask."""
-    c = tuple(x.shape)[-1]
+    c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
     db, dw = channel_sums(g, x, y if relu else None, mean, inv_std)
     dx = empty(x.shape)
     _bn_dx_k(_grid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db,
@@ -415,7 +305,7 @@ def _gap_bwd_k(g, dx, n, c, hw):
 
 
 def global_avg_pool(x):
-    n, c = tuple(x.shape)[0], tuple(x.shape)[-1]
+    n, c = int(tuple(x.shape)[0]), int(tuple(x.shape)[-1])
     hw = x.size // (n * c)
     y = empty((n, c))
     _gap_k(_grid(n * c), BLOCK, x, y, n * c, c, hw)
@@ -424,7 +314,7 @@ def global_avg_pool(x):
 
 def global_avg_pool_backward(g, x_shape):
     dx = empty(x_shape)
-    n, c = x_shape[0], x_shape[-1]
+    n, c = int(x_shape[0]), int(x_shape[-1])
     _gap_bwd_k(_grid(dx.size), BLOCK, g, dx, dx.size, c, dx.size // (n * c))
     return dx
 
@@ -477,7 +367,9 @@ def _ce_bwd_k(logits, labels, g, n, k, dl):
 
 def cross_entropy(logits, labels):
     """(mean loss as a 1-element array, labels on the device); labels a host or device int64 array."""
-    n, k = tuple(logits.shape)
+    n, k = map(int, tuple(logits.shape))
+    if is_device(labels) and np.dtype(labels.dtype) != np.int64:
+        raise TypeError(f"labels on the device must be int64, got {labels.dtype}")
     if not is_device(labels):
         labels = np.asarray(labels)
         if labels.size and (labels.min() < 0 or labels.max() >= k):
@@ -489,7 +381,7 @@ def cross_entropy(logits, labels):
 
 
 def cross_entropy_backward(logits, labels, g):
-    n, k = tuple(logits.shape)
+    n, k = map(int, tuple(logits.shape))
     dl = empty((n, k))
     _ce_bwd_k(_grid(n * k), BLOCK, logits, labels, g, n, k, dl)
     return dl
