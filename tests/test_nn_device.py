@@ -154,6 +154,14 @@ def test_device_errors_name_the_problem(rng):
         F.cross_entropy(x, np.array([0, 3]))
     with pytest.raises(ValueError, match="shape"):
         F.add(x, Tensor(np.ones((3, 2), np.float32)).cuda())
+    layer = Linear(3, 2)
+    opt = SGD(layer.parameters(), lr=0.1)
+    layer.to("cuda")
+    layer.weight.grad = layer.bias.grad = None
+    opt.step()  # no gradients: nothing to update
+    layer.weight.grad = Tensor(np.ones((2, 3), np.float32)).cuda().data
+    with pytest.raises(TypeError, match="after model.to"):
+        opt.step()
     with pytest.raises(TypeError, match="float32"):
         Tensor(np.ones(3)).cuda()  # float64: kernelgen's CUDA kernels are float32-only
 

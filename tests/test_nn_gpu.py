@@ -150,7 +150,7 @@ def test_resnet_training_step_matches_pytorch(torch, rng):
     loss.backward()
     tloss = torch.nn.functional.cross_entropy(twin(nchw(torch.tensor(x, device="cuda"))), torch.tensor(labels).cuda())
     tloss.backward()
-    assert abs(loss.item() - tloss.item()) <= 1e-5 * abs(tloss.item())
+    assert abs(loss.item() - tloss.item()) <= 1e-4 * abs(tloss.item())
     as_ours = lambda t, conv: (t.permute(0, 2, 3, 1) if conv else t).detach().cpu().numpy()
     for i, (o, t, conv) in enumerate(pairs):
         err = rel_err(o.grad.copy_to_host(), as_ours(t.grad, conv))

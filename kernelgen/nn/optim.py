@@ -15,6 +15,13 @@ def _zeros_like(a):
     return np.zeros_like(a)
 
 
+def _same_device(p, state):
+    if _on_device(p.data) != _on_device(state):
+        raise TypeError("optimizer state and parameter are on different devices: build the optimizer after "
+                        "model.to(device)")
+    return _on_device(p.data)
+
+
 def _host_only(params, name):
     if any(_on_device(p.data) for p in params):
         raise TypeError(f"{name} has no device implementation yet: params must be cpu tensors")
@@ -29,7 +36,7 @@ class SGD:
         for p, v in zip(self.params, self.velocity):
             if p.grad is None:
                 continue
-            if _on_device(p.data):
+            if _same_device(p, v):
                 from .cuda_ops import sgd_step
                 sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd)
                 continue
@@ -56,7 +63,7 @@ class Adam(SGD):
         for p, m, v in zip(self.params, self.m, self.velocity):
             if p.grad is None:
                 continue
-            if _on_device(p.data):
+            if _same_device(p, m):
                 from .cuda_ops import adam_step
                 adam_step(p.data, p.grad, m, v, self.lr, self.b1, self.b2, self.eps, self.wd, self.decoupled, self.t)
                 continue
