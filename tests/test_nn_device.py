@@ -200,3 +200,37 @@ def test_resnet_training_step_matches_the_host(rng):
         assert rel_err(d, h.astype(np.float64)) <= 1e-4, f"gradient of parameter {i}"
     for k, v in params["cpu"].items():  # weights after the update, running statistics
         assert rel_err(params["cuda"][k], v.astype(np.float64)) <= 1e-4, k
+
+
+def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
+    """The cuLaunchKernel route packs what numba's dispatcher would: per 1D array (meminfo, parent, size,
+    itemsize, data, shape, stride), int64 and float64 scalars as one 8-byte word each."""
+    import ctypes
+    import struct
+
+    from kernelgen.nn import cuda_launch
+
+    class FakeArray:
+        def __init__(self, ptr, size, dtype):
+            self.device_ctypes_pointer, self.size, self.dtype = ctypes.c_void_p(ptr), size, np.dtype(dtype)
+
+    calls = []
+
+    class FakeLib:
+        @staticmethod
+        def cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            calls.append((handle, (gx, gy, gz), (bx, by, bz), [ctypes.c_int64.from_address(params[i]).value
+                                                               for i in range(len(params))]))
+            return 0
+    monkeypatch.setattr(cuda_launch, "_LIB", FakeLib)
+    k = cuda_launch.kernel(lambda a, n, v, b: None)
+    args = (FakeArray(0x1000, 7, "float32"), 5, 0.25, FakeArray(0x2000, 3, "int64"))
+    n_words = 7 + 1 + 1 + 7
+    words = (ctypes.c_int64 * n_words)()
+    params = (ctypes.c_void_p * n_words)(*[ctypes.addressof(words) + 8 * i for i in range(n_words)])
+    fast = (tuple(map(type, args)), None, words, params, 1234)
+    k._launch(fast, (3, 2), 32, args)
+    handle, grid, block, packed = calls[0]
+    assert handle == 1234 and grid == (3, 2, 1) and block == (32, 1, 1)
+    assert packed == [0, 0, 7, 4, 0x1000, 7, 4, 5, struct.unpack("q", struct.pack("d", 0.25))[0],
+                      0, 0, 3, 8, 0x2000, 3, 8]
