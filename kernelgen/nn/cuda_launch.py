@@ -83,7 +83,8 @@ class _Kernel:
     fast route is used only on the thread that compiled it and for the argument types it compiled."""
 
     def __init__(self, fn):
-        self.jit = cuda.jit(fn)
+        # cached on disk (numba's __pycache__ beside this package): a new process skips the compiles
+        self.jit = cuda.jit(fn) if SIM else cuda.jit(fn, cache=True)
         self.fast = None
 
     def __call__(self, grid, block, *args):
