@@ -138,4 +138,7 @@ def kernel(fn):
 
 
 def _grid(n):
+    """Blocks of BLOCK threads covering n elements; indices stay below 2**31 (the ops' 32-bit index math)."""
+    if n >= 2 ** 31:
+        raise ValueError(f"device tensors must have fewer than 2**31 elements, got {n}")
     return max(1, (n + BLOCK - 1) // BLOCK)

@@ -17,6 +17,10 @@ import math
 import numpy as np
 from numba import cuda, float64
 
+# 32-bit unsigned division and modulo (numba's are 64-bit and signed: a runtime-divisor `i % c` is ~100
+# integer instructions, enough to make a memory-bound pass compute-bound); _grid keeps every index < 2**31
+from kernelgen.cuda_index import udiv32, umod32
+
 # the array helpers are re-exported: callers need only this module
 from .cuda_launch import (  # noqa: F401
     BLOCK,
@@ -161,7 +165,7 @@ def _inv_std_k(var, eps, inv_std, c):
 def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
     i = cuda.grid(1)
     if i < n:
-        ch = i % c
+        ch = umod32(i, c)
         v = (x[i] - mean[ch]) * inv_std[ch] * w[ch] + b[ch]
         if has_res:
             v += res[i]
@@ -218,7 +222,7 @@ def _grad_final_k(part_a, part_b, n_part, c, out_a, out_b):
 def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c):
     i = cuda.grid(1)
     if i < n:
-        ch = i % c
+        ch = umod32(i, c)
         ge = g[i]
         if relu and y[i] <= 0:
             ge = np.float32(0)
@@ -290,7 +294,7 @@ def batch_norm_backward(g, x, y, relu, w, mean, inv_std, training):
 def _gap_k(x, y, nc, c, hw):
     i = cuda.grid(1)
     if i < nc:
-        base = (i // c) * hw * c + i % c
+        base = udiv32(i, c) * hw * c + umod32(i, c)
         s = float64(0.0)
         for j in range(hw):
             s += x[base + j * c]
@@ -301,7 +305,7 @@ def _gap_k(x, y, nc, c, hw):
 def _gap_bwd_k(g, dx, n, c, hw):
     i = cuda.grid(1)
     if i < n:
-        dx[i] = g[(i // (hw * c)) * c + i % c] / np.float32(hw)
+        dx[i] = g[udiv32(i, hw * c) * c + umod32(i, c)] / np.float32(hw)
 
 
 def global_avg_pool(x):
@@ -351,7 +355,7 @@ def _ce_k(logits, labels, n, k, loss):
 def _ce_bwd_k(logits, labels, g, n, k, dl):
     i = cuda.grid(1)
     if i < n * k:
-        r = i // k
+        r = udiv32(i, k)
         row = r * k
         mx = logits[row]
         for j in range(1, k):
