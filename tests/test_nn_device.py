@@ -234,3 +234,24 @@ def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
     assert handle == 1234 and grid == (3, 2, 1) and block == (32, 1, 1)
     assert packed == [0, 0, 7, 4, 0x1000, 7, 4, 5, struct.unpack("q", struct.pack("d", 0.25))[0],
                       0, 0, 3, 8, 0x2000, 3, 8]
+
+
+def test_bench_step_reports_ratios(monkeypatch, tmp_path, capsys):
+    """The benchmark's table and JSON from (stubbed) measurements: the ratios are kernelgen over torch."""
+    import json
+    import sys
+    import types
+
+    from kernelgen.nn import bench_step
+    fake = dict(step_ms=12.0, step_ms_min=11.0, warmup_s=40.0, peak_bytes=900 * 2 ** 20, between_steps_bytes=1,
+                pool_cached_bytes=2, driver_used_bytes=3, loss_first=2.3, loss_last=2.1)
+    monkeypatch.setattr(bench_step, "bench_kernelgen", lambda x, labels, args: dict(fake))
+    monkeypatch.setattr(bench_step, "bench_torch", lambda x, labels, args: dict(fake, step_ms=10.0,
+                                                                                 peak_bytes=1000 * 2 ** 20))
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    bench_step.main(["--out", str(tmp_path / "r.json"), "--steps", "3"])
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["ratio"] == {"step_time": 1.2, "peak_memory": 0.9} and result["steps"] == 3
+    assert "step time 1.20x" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="steps"):
+        bench_step.main(["--steps", "0"])

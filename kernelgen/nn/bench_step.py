@@ -145,7 +145,7 @@ def main(argv=None):
     x = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, args.classes, args.batch).astype(np.int64)
     from numba import cuda
-    name = cuda.get_current_device().name
+    name = getattr(cuda.get_current_device(), "name", "simulator")
     result = {"model": f"resnet18-cifar width {args.width}", "batch": args.batch, "warmup": args.warmup,
               "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
     result["kernelgen"] = bench_kernelgen(x, labels, args)
