@@ -150,11 +150,17 @@ def _array_sig(a):
     return None if a is None else (type(a), tuple(a.shape), a.dtype) if hasattr(a, "shape") else (type(a), id(a))
 
 
+def _settings_token():
+    from .templates import settings_token  # imported here: templates import this package
+    global _settings_token
+    _settings_token = settings_token      # every later call goes straight to it
+    return settings_token()
+
+
 def _prepare(sig, build, algo, config=None) -> Prepared:
     """The memoised front half of every op: `build()` validates arguments and returns (problem,
     backend); it runs only on the first call with this signature."""
-    from .templates import settings_token
-    key = sig + (algo, config, settings_token())
+    key = sig + (algo, config, _settings_token())
     try:
         hit = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a list for padding, say): validate every time
@@ -168,10 +174,16 @@ def _prepare(sig, build, algo, config=None) -> Prepared:
     return hit
 
 
+def _run_cuda(*args):
+    from .runtime.cuda_call import run_cuda
+    global _run_cuda
+    _run_cuda = run_cuda
+    return run_cuda(*args)
+
+
 def _run(prep: Prepared, inputs: dict, template, stream=None, out=None):
     if prep.backend == "cuda":
-        from .runtime.cuda_call import run_cuda
-        return run_cuda(prep, inputs, template, stream, out)
+        return _run_cuda(prep, inputs, template, stream, out)
     if stream is not None:
         raise ValueError(f"stream must be None on the cpu backend, got {stream!r}")
     problem, launcher = prep.problem, prep.launcher
