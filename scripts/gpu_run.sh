@@ -39,7 +39,8 @@ python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
 if has tests; then
   if [ -d "$REPO/tests" ]; then
-    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_FILES:-"$REPO/tests"} 2>&1 \
+    files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
       | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
     pack
   fi
