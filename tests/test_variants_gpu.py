@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from kernelgen import reference as ref
 from kernelgen.problem import make_problem
 from kernelgen.templates import VARIANTS, ks_deconv
 
@@ -26,36 +25,28 @@ CASES = {  # x shape, w shape, conv arguments
     "3d": ((4, 6, 9, 9, 16), (24, 3, 3, 3, 16), dict(padding=1)),
 }
 
-REFERENCE = {"fwd": lambda x, w, dy, kw: ref.conv_forward(x, w, **kw),
-             "bwd_data": lambda x, w, dy, kw: ref.conv_backward_data(dy, w, x.shape, **kw),
-             "bwd_weight": lambda x, w, dy, kw: ref.conv_backward_weight(x, dy, w.shape, **kw)}
-
-
-def _check(variant, direction, case, rng, assert_close, run_poisoned):
+def _check(variant, direction, case, rng, assert_close, run_direction):
     x_shape, w_shape, kw = CASES[case]
     p = make_problem(direction, x_shape, w_shape, **kw)
     module = VARIANTS[variant]
     if direction not in module.DIRECTIONS or not module.applies(p):
         pytest.skip(f"{variant} does not compute {p.key()}")
-    x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
-    dy = rng.standard_normal(p.y_shape).astype("float32")
-    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-    plan, got = run_poisoned(p, inputs, "cuda", algo=variant)
+    plan, got, want = run_direction(p, kw, "cuda", algo=variant, rng=rng)
     assert plan.variant == variant
     # float32 with FMA contraction and split-K atomics; Winograd's transforms add a few roundings
     tol = 1e-4 if variant == "winograd" else 2e-5
-    assert_close(got, REFERENCE[direction](x, w, dy, kw), "float32", f"{variant} {direction} {case}", tol=tol)
+    assert_close(got, want, "float32", f"{variant} {direction} {case}", tol=tol)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"implicit_gemm"}))  # the core: test_conv_gpu.py
-def test_variant_on_gpu(variant, direction, case, rng, assert_close, run_poisoned):
-    _check(variant, direction, case, rng, assert_close, run_poisoned)
+def test_variant_on_gpu(variant, direction, case, rng, assert_close, run_direction):
+    _check(variant, direction, case, rng, assert_close, run_direction)
 
 
 @pytest.mark.parametrize("case", ["2d_stride2", "2d_5x5_stride2"])
-def test_ks_deconv_v2_on_gpu(case, rng, assert_close, run_poisoned, monkeypatch):
+def test_ks_deconv_v2_on_gpu(case, rng, assert_close, run_direction, monkeypatch):
     """KS-deconv-V2 (filter trimming per sub-convolution) is opt-in: switched on here."""
     monkeypatch.setattr(ks_deconv, "TRIM", True)
-    _check("ks_deconv", "bwd_data", case, rng, assert_close, run_poisoned)
+    _check("ks_deconv", "bwd_data", case, rng, assert_close, run_direction)
