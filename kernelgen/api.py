@@ -323,16 +323,15 @@ class Explanation:
 _OPS = {"conv": "fwd", "conv_backward_data": "bwd_data", "conv_backward_weight": "bwd_weight", "deconv": "bwd_data"}
 
 
-def explain(op, *args, **kwargs) -> Explanation:
-    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
-    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+def _captured_call(op, args, kwargs, allowed):
+    """(prep, inputs, template, stream, out) of `op(*args, **kwargs)`, captured before it would run."""
     name = op if isinstance(op, str) else getattr(op, "__name__", "")
-    if name not in _OPS:
-        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    if name not in allowed:
+        raise ValueError(f"op must be one of {sorted(allowed)}, got {op!r}")
     captured = {}
 
     def capture(prep, inputs, template, stream=None, out=None):
-        captured["plan"] = prep.plan
+        captured["call"] = (prep, inputs, template, stream, out)
         return None
 
     global _run
@@ -341,5 +340,25 @@ def explain(op, *args, **kwargs) -> Explanation:
         globals()[name](*args, **kwargs)
     finally:
         _run = real
-    plan = captured["plan"]
+    return captured["call"]
+
+
+def bind(op, *args, **kwargs):
+    """`op(*args, **kwargs)` on CUDA arrays, run once and bound to its buffers: returns a zero-argument
+    callable that reruns it on whatever those buffers hold now and returns the same output array
+    (`out=` if given, else the one the first run allocated).  Argument checks, planning and pointer
+    extraction happen once, so a call costs one kernel launch from Python (like replaying a CUDA
+    graph).  For conv, conv_backward_data and conv_backward_weight."""
+    prep, inputs, template, stream, out = _captured_call(op, args, kwargs, set(_OPS) - {"deconv"})
+    if prep.backend != "cuda" or not arrays.is_cuda_array(template):
+        raise ValueError(f"bind needs CUDA arrays on the cuda backend, got {type(template).__name__} on "
+                         f"the {prep.backend} backend")
+    from .runtime.cuda_call import bound_call
+    return bound_call(prep, inputs, template, stream, out)
+
+
+def explain(op, *args, **kwargs) -> Explanation:
+    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
+    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+    plan = _captured_call(op, args, kwargs, _OPS)[0].plan
     return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render())
