@@ -150,11 +150,17 @@ def _array_sig(a):
     return None if a is None else (type(a), tuple(a.shape), a.dtype) if hasattr(a, "shape") else (type(a), id(a))
 
 
+def _settings_token():
+    from .templates import settings_token  # imported here: templates import this package
+    global _settings_token
+    _settings_token = settings_token      # every later call goes straight to it
+    return settings_token()
+
+
 def _prepare(sig, build, algo, config=None) -> Prepared:
     """The memoised front half of every op: `build()` validates arguments and returns (problem,
     backend); it runs only on the first call with this signature."""
-    from .templates import settings_token
-    key = sig + (algo, config, settings_token())
+    key = sig + (algo, config, _settings_token())
     try:
         hit = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a list for padding, say): validate every time
@@ -168,10 +174,16 @@ def _prepare(sig, build, algo, config=None) -> Prepared:
     return hit
 
 
+def _run_cuda(*args):
+    from .runtime.cuda_call import run_cuda
+    global _run_cuda
+    _run_cuda = run_cuda
+    return run_cuda(*args)
+
+
 def _run(prep: Prepared, inputs: dict, template, stream=None, out=None):
     if prep.backend == "cuda":
-        from .runtime.cuda_call import run_cuda
-        return run_cuda(prep, inputs, template, stream, out)
+        return _run_cuda(prep, inputs, template, stream, out)
     if stream is not None:
         raise ValueError(f"stream must be None on the cpu backend, got {stream!r}")
     problem, launcher = prep.problem, prep.launcher
@@ -311,16 +323,15 @@ class Explanation:
 _OPS = {"conv": "fwd", "conv_backward_data": "bwd_data", "conv_backward_weight": "bwd_weight", "deconv": "bwd_data"}
 
 
-def explain(op, *args, **kwargs) -> Explanation:
-    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
-    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+def _captured_call(op, args, kwargs, allowed):
+    """(prep, inputs, template, stream, out) of `op(*args, **kwargs)`, captured before it would run."""
     name = op if isinstance(op, str) else getattr(op, "__name__", "")
-    if name not in _OPS:
-        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    if name not in allowed:
+        raise ValueError(f"op must be one of {sorted(allowed)}, got {op!r}")
     captured = {}
 
     def capture(prep, inputs, template, stream=None, out=None):
-        captured["plan"] = prep.plan
+        captured["call"] = (prep, inputs, template, stream, out)
         return None
 
     global _run
@@ -329,5 +340,25 @@ def explain(op, *args, **kwargs) -> Explanation:
         globals()[name](*args, **kwargs)
     finally:
         _run = real
-    plan = captured["plan"]
+    return captured["call"]
+
+
+def bind(op, *args, **kwargs):
+    """`op(*args, **kwargs)` on CUDA arrays, run once and bound to its buffers: returns a zero-argument
+    callable that reruns it on whatever those buffers hold now and returns the same output array
+    (`out=` if given, else the one the first run allocated).  Argument checks, planning and pointer
+    extraction happen once, so a call costs one kernel launch from Python (like replaying a CUDA
+    graph).  For conv, conv_backward_data and conv_backward_weight."""
+    prep, inputs, template, stream, out = _captured_call(op, args, kwargs, set(_OPS) - {"deconv"})
+    if prep.backend != "cuda" or not arrays.is_cuda_array(template):
+        raise ValueError(f"bind needs CUDA arrays on the cuda backend, got {type(template).__name__} on "
+                         f"the {prep.backend} backend")
+    from .runtime.cuda_call import bound_call
+    return bound_call(prep, inputs, template, stream, out)
+
+
+def explain(op, *args, **kwargs) -> Explanation:
+    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
+    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+    plan = _captured_call(op, args, kwargs, _OPS)[0].plan
     return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render())

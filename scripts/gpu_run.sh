@@ -4,6 +4,7 @@
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, comma-separated
+#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"), then the demo
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (needs scikit-learn there).  One mode per call fits 10 minutes.
@@ -41,7 +42,8 @@ python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
 if has tests; then
   if [ -d "$REPO/tests" ]; then
-    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 \
+    files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
       | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
     pack
   fi
