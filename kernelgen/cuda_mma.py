@@ -15,7 +15,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     from .mma_layout import tf32_round
 
     def tf32(x):
-        return float(tf32_round(np.float32(x)))
+        return tf32_round(np.array([x], np.float32))[0]
 
     def mma_m16n8k8_tf32(*args):
         raise NotImplementedError("mma.sync has no CUDA-simulator stand-in: run tensor-core kernels on the "

@@ -56,10 +56,10 @@ class SourcePrinter:
         self.lines.append(self.indent_unit * depth + text)
 
     def stmts(self, stmts, depth):
-        if not stmts:
-            self.emit(depth, "pass")
         for s in stmts:
             self.stmt(s, depth)
+        if all(isinstance(s, Comment) for s in stmts):  # a body that folding emptied (comments only)
+            self.emit(depth, "pass")
 
     def stmt(self, s, depth):
         if isinstance(s, Assign):
