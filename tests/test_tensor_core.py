@@ -299,3 +299,20 @@ def test_gpu_explain_reports_tf32(rng):
     e = kernelgen.explain(kernelgen.conv, x, w, padding=1, precision="tf32")
     assert e.backend == "cuda" and e.precision == "tf32" and "mma_m16n8k8_tf32(" in e.source
     assert kernelgen.explain(kernelgen.conv, x, w, padding=1).precision == "fp32"
+
+
+def test_bench_reports_precision(capsys):
+    from kernelgen.tuning import bench
+    row = {"layer": "r18_c64_32", "direction": "fwd", "variant": "implicit_gemm_tc",
+           "config": str(CUDA_TC_DEFAULT), "kernelgen_tflops": 99.0, "cudnn_tflops": 110.0, "ratio": 0.9,
+           "registers": 230, "shared_bytes": 26624, "local_bytes": 0, "occupancy": 0.125, "pct_of_peak": 0.25,
+           "pct_of_floor": 0.25, "rel_err_vs_cudnn": 3e-4, "precision": "tf32"}
+    md = bench.markdown([row], bench.summary([row]))
+    assert "| 230 | 26624 | 0 | 0.125 | 25% |" in md and "of 396 TFLOP/s; cuDNN with TF32 on" in md
+    assert bench.floor_ms(make_problem("fwd", (128, 32, 32, 64), (64, 3, 3, 64), padding=1), "tf32") < \
+        bench.floor_ms(make_problem("fwd", (128, 32, 32, 64), (64, 3, 3, 64), padding=1))
+    from kernelgen.api import gpu_present
+    if not gpu_present():  # (on a GPU this would run the whole benchmark)
+        assert bench.main(["gpu_md", "--precision", "tf32"]) == 1  # parsed; no GPU, nothing to time
+    with pytest.raises(SystemExit):
+        bench.main(["gpu_md", "--precision", "fp16"])
