@@ -4,6 +4,7 @@
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, comma-separated
+#   TEST_PATHS (relative to the repo, default tests) narrows the tests mode, e.g. tests/test_tensor_core.py
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
@@ -38,7 +39,7 @@ python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
 if has tests; then
   if [ -d "$REPO/tests" ]; then
-    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 \
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/${TEST_PATHS:-tests}" 2>&1 \
       | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
     pack
   fi
