@@ -139,14 +139,21 @@ def test_cpu_tf32_directions(name, direction, rng):
     assert err <= EMULATED_TOL, f"{direction} {name}: {err:.3g} from the TF32-rounded reference"
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-def test_cpu_runs_the_gpu_schedule(direction, rng):
-    """The CUDA default tile (4 x 4 MMA tiles per warp, two k-steps per slice, 2-stage pipeline) through
-    the CPU renderer, on a problem ragged against it."""
+def _other_cuda_tiles():
+    from kernelgen.templates.implicit_gemm_tc import CUDA_TC_TILES
+    return [TileConfig(bm, bn, 16, WM=wm, WN=wn, smem_pad=8, stages=2) for bm, bn, wm, wn in CUDA_TC_TILES
+            if TileConfig(bm, bn, 16, WM=wm, WN=wn, smem_pad=8, stages=2) != CUDA_TC_DEFAULT]
+
+
+@pytest.mark.parametrize("direction, config", [(d, CUDA_TC_DEFAULT) for d in ("fwd", "bwd_data", "bwd_weight")]
+                         + [("fwd", c) for c in _other_cuda_tiles()], ids=str)
+def test_cpu_runs_the_gpu_schedule(direction, config, rng):
+    """The CUDA tiles (default: 4 x 4 MMA tiles per warp, two k-steps per slice, 2-stage pipeline) through
+    the CPU renderer, on a problem ragged against them."""
     x_shape, w_shape, kw = (2, 13, 11, 20), (72, 3, 3, 20), dict(padding=1, stride=(1, 2))
     x, w, dy = tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-    plan = make_plan(p, "cpu", config=CUDA_TC_DEFAULT, precision="tf32")
+    plan = make_plan(p, "cpu", config=config, precision="tf32")
     inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
     launcher = get_launcher(plan)
     args = {k: v.reshape(-1) for k, v in inputs.items()}
