@@ -7,7 +7,7 @@
 #   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"), then the demo
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
-#   on); nn-digits: `train digits --device cuda` (needs scikit-learn there).  One mode per call fits 10 minutes.
+#   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
@@ -21,6 +21,7 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "$pkg"
   done
+  python3 -m kernelgen train digits --save-data .whl/digits.npz  # the GPU machine has no scikit-learn
   exit 0
 fi
 mode=",${1:-all},"; shift || true
@@ -71,7 +72,8 @@ if has nn-bench; then
   pack
 fi
 if has nn-digits; then
-  timeout "${DIGITS_TIMEOUT:-400}" python3 -m kernelgen train digits --device cuda --min-accuracy 0.97 2>&1 \
+  data=(); python3 -c "import sklearn" 2>/dev/null || data=(--data "$REPO/.whl/digits.npz")  # no scikit-learn there
+  timeout "${DIGITS_TIMEOUT:-400}" python3 -m kernelgen train digits --device cuda --min-accuracy 0.97 "${data[@]}" 2>&1 \
     | tr '\r' '\n' | grep -v "it/s\|s/it\|Warning\|warn(" | tee "$OUT/train_digits_cuda.log" || true
   pack
 fi

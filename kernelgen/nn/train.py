@@ -35,13 +35,13 @@ def evaluate(model, loader, device="cpu"):
 
 
 def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None,
-                 device="cpu"):
+                 device="cpu", data=None):
     try:
         from tqdm import tqdm
     except ImportError:  # progress bars are optional (the GPU machine may lack tqdm)
         def tqdm(it, **_):
             return it
-    xtr, ytr, xte, yte = load_digits_split(seed=seed)
+    xtr, ytr, xte, yte = load_digits_split(seed=seed, path=data)
     if quick:  # a shortened run for CI: a third of the data, few epochs
         xtr, ytr = xtr[: len(xtr) // 3], ytr[: len(ytr) // 3]
     if device not in ("cpu", "cuda"):
@@ -84,10 +84,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a shortened run (CI)")
     ap.add_argument("--plot", default=None, help="PNG path for the loss/accuracy curves")
     ap.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this final test accuracy")
+    ap.add_argument("--data", default=None, help="the digits as an .npz (from --save-data) instead of scikit-learn's")
+    ap.add_argument("--save-data", default=None, metavar="PATH", help="write the digits to PATH (.npz) and exit")
     args = ap.parse_args(argv)
+    if args.save_data:
+        from .data import save_digits
+        save_digits(args.save_data)
+        return 0
     epochs = args.epochs or (3 if args.quick else 8)
     t = time.perf_counter()
-    _, history = train_digits(epochs=epochs, quick=args.quick, plot=args.plot, device=args.device)
+    _, history = train_digits(epochs=epochs, quick=args.quick, plot=args.plot, device=args.device,
+                                data=args.data)
     acc = history[-1][1]
     print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, {time.perf_counter() - t:.0f} s")
     return 0 if acc >= args.min_accuracy else 1
