@@ -207,9 +207,10 @@ def device_empty(shape, dtype, stream=None):
         nbytes = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
     else:
         nbytes = proto[0]
+    ctx = _context()  # before the raw cuMemAlloc: it needs a current context (the process's first CUDA call)
     pool = device_pool()
     block = pool.alloc(nbytes, _stream_key(stream))
-    mem = driver.MemoryPointer(_context(), block.handle, nbytes, finalizer=lambda: pool.free(block))
+    mem = driver.MemoryPointer(ctx, block.handle, nbytes, finalizer=lambda: pool.free(block))
     if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
         proto = _PROTOTYPES[(shape, dtype)] = (nbytes, _make_prototype(shape, dtype, mem))
     arr = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
