@@ -1,0 +1,88 @@
+"""kernelgen.nn's host-only ops (those without a device kernel yet) against PyTorch on the GPU machine.
+
+test_nn_gpu.py covers every op that runs on the device; these run on NumPy arrays, and are compared
+here with torch's CUDA implementation (fp32, TF32 off) on the same fresh random data: forward values and
+the gradient of every input for sum(output * random projection).  Marker `gpu`; skipped without torch.
+"""
+import numpy as np
+import pytest
+
+from kernelgen.nn import Tensor
+from kernelgen.nn import functional as F
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def rel_err(got, want):
+    want = np.asarray(want, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def compare(torch, ours, theirs, arrays, rng, tol=TOL):
+    tt = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays]
+    want = theirs(*tt)
+    proj = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+    (want * torch.tensor(proj, device="cuda")).sum().backward()
+    host = [Tensor(a, requires_grad=True) for a in arrays]
+    got = ours(*host)
+    got.backward(proj)
+    assert got.shape == tuple(want.shape)
+    err = rel_err(got.numpy(), want.detach().cpu().numpy())
+    assert err <= tol, f"forward: relative error {err:.3g}"
+    for i, (h, t) in enumerate(zip(host, tt)):
+        err = rel_err(h.grad, t.grad.cpu().numpy())
+        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
+
+
+def nchw(t):
+    return t.permute(0, 3, 1, 2)
+
+
+def nhwc(t):
+    return t.permute(0, 2, 3, 1)
+
+
+def test_activations(torch, rng):
+    x = (4 * rng.standard_normal((3, 5, 5, 8))).astype(np.float32)
+    x[0, 0, 0, :4] = [-60.0, 60.0, -1e4, 1e4]  # far tails: no overflow, no NaN in the gradients
+    compare(torch, lambda a: F.leaky_relu(a, 0.1), lambda a: torch.nn.functional.leaky_relu(a, 0.1), [x], rng)
+    compare(torch, F.sigmoid, torch.sigmoid, [x], rng)
+    compare(torch, F.tanh, torch.tanh, [x], rng)
+    compare(torch, F.gelu, lambda a: torch.nn.functional.gelu(a, approximate="tanh"), [x], rng)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_pools(torch, rng, kernel, stride, padding):
+    x = rng.standard_normal((2, 9, 9, 6)).astype(np.float32)
+    compare(torch, lambda a: F.max_pool2d(a, kernel, stride, padding),
+            lambda a: nhwc(torch.nn.functional.max_pool2d(nchw(a), kernel, stride, padding)), [x], rng)
+    compare(torch, lambda a: F.avg_pool2d(a, kernel, stride, padding),
+            lambda a: nhwc(torch.nn.functional.avg_pool2d(nchw(a), kernel, stride, padding)), [x], rng)
+
+
+@pytest.mark.parametrize("out", [1, 3, (2, 4)])
+def test_adaptive_avg_pool(torch, rng, out):
+    x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
+    compare(torch, lambda a: F.adaptive_avg_pool2d(a, out),
+            lambda a: nhwc(torch.nn.functional.adaptive_avg_pool2d(nchw(a), out)), [x], rng)
+
+
+def test_mul_concat_dropout(torch, rng):
+    a, b = rng.standard_normal((4, 3, 3, 5)).astype(np.float32), rng.standard_normal((4, 3, 3, 5)).astype(np.float32)
+    compare(torch, F.mul, lambda x, y: x * y, [a, b], rng)
+    compare(torch, lambda x, y: F.concat([x, y], axis=3), lambda x, y: torch.cat([x, y], dim=3), [a, b], rng)
+    # dropout: same mask on both sides (torch draws its own): inverted scaling and its gradient
+    keep = np.random.default_rng(7).random(a.shape) >= 0.3
+    mask = torch.tensor(keep / 0.7, dtype=torch.float32, device="cuda")
+    compare(torch, lambda x: F.dropout(x, 0.3, generator=np.random.default_rng(7)), lambda x: x * mask, [a], rng)
