@@ -21,6 +21,8 @@ Environment, decided here once, before anything imports numba or compiles a kern
 * NUMBA_BOUNDSCHECK=1 (unless set): the CPU kernels check every index, so a tile load that reads
   past a tensor (harmless-looking on the CPU, a fault on the GPU) fails a CPU test.
 
+* slow tests (marker `slow`) are skipped unless KERNELGEN_SLOW_TESTS=1 or `-m slow`: see _slow_selected.
+
 * hypothesis: a "kernelgen" profile with deadline=None (a new shape means a numba compile of
   seconds).  Example counts stay per test (settings(max_examples=...)), kept small for the same
   reason.  Examples are not derandomized: every run draws fresh shapes and data.
@@ -65,10 +67,21 @@ settings.load_profile("kernelgen")
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
 
 
+def _slow_selected(config):
+    """Tests marked `slow` (whole networks trained on the CPU, the largest CUDA tiles rendered for the
+    CPU: minutes each) run with KERNELGEN_SLOW_TESTS=1 or when `-m` names them; the default run (CI)
+    skips them, so it stays well inside its time budget on 2 cores."""
+    return os.environ.get("KERNELGEN_SLOW_TESTS") == "1" or "slow" in (config.getoption("-m") or "")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_sim = pytest.mark.skip(reason="a real GPU is visible: simulator tests need NUMBA_ENABLE_CUDASIM=1")
+    skip_slow = None if _slow_selected(config) else \
+        pytest.mark.skip(reason="slow: set KERNELGEN_SLOW_TESTS=1 (or -m slow) to run it")
     gpu = None
     for item in items:
+        if skip_slow is not None and "slow" in item.keywords:
+            item.add_marker(skip_slow)
         if "sim" in item.keywords and not SIMULATOR:
             item.add_marker(skip_sim)
         if "gpu" in item.keywords:

@@ -4,7 +4,7 @@ Every convolution compiles a numba kernel per shape (seconds each, cached for th
 tests share shapes: batch 2, width 4, and inputs chosen so that each model's layer1 (or first VGG stage)
 sees 32x32 maps.  ResNet-34 then reuses all of ResNet-18's kernels, the ImageNet stem adds one
 convolution, and VGG-16 four: ~47 kernels, about two minutes on 2 cores with a cold kernel cache.
-Those tests are marked slow (deselect with -m "not slow"); the rest of the file takes seconds."""
+Those tests are marked slow (run with KERNELGEN_SLOW_TESTS=1); the rest of the file takes seconds."""
 import numpy as np
 import pytest
 
