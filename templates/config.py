@@ -10,7 +10,8 @@ class TileConfig:
 
     split_k > 1 splits the reduction over extra blocks that add into a zeroed output with atomics
     (CUDA only: it trades a little atomic traffic for enough blocks when M x N is small, as in
-    backward-weight).  smem_pad pads shared rows to break bank conflicts.
+    backward-weight).  smem_pad pads shared rows to break bank conflicts.  states is the Winograd
+    state count alpha (0: the variant's choice; other variants ignore it).
     """
     BM: int = 64
     BN: int = 64
@@ -20,6 +21,7 @@ class TileConfig:
     split_k: int = 1
     smem_pad: int = 0
     stages: int = 1
+    states: int = 0
 
     @property
     def threads(self):
@@ -47,6 +49,8 @@ class TileConfig:
             s += f"_PAD{self.smem_pad}"
         if self.stages > 1:
             s += f"_S{self.stages}"
+        if self.states:
+            s += f"_A{self.states}"
         return s
 
 
