@@ -9,13 +9,16 @@ with the 180-degree rotated, channel-transposed filter, read in place (padding S
 """
 from __future__ import annotations
 
+import os
+
 from .config import TileConfig
 from .winograd_tiled import build_tiled, conv_geometry, shared_bytes
 from .winograd_transforms import STATES, supported
 
 NAME = "winograd"
 DIRECTIONS = ("fwd", "bwd_data")
-ALLOW_16_STATES = False          # 16-state kernels are ~1e-4 relative in fp32: opt in
+# 16-state kernels are ~1e-4 relative in fp32: opt in (here, or KERNELGEN_WINOGRAD_16=1 for a whole run)
+ALLOW_16_STATES = os.environ.get("KERNELGEN_WINOGRAD_16") == "1"
 ENABLED_STATES = {4: True, 8: True, 16: True}
 
 
@@ -71,38 +74,66 @@ def config_ok(p, cfg):
 
 
 # CUDA tiles per state count (BM tiles, BN channels, BK, TM, TN): 256 threads, alpha*TM*TN = 64
-# accumulators, so a thread stays well under 128 registers (no spills, 2 blocks per SM).
-CUDA_TILES = {
-    4: [(64, 64, 8, 4, 4), (32, 64, 8, 2, 4), (64, 32, 8, 4, 2), (128, 32, 8, 8, 2), (32, 32, 8, 2, 2)],
-    8: [(32, 64, 8, 2, 4), (64, 32, 8, 4, 2), (32, 32, 8, 2, 2), (64, 64, 8, 4, 2), (32, 64, 4, 2, 4)],
-    16: [(32, 32, 4, 2, 2), (16, 32, 4, 1, 2), (32, 16, 4, 2, 1), (32, 32, 8, 2, 2)],
+# accumulators, so a thread stays within 128 registers (no spills, 2 blocks per SM).  Per state and
+# channel step a warp (16 tx x 2 ty) reads TM floats of V (2 distinct rows: broadcast) and TN of U
+# (16 distinct): for 8 states 4 x 2 needs 2 shared wavefronts per 8 FMAs, 2 x 4 needs 3 - shared
+# bandwidth would bound it - so the 8-state default is 64 tiles x 32 channels.
+CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident blocks per SM at 128 registers)
+    4: {(64, 64, 8, 4, 4): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (64, 32, 8, 4, 2): (0.85, 2),
+        (128, 32, 8, 8, 2): (0.85, 2), (32, 32, 8, 2, 2): (0.6, 4)},
+    8: {(64, 32, 8, 4, 2): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (32, 32, 8, 2, 2): (0.65, 4),
+        (64, 64, 8, 4, 2): (0.95, 1), (64, 32, 4, 4, 2): (0.9, 2)},
+    16: {(32, 32, 4, 2, 2): (1.0, 2), (16, 32, 4, 1, 2): (0.7, 4), (32, 16, 4, 2, 1): (0.7, 4),
+         (32, 32, 8, 2, 2): (1.0, 2)},
 }
+SM_COUNT = 132
 CPU_TILE = (8, 8, 4, 2, 2)  # small: CPU compile time, and channel counts of tests
+# Cost per state count beyond its multiplies (transforms ~ nnz(BT) / (alpha BN), smaller register
+# tiles): a guess until the tuner measures it.
+STATE_OVERHEAD = {4: 1.0, 8: 1.25, 16: 1.6}
+
+
+def auto_states(S):
+    """State counts the CUDA default may pick: the enabled ones, 16 only where nothing else fits
+    (~1e-4 relative error; a config can still name it)."""
+    states = [a for a in STATES if enabled(a, S)]
+    return [a for a in states if a != 16] or states
+
+
+def model_time(p, alpha, tile):
+    """Modeled time: blocks per SM x work per block (BM x BN x alpha products per channel step) x
+    STATE_OVERHEAD / (efficiency x latency hiding of the blocks resident together).  A small grid
+    wants a smaller tile (128 blocks of 64 x 64: one per SM, none to hide latency); the last width
+    tile's waste is in M."""
+    bm, bn = tile[0], tile[1]
+    eff, per_sm = CUDA_TILES[alpha][tile]
+    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
+    M = p.N * OD * OH * -(-OW // (alpha - p.filter_size[2] + 1))
+    blocks = -(-M // bm) * -(-kout // bn) * p.groups
+    per_sm_run = -(-blocks // SM_COUNT)  # blocks one SM works through (as templates.estimated_cost)
+    hiding = {1: 0.8, 2: 1.0}.get(min(per_sm_run, per_sm), 1.05)
+    return per_sm_run * bm * bn * alpha * STATE_OVERHEAD[alpha] / (eff * hiding)
 
 
 def default_config(p, backend):
-    """The first listed tile of the auto state count: padded shared rows (the transposed V/U stores
-    from channel-fastest threads would otherwise hit one bank 8 ways), narrower when Kout is small."""
-    alpha = choose_states(p.filter_size[2])
-    if alpha is None:
+    """CPU: a small tile, states by choose_states.  CUDA: the (state count, tile) of least
+    model_time, shared rows padded (the transposed V/U stores from channel-fastest threads would
+    otherwise hit one bank 8 ways)."""
+    if choose_states(p.filter_size[2]) is None:
         raise ValueError(f"winograd: no enabled state count for {p.key()}")
     if backend != "cuda":
         return TileConfig(*CPU_TILE)
-    kout = conv_geometry(p)[5]
-    tiles = CUDA_TILES[alpha]
-    if kout <= 32:
-        tiles = [t for t in tiles if t[1] == 32] + tiles
-    for t in tiles:
-        cfg = TileConfig(*t, smem_pad=4, states=alpha)
-        if config_ok(p, cfg):
-            return cfg
-    raise ValueError(f"winograd: no CUDA tile fits {p.key()}")
+    cands = [c for c in candidate_configs(p, auto_states(p.filter_size[2])) if c.smem_pad]
+    if not cands:
+        raise ValueError(f"winograd: no CUDA tile fits {p.key()}")
+    return cands[0]
 
 
-def candidate_configs(p):
-    """What the tuner tries: every enabled state count for the width x its tiles x shared padding."""
+def candidate_configs(p, states=None):
+    """What the tuner tries, cheapest under model_time first: every enabled state count for the width
+    x its tiles x shared padding."""
     out = []
-    for alpha in STATES:
+    for alpha in states or STATES:
         if not enabled(alpha, p.filter_size[2]):
             continue
         for t in CUDA_TILES[alpha]:
@@ -110,7 +141,8 @@ def candidate_configs(p):
                 cfg = TileConfig(*t, smem_pad=pad, states=alpha)
                 if config_ok(p, cfg):
                     out.append(cfg)
-    return out
+    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.smem_pad == 0)
+    return sorted(out, key=key)
 
 
 def build(p, cfg: TileConfig, alpha=None):

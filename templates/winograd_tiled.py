@@ -104,89 +104,83 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     def guarded(stmts, in_tile, total):
         return list(stmts) if total % NT == 0 else [If(in_tile, tuple(stmts))]
 
+    # Loops over pairs, states and register-tile entries are `unroll` loops: straight-line code with
+    # constant register indices on CUDA, compact loops on the CPU (whose compile time grows with size).
+    ev, eu, av, sv, iv_, jv = Var("e"), Var("eu"), Var("a"), Var("s"), Var("i"), Var("j")
+    unroll = lambda var, extent, stmts: For(var, extent, tuple(stmts), "unroll")
+
     # --- prologue: invariants, zero accumulators -------------------------------------------------
-    prologue = [Comment("per-thread invariants: the window corner of each gathered tile")]
-    for e in range(EV):
-        _, row, _ = v_pair(e)
-        m = m0 + row
-        orow, tw = m // TW, m % TW
-        oh, rest = orow % OH, orow // OH
-        od, nb = rest % OD, rest // OD
-        corner = [od - pads[0], oh - pads[1], tw * n - pads[2]]
-        prologue += [iv["d"].store(e, corner[0]), iv["h"].store(e, corner[1]), iv["w"].store(e, corner[2]),
-                     iv["base"].store(e, _lin((nb, p.N), (corner[0], ID), (corner[1], IH), (corner[2], IW)) * CS
-                                      + g * Cin)]
+    _, row, _ = v_pair(ev)
+    m = m0 + row
+    orow, tw = m // TW, m % TW
+    oh, rest = orow % OH, orow // OH
+    od, nb = rest % OD, rest // OD
+    corner = [od - pads[0], oh - pads[1], tw * n - pads[2]]
     TRS = T * R * S
-    for e in range(EU):
-        _, col, _ = u_pair(e)
-        kk = n0 + col
-        prologue.append(iu.store(e, (g * Cin * TRS * p.Cg + kk) if bwd else (g * Kout + kk) * TRS * p.Cg))
-    prologue += [acc.store((a, i, j), Const(0.0)) for a in range(alpha) for i in range(TM) for j in range(TN)]
+    _, col, _ = u_pair(eu)
+    prologue = [Comment("per-thread invariants: the window corner of each gathered tile"),
+                unroll("e", EV, [iv["d"].store(ev, corner[0]), iv["h"].store(ev, corner[1]),
+                                 iv["w"].store(ev, corner[2]),
+                                 iv["base"].store(ev, _lin((nb, p.N), (corner[0], ID), (corner[1], IH),
+                                                           (corner[2], IW)) * CS + g * Cin)]),
+                unroll("eu", EU, [iu.store(eu, (g * Cin * TRS * p.Cg + n0 + col) if bwd
+                                           else (g * Kout + n0 + col) * TRS * p.Cg)]),
+                unroll("a", alpha, [unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), Const(0.0))])])])]
 
     # --- gather + transform one reduction step into shared memory ---------------------------------
     need_lo = [pads[0] > 0, pads[1] > 0, pads[2] > 0]
     # the last width tile may read past the row when OW is not a multiple of n
     need_hi = [pads[0] > 0, pads[1] > 0, (TW - 1) * n + alpha - 1 - pads[2] > IW - 1]
     stage = [Comment(f"V = BT d: {alpha} input items per (tile, channel); U = G g per (channel, k)")]
-    for e in range(EV):
-        c, row, in_tile = v_pair(e)
-        ch = cb * BK + c
-        rd, rh, rw = iv["d"][e] + t, iv["h"][e] + r, iv["w"][e]
-        row_ok = [x >= 0 for x, nd in zip((rd, rh), need_lo[:2]) if nd] + \
-                 [x < size for x, size, nd in zip((rd, rh), (ID, IH), need_hi[:2]) if nd]
-        row_ok += [m0 + row < M] if M % BM else []
-        row_ok += [ch < Cin] if Cin % BK else []
-        body = []
-        for a in range(alpha):
-            ok = row_ok + ([rw + a >= 0] if need_lo[2] else []) + ([rw + a < IW] if need_hi[2] else [])
-            addr = iv["base"][e] + ((t * IH + r) * IW + a) * CS + ch
-            body.append(d.store(a, select(all_of(ok), _load(src, addr), Const(0.0))))
-        body += [V.store((a, c, row), _combo(BT[a], [d[j] for j in range(alpha)])) for a in range(alpha)]
-        stage += guarded(body, in_tile, BM * BK)
-    for e in range(EU):
-        c, col, in_tile = u_pair(e)
-        ch = cb * BK + c
-        ok = ([n0 + col < Kout] if Kout % BN else []) + ([ch < Cin] if Cin % BK else [])
-        body = []
-        for s in range(S):
-            if bwd:  # w[g*Cin + ch, T-1-t, R-1-r, S-1-s, k]: rotated, channel-transposed, in place
-                waddr = iu[e] + (((ch * T + (T - 1) - t) * R + (R - 1) - r) * S + (S - 1 - s)) * p.Cg
-            else:    # w[g*Kout + k, t, r, s, ch]
-                waddr = iu[e] + ((t * R + r) * S + s) * p.Cg + ch
-            body.append(gw.store(s, select(all_of(ok), _load("w", waddr), Const(0.0))))
-        body += [U.store((a, c, col), _combo(G[a], [gw[s] for s in range(S)])) for a in range(alpha)]
-        stage += guarded(body, in_tile, BK * BN)
+    c, row, in_tile = v_pair(ev)
+    ch = cb * BK + c
+    rd, rh, rw = iv["d"][ev] + t, iv["h"][ev] + r, iv["w"][ev]
+    row_ok = [x >= 0 for x, nd in zip((rd, rh), need_lo[:2]) if nd] + \
+             [x < size for x, size, nd in zip((rd, rh), (ID, IH), need_hi[:2]) if nd]
+    row_ok += [m0 + row < M] if M % BM else []
+    row_ok += [ch < Cin] if Cin % BK else []
+    ok = row_ok + ([rw + av >= 0] if need_lo[2] else []) + ([rw + av < IW] if need_hi[2] else [])
+    addr = iv["base"][ev] + ((t * IH + r) * IW + av) * CS + ch
+    body = [unroll("a", alpha, [d.store(av, select(all_of(ok), _load(src, addr), Const(0.0)))])]
+    body += [V.store((a, c, row), _combo(BT[a], [d[j] for j in range(alpha)])) for a in range(alpha)]
+    stage.append(unroll("e", EV, guarded(body, in_tile, BM * BK)))
+    c, col, in_tile = u_pair(eu)
+    ch = cb * BK + c
+    ok = ([n0 + col < Kout] if Kout % BN else []) + ([ch < Cin] if Cin % BK else [])
+    if bwd:  # w[g*Cin + ch, T-1-t, R-1-r, S-1-s, k]: rotated, channel-transposed, in place
+        waddr = iu[eu] + (((ch * T + (T - 1) - t) * R + (R - 1) - r) * S + (S - 1) - sv) * p.Cg
+    else:    # w[g*Kout + k, t, r, s, ch]
+        waddr = iu[eu] + ((t * R + r) * S + sv) * p.Cg + ch
+    body = [unroll("s", S, [gw.store(sv, select(all_of(ok), _load("w", waddr), Const(0.0)))])]
+    body += [U.store((a, c, col), _combo(G[a], [gw[s] for s in range(S)])) for a in range(alpha)]
+    stage.append(unroll("eu", EU, guarded(body, in_tile, BK * BN)))
 
     # --- alpha register-tiled outer products per channel of the chunk -----------------------------
     ty, tx = Var("ty"), Var("tx")
     thread_xy = [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
                  *[_assign("ty", tid // (BN // TN)), _assign("tx", tid % (BN // TN))]]
     kc = Var("kc")
-    products = []
-    for a in range(alpha):
-        products += [vf.store(i, V[a, kc, ty * TM + i]) for i in range(TM)]
-        products += [uf.store(j, U[a, kc, tx * TN + j]) for j in range(TN)]
-        products += [acc.store((a, i, j), vf[i] * uf[j], accumulate=True) for i in range(TM) for j in range(TN)]
-    compute = thread_xy + [For("kc", BK, tuple(products), "unroll")]
+    products = [unroll("i", TM, [vf.store(iv_, V[av, kc, ty * TM + iv_])]),
+                unroll("j", TN, [uf.store(jv, U[av, kc, tx * TN + jv])]),
+                unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), vf[iv_] * uf[jv], accumulate=True)])])]
+    compute = thread_xy + [unroll("kc", BK, [unroll("a", alpha, products)])]
 
     # --- epilogue: y = AT M per (tile, channel), n outputs, trimmed at the row end ------------------
-    epilogue = list(thread_xy)
-    for i in range(TM):
-        m = m0 + ty * TM + i
-        orow, tw = m // TW, m % TW
-        for j in range(TN):
-            kk = n0 + tx * TN + j
-            kch = g * Kout + kk
-            guard = ([m < M] if M % BM else []) + ([kk < Kout] if Kout % BN else [])
-            stores = []
-            for o in range(n):
-                ow = tw * n + o
-                value = _combo(AT[o], [acc[a, i, j] for a in range(alpha)])
-                if not bwd:
-                    value = epilogue_value(p, value, kch)
-                st = _store(dst, (orow * OW + ow) * KS + kch, value)
-                stores.append(If(ow < OW, (st,)) if OW % n else st)
-            epilogue += [If(all_of(guard), tuple(stores))] if guard else stores
+    m = m0 + ty * TM + iv_
+    orow, tw = m // TW, m % TW
+    kk = n0 + tx * TN + jv
+    kch = g * Kout + kk
+    guard = ([m < M] if M % BM else []) + ([kk < Kout] if Kout % BN else [])
+    stores = []
+    for o in range(n):
+        ow = tw * n + o
+        value = _combo(AT[o], [acc[a, iv_, jv] for a in range(alpha)])
+        if not bwd:
+            value = epilogue_value(p, value, kch)
+        st = _store(dst, (orow * OW + ow) * KS + kch, value)
+        stores.append(If(ow < OW, (st,)) if OW % n else st)
+    stores = [If(all_of(guard), tuple(stores))] if guard else stores
+    epilogue = list(thread_xy) + [unroll("i", TM, [unroll("j", TN, stores)])]
 
     step = (For("tid", NT, tuple(stage), "thread"), Barrier(), For("tid", NT, tuple(compute), "thread"), Barrier())
     kloop = For("t", T, (For("r", R, (For("cb", nkc, step, "serial"),), "serial"),), "serial")

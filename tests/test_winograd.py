@@ -197,14 +197,14 @@ def test_configs(monkeypatch):
     memory; config_ok rejects what the schedule does not implement or the settings forbid."""
     from kernelgen.templates import default_config
     from kernelgen.tuning.tuner import candidates as tune_candidates
-    for S, alpha in ((2, 4), (3, 4), (5, 8), (7, 8)):
-        p = make_problem("fwd", (32, 28, 28, 64), (64, S, S, 64), padding=S // 2)
+    for S, width, alpha in ((3, 7, 4), (3, 28, 8), (5, 28, 8), (7, 28, 8)):  # F(6,3) wastes 5 of 12 at 7
+        p = make_problem("fwd", (32, width, width, 64), (64, S, S, 64), padding=S // 2)
         cfg = default_config(p, "cuda", winograd)
-        assert cfg.states == alpha and alpha * cfg.TM * cfg.TN == 64 and cfg.threads == 256, cfg
+        assert cfg.states == alpha and alpha * cfg.TM * cfg.TN <= 64 and cfg.threads <= 512, cfg
         assert default_config(p, "cpu", winograd) == CPU_CFG
         cands = tune_candidates(p, ["winograd"])
         assert cands and all(v == "winograd" and winograd.config_ok(p, c) for v, c in cands)
-        assert any(c.states == 8 for _, c in cands)  # 3x3 also tries F(6,3)
+        assert {c.states for _, c in cands} == ({4, 8} if S == 3 else {8})  # 3x3 tries F(2,3) and F(6,3)
         assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, stages=2, states=alpha))
         assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=2, states=alpha))
     p = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), padding=1)
@@ -266,3 +266,49 @@ def test_ptx_has_no_local_memory(tmp_path):
     assert len(rows) == 4, res.stdout + res.stderr
     assert all(r["local_bytes"] == 0 and r["spill_stores"] == 0 and r["registers"] <= 128 for r in rows), rows
     assert res.returncode == 0, res.stdout
+
+
+# --- real GPU: one table shape per filter width, default CUDA configs (scripts/gpu_run.sh tests) ---
+GPU_LAYERS = ["r50_3x3_28", "r18_c512_4", "c5x5_28", "c7x7_28", "c9x9_28"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("name", GPU_LAYERS)
+def test_gpu_table_shapes(name, direction, rng, monkeypatch):
+    from numba import cuda
+    from kernelgen.api import make_plan
+    from kernelgen.tuning.shapes import load_table
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)  # the 9x9 layer needs 16 states
+    layer = next(l for l in load_table("winograd")[1] if l.name == name)
+    p = layer.problem(direction)
+    cfg = make_plan(p, "cuda", "winograd").config
+    assert cfg == winograd.default_config(p, "cuda") and cfg.states
+    x_shape, w_shape, kw = layer.shapes()
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    pad = kw["padding"]
+    if direction == "fwd":
+        x, b = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(p.K).astype(np.float32)
+        got = kernelgen.conv(cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), padding=pad, algo="winograd")
+        want = R.conv_forward(x, w, b, padding=pad)
+    else:
+        dy = rng.standard_normal(p.y_shape).astype(np.float32)
+        got = kernelgen.conv_backward_data(cuda.to_device(dy), cuda.to_device(w), x_shape, padding=pad,
+                                           algo="winograd")
+        want = R.conv_backward_data(dy, w, x_shape, padding=pad)
+    got = np.asarray(got.copy_to_host() if hasattr(got, "copy_to_host") else got.cpu().numpy())
+    assert not np.isnan(got).any()
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert rel <= (1e-3 if cfg.states == 16 else 1e-4), (cfg, rel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("states", [4, 8])
+def test_gpu_every_output_written_ragged(states, rng):
+    """NaN-poisoned output; tiles, channels and widths ragged against the default tile."""
+    got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True,
+                      cfg=TileConfig(*winograd.CUDA_TILES[states][0], smem_pad=4, states=states), backend="cuda")
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
+    got, want = _case(rng, states, 3, "bwd_data", dtype=np.float32, H=9, C=37, K=45,
+                      cfg=TileConfig(*winograd.CUDA_TILES[states][0], smem_pad=4, states=states), backend="cuda")
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
