@@ -248,7 +248,7 @@ def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
 
 def test_ptx_has_no_local_memory(tmp_path):
     """The default CUDA configs of a 3x3 and a 7x7 table layer compile to sm_90 with no local memory
-    and no spills (needs numba's NVVM and ptxas; scripts/ptx_check.py reports every table shape)."""
+    and no spills (needs numba's NVVM and ptxas; scripts/ptxas_report.py reports every table shape)."""
     import json
     import os
     import shutil
@@ -258,7 +258,7 @@ def test_ptx_has_no_local_memory(tmp_path):
         pytest.skip("ptxas not on PATH")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "ptx.json"
-    res = subprocess.run([sys.executable, os.path.join(root, "scripts", "ptx_check.py"), "--only",
+    res = subprocess.run([sys.executable, os.path.join(root, "scripts", "ptxas_report.py"), "--only",
                           "r50_3x3_14,c7x7_28", "--json", str(out)], capture_output=True, text=True)
     if not out.exists() and ("NVVM" in res.stderr or "libnvvm" in res.stderr):
         pytest.skip("no NVVM on this machine")

@@ -3,9 +3,9 @@
 Renders each problem's kernel (default config of the chosen variant, or --config), compiles it to
 sm_90 PTX with numba (NVVM, no device needed) and runs `ptxas -arch=sm_90 -v` on it.
 
-    python scripts/ptx_check.py                         # winograd table, fwd + bwd_data, winograd
-    python scripts/ptx_check.py --algo implicit_gemm    # same shapes, another variant
-    python scripts/ptx_check.py --table gpu_md --directions fwd --json out.json
+    python scripts/ptxas_report.py                         # winograd table, fwd + bwd_data, winograd
+    python scripts/ptxas_report.py --algo implicit_gemm    # same shapes, another variant
+    python scripts/ptxas_report.py --table gpu_md --directions fwd --json out.json
 
 Exit status 1 when any kernel uses local memory (stack frame) or spills.  The 16-state kernels are
 enabled (ALLOW_16_STATES) so that the table's 9x9 layer is checked too.
