@@ -38,7 +38,7 @@ def _no_nvrtc_needed():
         cuda_paths._get_nvrtc_path = lambda: cuda_paths._env_path_tuple("unavailable", None)
 
 
-def _ptx(source, name, dtype="float32"):
+def _ptx(source, name, dtype="float32", launch_bounds=None):
     from numba import cuda, float32, float64
     _no_nvrtc_needed()
     path = os.path.join(tempfile.mkdtemp(prefix="kg_ptx_"), f"{name}.py")
@@ -48,14 +48,16 @@ def _ptx(source, name, dtype="float32"):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     ty = float64 if dtype == "float64" else float32
-    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(ty[::1] for _ in mod.PARAMS), cc=(9, 0))
+    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(ty[::1] for _ in mod.PARAMS), cc=(9, 0),
+                              launch_bounds=launch_bounds)  # py_func drops the decorator's bounds
     return ptx
 
 
-def ptxas_info(ptx):
+def ptxas_info(ptx, maxrreg=None):
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
-    out = subprocess.run(["ptxas", "-arch=sm_90", "-v", f.name, "-o", os.devnull],
+    cap = [f"-maxrregcount={maxrreg}"] if maxrreg else []
+    out = subprocess.run(["ptxas", "-arch=sm_90", "-v", *cap, f.name, "-o", os.devnull],
                          capture_output=True, text=True, check=True).stderr
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, out)) else 0
     return {"registers": num(r"Used (\d+) registers"), "local_bytes": num(r"(\d+) bytes stack frame"),
@@ -63,7 +65,7 @@ def ptxas_info(ptx):
             "smem_bytes": num(r"(\d+) bytes smem")}
 
 
-def check(problems, algo="winograd", config=None):
+def check(problems, algo="winograd", config=None, maxrreg=None):
     """problems: (direction, x_shape, w_shape, padding) tuples or ConvProblems -> one row each."""
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
@@ -75,9 +77,9 @@ def check(problems, algo="winograd", config=None):
         p = spec if not isinstance(spec, tuple) else make_problem(spec[0], spec[1], spec[2], padding=spec[3])
         plan = make_plan(p, "cuda", algo, config)
         kernel = plan.kernel_ir()
-        ptx = _ptx(render_cuda(kernel, cache=False), f"kg_{kernel.name}", p.dtype)
+        ptx = _ptx(render_cuda(kernel, cache=False), f"kg_{kernel.name}", p.dtype, kernel.meta.get("launch_bounds"))
         rows.append({"problem": p.key(), "variant": plan.variant, "config": str(plan.config),
-                     "threads": kernel.threads, **ptxas_info(ptx)})
+                     "threads": kernel.threads, **ptxas_info(ptx, maxrreg)})
     return rows
 
 
@@ -88,6 +90,7 @@ def main(argv=None):
     ap.add_argument("--directions", default="fwd,bwd_data")
     ap.add_argument("--config", default=None, help="TileConfig fields as JSON, e.g. '{\"BM\": 32, \"states\": 8}'")
     ap.add_argument("--only", default=None, help="comma-separated layer names of the table")
+    ap.add_argument("--maxrreg", type=int, default=None, help="ptxas -maxrregcount: would a cap spill?")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from kernelgen.templates.config import TileConfig
@@ -102,7 +105,7 @@ def main(argv=None):
     rows = []
     for name, p in probs:
         try:
-            row = check([p], args.algo, config)[0]
+            row = check([p], args.algo, config, args.maxrreg)[0]
         except ValueError as e:
             print(f"{name:14} {p.direction:8} skipped: {e}")
             continue

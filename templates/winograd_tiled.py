@@ -197,7 +197,10 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
                    f"[{M} tiles x {Kout}] reduced over {T * R} filter rows x {Cin} channels",
             "config": str(cfg), "zero_output": False,
             "work": p.N * OD * OH * OW * Kout * p.groups * TRS * Cin,  # direct-conv MACs (the FLOP count reported)
-            "gemm_macs": alpha * M * Kout * p.groups * T * R * Cin}
+            "gemm_macs": alpha * M * Kout * p.groups * T * R * Cin,
+            # two blocks per SM: NVVM otherwise takes ~145 registers for the 8-state 3x3 kernels (one
+            # block per SM); ptxas fits them in 128 with no spills (scripts/ptxas_report.py --maxrreg)
+            "launch_bounds": (NT, max(1, min(2, 65536 // (128 * NT))))}
     return Kernel(f"winograd_{p.direction}_a{alpha}_s{S}", tuple(params), locals_, body, grid, NT, meta)
 
 
