@@ -18,6 +18,37 @@ from .render_cuda import render_cuda
 
 BACKENDS = ("cuda", "cpu")
 
+# --- precision: the caller's choice, never silent ----------------------------------------------------
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+SUPPORTED_PRECISIONS = ("fp32", "tf32")  # fp16 / bf16 tensor-core paths: not yet
+_precision = "fp32"
+
+
+def check_precision(precision, name="precision"):
+    if precision not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in SUPPORTED_PRECISIONS:
+        raise ValueError(f"{name}={precision!r} is not yet supported (supported: {SUPPORTED_PRECISIONS})")
+    return precision
+
+
+def set_precision(precision):
+    """The default precision of every later call that passes no precision= (like PyTorch's
+    allow_tf32): "fp32" (the default) or "tf32" (tensor cores: operands rounded to 10 mantissa bits,
+    fp32 accumulation; about 1e-4 relative error).  Returns the previous setting."""
+    global _precision
+    old, _precision = _precision, check_precision(precision)
+    return old
+
+
+def get_precision():
+    return _precision
+
+
+def resolve_precision(precision):
+    """A call's precision: its own argument, else the global setting."""
+    return _precision if precision is None else check_precision(precision)
+
 
 @functools.lru_cache(maxsize=None)
 def gpu_present() -> bool:
@@ -72,6 +103,15 @@ class Plan:
     variant: str
     config: object
     backend: str
+    precision: str | None = None  # None: the variant's own (fp32, or tf32 for a tensor-core variant)
+
+    def __post_init__(self):
+        from .templates import get_variant
+        own = getattr(get_variant(self.variant), "PRECISIONS", ("fp32",))
+        if self.precision is None:
+            object.__setattr__(self, "precision", own[0])
+        elif self.precision not in own:
+            raise ValueError(f"variant {self.variant!r} computes in {own}, not precision={self.precision!r}")
 
     def key(self):
         from .templates import get_variant
@@ -79,7 +119,7 @@ class Plan:
         from .render_cuda import index32_enabled
         options = ("index32", index32_enabled()) if self.backend == "cuda" else ()  # what the renderer reads
         return (self.problem, self.variant, self.config, self.backend, device_key(self.backend),
-                extra(self.problem) if extra else None) + options
+                extra(self.problem) if extra else None, self.precision) + options
 
     def kernel_ir(self):
         from .templates import get_variant
@@ -90,12 +130,37 @@ class Plan:
         return render_cuda(k) if self.backend == "cuda" else render_cpu(k)
 
 
-def make_plan(problem, backend, algo=None, config=None) -> Plan:
+def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
+    from .templates import implicit_gemm, implicit_gemm_tc
+    if algo not in (None, implicit_gemm.NAME, implicit_gemm_tc.NAME):
+        raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
+                         f"algo={algo!r}")
+    if not implicit_gemm_tc.applies(problem):
+        raise ValueError(f"precision={precision!r} needs float32 tensors, got {problem.dtype}")
+    if config is None:
+        config = implicit_gemm_tc.default_config(problem, backend)
+    if not config.tensor_core:
+        raise ValueError(f"config must be a tensor-core TileConfig (WM, WN > 0) for precision={precision!r}, "
+                         f"got {config}")
+    config.validate()
+    if backend != "cuda" and config.split_k > 1:
+        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
+    return Plan(problem, implicit_gemm_tc.NAME, config, backend, precision)
+
+
+def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
+    """precision: "fp32" (the fp32 variants) or "tf32" (the tensor-core implicit GEMM); never the global
+    setting here: the API functions resolve that."""
     from .templates import candidates, default_config, get_variant
+    if check_precision(precision) != "fp32":
+        return _tensor_core_plan(problem, backend, algo, config, precision)
     if algo is not None:
         variant = get_variant(algo)
         if problem.direction not in variant.DIRECTIONS or not variant.applies(problem):
             raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
+        if getattr(variant, "PRECISIONS", ("fp32",)) != ("fp32",):
+            raise ValueError(f"algo {algo!r} computes in {variant.PRECISIONS[0]}: ask for it with "
+                             f"precision={variant.PRECISIONS[0]!r}")
     else:
         variant = candidates(problem)[0]
         if config is None and backend == "cuda":
@@ -150,28 +215,42 @@ def _array_sig(a):
     return None if a is None else (type(a), tuple(a.shape), a.dtype) if hasattr(a, "shape") else (type(a), id(a))
 
 
-def _prepare(sig, build, algo, config=None) -> Prepared:
+def _settings_token():
+    from .templates import settings_token  # imported here: templates import this package
+    global _settings_token
+    _settings_token = settings_token      # every later call goes straight to it
+    return settings_token()
+
+
+def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
     """The memoised front half of every op: `build()` validates arguments and returns (problem,
-    backend); it runs only on the first call with this signature."""
-    from .templates import settings_token
-    key = sig + (algo, config, settings_token())
+    backend); it runs only on the first call with this signature.  precision: the call's argument
+    (None: the global setting), resolved on every call so that set_precision() takes effect."""
+    key = sig + (algo, config, _settings_token(), _precision if precision is None else check_precision(precision))
+    precision = key[-1]
     try:
         hit = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a list for padding, say): validate every time
         key, hit = None, None
     if hit is None:
         problem, backend = build()
-        plan = make_plan(problem, backend, algo, config)
+        plan = make_plan(problem, backend, algo, config, precision)
         hit = Prepared(problem, plan)
         if key is not None:
             _PREPARED[key] = hit
     return hit
 
 
+def _run_cuda(*args):
+    from .runtime.cuda_call import run_cuda
+    global _run_cuda
+    _run_cuda = run_cuda
+    return run_cuda(*args)
+
+
 def _run(prep: Prepared, inputs: dict, template, stream=None, out=None):
     if prep.backend == "cuda":
-        from .runtime.cuda_call import run_cuda
-        return run_cuda(prep, inputs, template, stream, out)
+        return _run_cuda(prep, inputs, template, stream, out)
     if stream is not None:
         raise ValueError(f"stream must be None on the cpu backend, got {stream!r}")
     problem, launcher = prep.problem, prep.launcher
@@ -190,12 +269,14 @@ def _check_bias(bias, channels, name="bias"):
 
 
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
-         stream=None, out=None):
+         stream=None, out=None, precision=None):
     """Convolution (cross-correlation, as in PyTorch) in channels-last layout.
 
     x: (N, *spatial, C) with 1-3 spatial dims; w: (K, *filter, C // groups); bias: (K,) or None.
     Returns y: (N, *out, K), a NumPy array for NumPy inputs, a CUDA array for CUDA inputs (written
     into `out` when given).  `stream`: a numba/torch/CuPy CUDA stream to run on (default stream if None).
+    `precision`: "fp32" or "tf32" (tensor cores; "fp16"/"bf16" not yet); None: kernelgen.set_precision's
+    setting, "fp32" unless changed.
     """
     def build():
         be = resolve_backend(backend, x, w, bias)
@@ -205,7 +286,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=
         _check_bias(bias, p.K)
         return p, be
     sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups, backend)
-    prep = _prepare(sig, build, algo)
+    prep = _prepare(sig, build, algo, precision=precision)
     inputs = {"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}
     return _run(prep, inputs, x, stream, out)
 
@@ -217,7 +298,7 @@ def _shape_arg(name, shape):
 
 
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
-                       stream=None, out=None):
+                       stream=None, out=None, precision=None):
     """Gradient of conv with respect to x: dx of shape x_shape from dy (N, *out, K) and w."""
     def build():
         be = resolve_backend(backend, dy, w)
@@ -226,11 +307,11 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
                          padding=padding, dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
         return p, be
     sig = ("bwd_data", _array_sig(dy), _array_sig(w), x_shape, stride, padding, dilation, groups, backend)
-    return _run(_prepare(sig, build, algo), {"dy": dy, "w": w}, dy, stream, out)
+    return _run(_prepare(sig, build, algo, precision=precision), {"dy": dy, "w": w}, dy, stream, out)
 
 
 def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
-                         stream=None, out=None):
+                         stream=None, out=None, precision=None):
     """Gradient of conv with respect to w: dw of shape w_shape from x and dy."""
     def build():
         be = resolve_backend(backend, x, dy)
@@ -239,11 +320,11 @@ def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, gro
                          padding=padding, dilation=dilation, groups=groups, dtype=dt, y_shape=arrays.shape_of(dy))
         return p, be
     sig = ("bwd_weight", _array_sig(x), _array_sig(dy), w_shape, stride, padding, dilation, groups, backend)
-    return _run(_prepare(sig, build, algo), {"x": x, "dy": dy}, x, stream, out)
+    return _run(_prepare(sig, build, algo, precision=precision), {"x": x, "dy": dy}, x, stream, out)
 
 
 def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, backend=None,
-           algo=None, stream=None, out=None):
+           algo=None, stream=None, out=None, precision=None):
     """Transposed convolution (PyTorch's conv_transpose semantics), channels-last.
 
     x: (N, *spatial, C_in); w: (C_in, *filter, C_out // groups); bias: (C_out,) or None.
@@ -260,7 +341,7 @@ def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1
         return p, be
     sig = ("deconv", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, output_padding, dilation,
            groups, backend)
-    prep = _prepare(sig, build, algo)
+    prep = _prepare(sig, build, algo, precision=precision)
     dy = x if prep.problem.y_shape == arrays.shape_of(x) else _zero_extend(x, prep.problem.y_shape)
     y = _run(prep, {"dy": dy, "w": w}, x, stream, out)
     if bias is not None:
@@ -302,25 +383,25 @@ class Explanation:
     config: object
     backend: str
     source: str
+    precision: str = "fp32"
 
     def __str__(self):
         return (f"problem : {self.problem.key()}\nvariant : {self.variant}\nconfig  : {self.config}\n"
-                f"backend : {self.backend}\n{'-' * 72}\n{self.source}")
+                f"backend : {self.backend}\nprecision: {self.precision}\n{'-' * 72}\n{self.source}")
 
 
 _OPS = {"conv": "fwd", "conv_backward_data": "bwd_data", "conv_backward_weight": "bwd_weight", "deconv": "bwd_data"}
 
 
-def explain(op, *args, **kwargs) -> Explanation:
-    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
-    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+def _captured_call(op, args, kwargs, allowed):
+    """(prep, inputs, template, stream, out) of `op(*args, **kwargs)`, captured before it would run."""
     name = op if isinstance(op, str) else getattr(op, "__name__", "")
-    if name not in _OPS:
-        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
+    if name not in allowed:
+        raise ValueError(f"op must be one of {sorted(allowed)}, got {op!r}")
     captured = {}
 
     def capture(prep, inputs, template, stream=None, out=None):
-        captured["plan"] = prep.plan
+        captured["call"] = (prep, inputs, template, stream, out)
         return None
 
     global _run
@@ -329,5 +410,25 @@ def explain(op, *args, **kwargs) -> Explanation:
         globals()[name](*args, **kwargs)
     finally:
         _run = real
-    plan = captured["plan"]
-    return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render())
+    return captured["call"]
+
+
+def bind(op, *args, **kwargs):
+    """`op(*args, **kwargs)` on CUDA arrays, run once and bound to its buffers: returns a zero-argument
+    callable that reruns it on whatever those buffers hold now and returns the same output array
+    (`out=` if given, else the one the first run allocated).  Argument checks, planning and pointer
+    extraction happen once, so a call costs one kernel launch from Python (like replaying a CUDA
+    graph).  For conv, conv_backward_data and conv_backward_weight."""
+    prep, inputs, template, stream, out = _captured_call(op, args, kwargs, set(_OPS) - {"deconv"})
+    if prep.backend != "cuda" or not arrays.is_cuda_array(template):
+        raise ValueError(f"bind needs CUDA arrays on the cuda backend, got {type(template).__name__} on "
+                         f"the {prep.backend} backend")
+    from .runtime.cuda_call import bound_call
+    return bound_call(prep, inputs, template, stream, out)
+
+
+def explain(op, *args, **kwargs) -> Explanation:
+    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
+    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+    plan = _captured_call(op, args, kwargs, _OPS)[0].plan
+    return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render(), plan.precision)

@@ -177,6 +177,39 @@ class Comment(Stmt):
     text: str
 
 
+@dataclass(frozen=True)
+class Mma(Stmt):
+    """Warp-level matrix multiply-accumulate on one tile: D[16 x 8] += A[16 x 8] @ B[8 x 8].
+
+    A warp-collective statement: all 32 lanes of a warp execute it together, each contributing the
+    fragment elements it holds and receiving its own four accumulator elements.  `acc` (4 locations,
+    read and written), `a` (4 values) and `b` (2 values) are register-buffer elements (Loads; after
+    register scalarisation, Vars) in the PTX ISA's m16n8k8 fragment layout (kernelgen/mma_layout.py):
+    with g = lane // 4 and t = lane % 4,
+
+        a[r] = A[g + 8 * (r % 2), t + 4 * (r // 2)]      b[r] = B[t + 4 * r, g]
+        acc[r] = D[g + 8 * (r // 2), 2 * t + r % 2]
+
+    dtype "tf32": operands are used as TF32 (rounded to nearest, ties away, to 10 mantissa bits; a
+    template normally rounds them once when staging, Call("tf32", ...), which makes this exact),
+    products are accumulated in float32.  Every lane of the warp must reach the statement, and the
+    fragments of all lanes must be written before it (targets that run the lanes of a warp one after
+    another, the CPU, need the fragment stores in an earlier thread phase than the Mma).
+    """
+    acc: Tuple[Expr, ...]
+    a: Tuple[Expr, ...]
+    b: Tuple[Expr, ...]
+    shape: str = "m16n8k8"
+    dtype: str = "tf32"
+
+    def __post_init__(self):
+        if (self.shape, self.dtype) != ("m16n8k8", "tf32"):
+            raise ValueError(f"Mma: only shape 'm16n8k8' with dtype 'tf32' is implemented, got "
+                             f"{self.shape!r}/{self.dtype!r}")
+        if (len(self.acc), len(self.a), len(self.b)) != (4, 4, 2):
+            raise ValueError("Mma m16n8k8: expected 4 accumulator, 4 A and 2 B fragment elements")
+
+
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
 
@@ -251,6 +284,8 @@ def map_stmt_exprs(s, fn):
     if isinstance(s, If):
         return If(fn(s.cond), tuple(map_stmt_exprs(b, fn) for b in s.body),
                   tuple(map_stmt_exprs(b, fn) for b in s.orelse))
+    if isinstance(s, Mma):
+        return Mma(tuple(map(fn, s.acc)), tuple(map(fn, s.a)), tuple(map(fn, s.b)), s.shape, s.dtype)
     return s
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
-from .ir import (Assign, BinOp, Buffer, Call, Const, Expr, For, If, Kernel, Load, Select, Store, Var,
+from .ir import (Assign, BinOp, Buffer, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var,
                  expr_vars, map_expr, map_stmt_exprs)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -300,6 +300,10 @@ def _assigned(stmts, out=None):
             _assigned(s.body, out)
         elif isinstance(s, If):
             _assigned(s.body, out), _assigned(s.orelse, out)
+        elif isinstance(s, Mma):  # rebinds its accumulator scalars
+            for e in s.acc:
+                if isinstance(e, Var):
+                    out[e.name] = out.get(e.name, 0) + 1
     return out
 
 

@@ -6,11 +6,12 @@ indexed.
 """
 from __future__ import annotations
 
-from .ir import Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Select, Store, Var
+from .ir import Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select, Store, Var
 
 _PY_OPS = {"and": "and", "or": "or"}
 MATH_FNS = {"min": "min", "max": "max", "exp": "math.exp", "tanh": "math.tanh", "sqrt": "math.sqrt",
-            "log": "math.log", "erf": "math.erf"}
+            "log": "math.log", "erf": "math.erf",
+            "tf32": "tf32"}  # round to TF32 (cvt.rna): kernelgen.cuda_mma / kernelgen.cpu_tf32
 
 
 class SourcePrinter:
@@ -22,6 +23,7 @@ class SourcePrinter:
         self.lines: list[str] = []
         self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
         self.thread_var = None  # innermost enclosing thread-loop variable
+        self.uses_tf32 = False  # the module must import the TF32 helpers (set while printing)
 
     # --- expressions -------------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -38,6 +40,7 @@ class SourcePrinter:
             op = _PY_OPS.get(e.op, e.op)
             return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
         if isinstance(e, Call):
+            self.uses_tf32 |= e.fn == "tf32"
             return f"{MATH_FNS[e.fn]}({', '.join(self.expr(a) for a in e.args)})"
         if isinstance(e, Select):
             return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
@@ -53,10 +56,10 @@ class SourcePrinter:
         self.lines.append(self.indent_unit * depth + text)
 
     def stmts(self, stmts, depth):
-        if not stmts:
-            self.emit(depth, "pass")
         for s in stmts:
             self.stmt(s, depth)
+        if all(isinstance(s, Comment) for s in stmts):  # a body that folding emptied (comments only)
+            self.emit(depth, "pass")
 
     def stmt(self, s, depth):
         if isinstance(s, Assign):
@@ -78,8 +81,14 @@ class SourcePrinter:
             self.barrier(depth)
         elif isinstance(s, Comment):
             self.emit(depth, f"# {s.text}")
+        elif isinstance(s, Mma):
+            self.uses_tf32 = True
+            self.mma(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
+
+    def mma(self, s, depth):
+        raise TypeError(f"{type(self).__name__} cannot render a warp-level Mma")
 
     def serial_loop(self, s, depth):
         start = self.expr(s.start) if not isinstance(s.start, int) else str(s.start)

@@ -6,7 +6,8 @@ thread dimension so each simulated thread keeps its own copy across phases.
 """
 from __future__ import annotations
 
-from .ir import Kernel
+from .ir import Kernel, Load
+from .mma_layout import WARP
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 
@@ -19,6 +20,29 @@ class CpuPrinter(SourcePrinter):
                 raise ValueError(f"register buffer {buf!r} used outside a thread loop")
             return f"{self.thread_var}, {idx}"
         return idx
+
+    def mma(self, s, depth):
+        """The warp MMA as plain loops: lane `tid` gathers the A and B elements its four outputs need
+        from the fragment registers of the other lanes of its warp (kernelgen/mma_layout.py), which
+        an earlier thread phase filled, and accumulates their TF32-rounded products in float32."""
+        for e in s.acc + s.a + s.b:
+            if not (isinstance(e, Load) and self.scopes.get(e.buf) == "register"):
+                raise ValueError(f"CPU Mma: fragment elements must be register-buffer elements, got {e!r}")
+        tid = self.thread_var
+        frag = lambda e, lane: f"{e.buf}[_wb + {lane}, {super(CpuPrinter, self).index(e.buf, e.index)}]"
+        self.emit(depth, f"# warp MMA m16n8k8 tf32, emulated per lane: A[row, k] is lane (row % 8) * 4 + k % 4's "
+                         f"a[row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's b[k // 4]")
+        self.emit(depth, f"_wb = {tid} - {tid} % {WARP}")
+        self.emit(depth, f"_g = ({tid} % {WARP}) // 4")
+        self.emit(depth, f"_t = {tid} % 4")
+        for r, acc in enumerate(s.acc):  # acc[r] = D[g + 8 * (r // 2), 2 * t + r % 2]
+            h, col = r // 2, f"(2 * _t + {r % 2})"
+            self.emit(depth, "_s = float32(0.0)")
+            self.emit(depth, "for _k in range(4):")
+            for half in range(2):  # k = _k + 4 * half
+                self.emit(depth + 1, f"_s += tf32({frag(s.a[h + 2 * half], '_g * 4 + _k')}) * "
+                                     f"tf32({frag(s.b[half], col + ' * 4 + _k')})")
+            self.emit(depth, f"{acc.buf}[{self.index(acc.buf, acc.index)}] += _s")
 
     def thread_loop(self, s, depth):
         self.emit(depth, f"for {s.var} in range({self.kernel.threads}):")
@@ -58,7 +82,7 @@ HEADER = """\
 import math
 import numpy as np
 from numba import njit, prange, float32, float64, int32
-_CACHE = {cache}
+{tf32}_CACHE = {cache}
 _PARALLEL = {parallel}
 
 """
@@ -77,4 +101,7 @@ def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = No
             blocks *= g
         parallel = blocks >= PARALLEL_MIN_BLOCKS and kernel.meta.get("work", 0) >= PARALLEL_MIN_WORK
     lowered = lower(kernel, "cpu")
-    return HEADER.format(cache=cache, parallel=parallel) + CpuPrinter(lowered).render()
+    printer = CpuPrinter(lowered)
+    body = printer.render()
+    tf32 = "from kernelgen.cpu_tf32 import tf32\n" if printer.uses_tf32 else ""
+    return HEADER.format(cache=cache, parallel=parallel, tf32=tf32) + body

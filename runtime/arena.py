@@ -169,38 +169,53 @@ def _context():
     return ctx
 
 
-_PROTOTYPES = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape, for cheap clones
+_PROTOTYPES = {}  # (shape, dtype) -> (bytes, attributes of a DeviceNDArray of that shape), for cheap clones
+_NUMBA = None     # (devicearray, driver) modules, imported on the first allocation
+
+
+def _make_prototype(shape, dtype, mem):
+    import numpy as np
+    from numba.cuda.cudadrv import devicearray
+    dtype = np.dtype(dtype)
+    strides, acc = [], dtype.itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    arr = devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=mem)
+    return {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
 
 
 def device_empty(shape, dtype, stream=None):
     """A C-contiguous device array whose memory comes from the pool and goes back to it (on the
     same stream) when its memory pointer - shared by every view of it - is collected.  The simulator
-    allocates plainly."""
-    import math
-
-    import numpy as np
-    from numba import cuda
+    allocates plainly.  This runs on every call that returns a new array, so everything that depends
+    only on (shape, dtype) is computed once."""
+    global _NUMBA
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        from numba import cuda
         return cuda.device_array(shape, dtype=dtype)
-    from numba.cuda.cudadrv import devicearray, driver
-    dtype = np.dtype(dtype)
-    nbytes = max(1, math.prod(shape) * dtype.itemsize)
+    if _NUMBA is None:
+        from numba.cuda.cudadrv import devicearray, driver
+        _NUMBA = devicearray, driver
+    devicearray, driver = _NUMBA
+    proto = _PROTOTYPES.get((shape, dtype))
+    if proto is None:
+        import math
+
+        import numpy as np
+        nbytes = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
+    else:
+        nbytes = proto[0]
+    ctx = _context()  # before the raw cuMemAlloc: it needs a current context (the process's first CUDA call)
     pool = device_pool()
     block = pool.alloc(nbytes, _stream_key(stream))
-    mem = driver.MemoryPointer(_context(), block.handle, nbytes, finalizer=lambda: pool.free(block))
-    proto = _PROTOTYPES.get((shape, dtype))
+    mem = driver.MemoryPointer(ctx, block.handle, nbytes, finalizer=lambda: pool.free(block))
     if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
-        strides, acc = [], dtype.itemsize
-        for n in reversed(shape):
-            strides.append(acc)
-            acc *= n
-        arr = devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=mem)
-        _PROTOTYPES[(shape, dtype)] = {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
-    else:
-        arr = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
-        arr.__dict__.update(proto)
-        arr.gpu_data = mem
+        proto = _PROTOTYPES[(shape, dtype)] = (nbytes, _make_prototype(shape, dtype, mem))
+    arr = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
+    arr.__dict__.update(proto[1])
+    arr.gpu_data = mem
     arr.stream = stream or 0
     return arr
 

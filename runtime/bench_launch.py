@@ -42,6 +42,8 @@ def main(argv=None):
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1), args.calls, cuda.synchronize)))
         rows.append(("kernelgen.conv cuda (numba arrays, out=)",
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1, out=out), args.calls, cuda.synchronize)))
+        bound = kernelgen.bind(kernelgen.conv, dx, dw, padding=1, out=out)
+        rows.append(("kernelgen.bind(conv, ...)() (numba arrays)", per_call_us(bound, args.calls, cuda.synchronize)))
         from kernelgen import api
         prep = [p for p in api._PREPARED.values() if p.problem.x_shape == x.shape][-1]
         ptrs = [(int(a.device_ctypes_pointer.value), a.size) for a in (dx, dw, out)]
@@ -63,6 +65,9 @@ def main(argv=None):
                     lambda: kernelgen.conv(tx, tw, padding=1), args.calls, torch.cuda.synchronize)))
                 rows.append(("kernelgen.conv cuda (torch tensors, out=)", per_call_us(
                     lambda: kernelgen.conv(tx, tw, padding=1, out=tout), args.calls, torch.cuda.synchronize)))
+                tbound = kernelgen.bind(kernelgen.conv, tx, tw, padding=1, out=tout)
+                rows.append(("kernelgen.bind(conv, ...)() (torch tensors)", per_call_us(
+                    tbound, args.calls, torch.cuda.synchronize)))
                 nx = tx.permute(0, 3, 1, 2)
                 nw = tw.permute(0, 3, 1, 2)
                 rows.append(("torch conv2d cuda (channels_last)", per_call_us(

@@ -14,7 +14,7 @@ import numpy as np
 from kernelgen import arrays
 
 from .arena import device_empty, to_device_staged
-from .launch import as_numba_stream, fill_device
+from .launch import as_numba_stream, fill_device, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):
@@ -85,3 +85,28 @@ def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
     if out is not None or type(result) is type(template):
         return result
     return arrays.like_input(result, template)
+
+
+def bound_call(prep, inputs: dict, template, stream=None, out=None):
+    """kernelgen.bind on the CUDA backend: run once (compiling, allocating the output unless `out`
+    is given), then return a zero-argument callable that relaunches on the same buffers and returns
+    that output.  On a real GPU the relaunch is a prepacked cuLaunchKernel; in the simulator (no raw
+    launches) it is an ordinary call with out=."""
+    result = run_cuda(prep, inputs, template, stream, out)
+    launcher, nstream = prep.launcher, as_numba_stream(stream)
+    if not launcher.fast:
+        def call():
+            return run_cuda(prep, inputs, template, stream, result)
+        return call
+    out_name = launcher.outputs[0]
+    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params]
+    launch = launcher._fast.bound(ptr_sizes, np.dtype(prep.problem.dtype).itemsize, stream_handle(nstream))
+    flat = arrays.to_device_view(result, "out")
+    flat = flat.reshape(flat.size)
+
+    def call():
+        if launcher.zero_output:
+            fill_device(flat, 0, nstream)
+        launch()
+        return result
+    return call

@@ -88,6 +88,24 @@ class _FastLaunch:
         import threading
         return threading.get_ident() == self.thread
 
+    def bound(self, ptr_sizes, itemsize, stream_handle):
+        """A zero-argument launch with these arguments packed once into its own parameter block
+        (kernelgen.bind): a call is the cuLaunchKernel and nothing else."""
+        import ctypes
+        words = (ctypes.c_int64 * len(self.words))()
+        for i, (ptr, n) in enumerate(ptr_sizes):
+            words[7 * i + 2: 7 * i + 7] = [n, itemsize, ptr, n, itemsize]
+        base = ctypes.addressof(words)
+        params = (ctypes.c_void_p * len(words))(*[base + 8 * i for i in range(len(words))])
+        launch, handle, (gx, gy, gz), threads = self.launch, self.handle, self.grid, self.threads
+
+        def call():
+            err = launch(handle, gx, gy, gz, threads, 1, 1, 0, stream_handle, params, None)
+            if err:
+                raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+        call.keep_alive = (words, params)
+        return call
+
     def __call__(self, ptr_sizes, itemsize, stream_handle):
         words = self.words
         i = 0

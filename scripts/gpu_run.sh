@@ -5,6 +5,11 @@
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, wino-sweep,
 #   comma-separated
+#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"), then the demo
+#   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
+#   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
+#   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
+#   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
@@ -18,6 +23,7 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl "$pkg"
   done
+  python3 -m kernelgen train digits --save-data .whl/digits.npz  # the GPU machine has no scikit-learn
   exit 0
 fi
 mode=",${1:-all},"; shift || true
@@ -39,7 +45,8 @@ python3 -c "import numpy, numba, kernelgen; from numba import cuda; print('numpy
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/nvidia-smi.txt"
 if has tests; then
   if [ -d "$REPO/tests" ]; then
-    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests" 2>&1 \
+    files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
       | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
     pack
   fi
@@ -54,6 +61,23 @@ if has runtime; then
     KERNELGEN_CACHE_DIR=/tmp/kg_firstcall python3 -m kernelgen.runtime.bench_firstcall "${BENCH_TABLE:-gpu_md}" \
       --out "$OUT/firstcall_$run.json" 2>&1 | tail -3
   done
+fi
+if has train; then mode="$mode,nn-tests,nn-bench,nn-digits,"; fi
+if has nn-tests && [ -d "$REPO/tests" ]; then
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_nn_gpu.py" 2>&1 \
+      | tee "$OUT/nn-gpu-tests.log" | grep -v "Warning\|warn(\|^$" | tail -25 || true
+  pack
+fi
+if has nn-bench; then
+  timeout "${STEP_TIMEOUT:-420}" python3 -m kernelgen.nn.bench_step --out "$OUT/bench_step.json" ${STEP_ARGS:-} 2>&1 \
+    | tee "$OUT/bench_step.log" | grep -v "Warning\|warn(" || true
+  pack
+fi
+if has nn-digits; then
+  data=(); python3 -c "import sklearn" 2>/dev/null || data=(--data "$REPO/.whl/digits.npz")  # no scikit-learn there
+  timeout "${DIGITS_TIMEOUT:-400}" python3 -m kernelgen train digits --device cuda --min-accuracy 0.97 "${data[@]}" 2>&1 \
+    | tr '\r' '\n' | grep -v "it/s\|s/it\|Warning\|warn(" | tee "$OUT/train_digits_cuda.log" || true
+  pack
 fi
 if has probe; then
   python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning

@@ -4,7 +4,7 @@ A variant module exposes NAME, DIRECTIONS, applies(problem) -> bool and build(pr
 """
 from __future__ import annotations
 
-from . import conv_v2, implicit_gemm, ks_deconv, sk_dilated, winograd
+from . import conv_v2, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
 import math
 
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (CUDA_DEFAULT re-exported)
@@ -14,9 +14,13 @@ from .tiled_gemm import _cdiv
 VARIANTS = {m.NAME: m for m in (ks_deconv, implicit_gemm, conv_v2, sk_dilated, winograd)}
 
 
+# variants that compute in a reduced precision: never candidates, only planned for precision="tf32"
+TENSOR_CORE_VARIANTS = {implicit_gemm_tc.NAME: implicit_gemm_tc}
+
+
 def get_variant(name):
     try:
-        return VARIANTS[name]
+        return VARIANTS[name] if name in VARIANTS else TENSOR_CORE_VARIANTS[name]
     except KeyError:
         raise ValueError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}") from None
 

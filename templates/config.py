@@ -12,6 +12,11 @@ class TileConfig:
     (CUDA only: it trades a little atomic traffic for enough blocks when M x N is small, as in
     backward-weight).  smem_pad pads shared rows to break bank conflicts.  states is the Winograd
     state count alpha (0: the variant's choice; other variants ignore it).
+
+    WM x WN > 0 (tensor-core schedules, templates/warp_mma.py): each warp computes a WM x WN
+    sub-tile of the block tile with m16n8k8 MMAs; then TM/TN are unused and the block has
+    32 * (BM / WM) * (BN / WN) threads.  0 (the default) is the fp32 per-thread register tile, and
+    leaves every existing config's string, dict and key unchanged.
     """
     BM: int = 64
     BN: int = 64
@@ -21,14 +26,27 @@ class TileConfig:
     split_k: int = 1
     smem_pad: int = 0
     stages: int = 1
+    WM: int = 0
+    WN: int = 0
     states: int = 0
 
     @property
+    def tensor_core(self):
+        return self.WM > 0
+
+    @property
     def threads(self):
+        if self.tensor_core:
+            return 32 * (self.BM // self.WM) * (self.BN // self.WN)
         return (self.BM // self.TM) * (self.BN // self.TN)
 
     def validate(self):
-        if self.BM % self.TM or self.BN % self.TN:
+        if self.WM or self.WN:
+            if self.WM <= 0 or self.WN <= 0 or self.WM % 16 or self.WN % 8 or self.BK % 8 \
+                    or self.BM % self.WM or self.BN % self.WN:
+                raise ValueError(f"TileConfig: a tensor-core tile needs WM % 16 == 0, WN % 8 == 0, BK % 8 == 0 "
+                                 f"and BM, BN multiples of WM, WN; got {self}")
+        elif self.BM % self.TM or self.BN % self.TN:
             raise ValueError(f"TileConfig: BM/BN must be multiples of TM/TN, got {self}")
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"TileConfig: {self.threads} threads per block, expected 1..1024 ({self})")
@@ -39,10 +57,18 @@ class TileConfig:
         return self
 
     def as_dict(self):
-        return asdict(self)
+        d = asdict(self)
+        if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
+            del d["WM"], d["WN"]
+        if not self.states:  # likewise for every non-Winograd config
+            del d["states"]
+        return d
 
     def __str__(self):
-        s = f"BM{self.BM}_BN{self.BN}_BK{self.BK}_TM{self.TM}_TN{self.TN}"
+        if self.tensor_core:
+            s = f"BM{self.BM}_BN{self.BN}_BK{self.BK}_WM{self.WM}_WN{self.WN}"
+        else:
+            s = f"BM{self.BM}_BN{self.BN}_BK{self.BK}_TM{self.TM}_TN{self.TN}"
         if self.split_k > 1:
             s += f"_SK{self.split_k}"
         if self.smem_pad:
@@ -57,3 +83,8 @@ class TileConfig:
 # Defaults per target: the GPU wants large register tiles; the CPU wants small code (compile time).
 CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4)
 CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)
+# Tensor-core (TF32) defaults: 4 warps of 64 x 32 (4 x 4 MMA tiles, 64 accumulators per lane) on the GPU;
+# 4 warps of 16 x 8 on the CPU (one MMA tile each: small emulation code).  smem_pad 8 makes a row
+# 8 banks apart (mod 32), so the fragment loads As[t][g] of the 32 lanes hit 32 distinct banks.
+CUDA_TC_DEFAULT = TileConfig(BM=128, BN=64, BK=16, WM=64, WN=32, smem_pad=8, stages=2)
+CPU_TC_DEFAULT = TileConfig(BM=32, BN=16, BK=8, WM=16, WN=8)

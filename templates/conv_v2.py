@@ -94,6 +94,19 @@ def _decode(index, lo, cnt):
     return out[::-1]
 
 
+def _tap_walk(window, per_tap, BK):
+    """(taps, k_tiles) over a block's trimmed window: slice kt -> (real tap per dim, channel offset),
+    and the block's slice count.  A slice is one tap (per_tap slices of BK channels each)."""
+    def taps(kt, ctx):
+        _, lo, cnt = window(ctx)
+        return _decode(kt // per_tap, lo, cnt), (kt % per_tap) * BK
+
+    def k_tiles(ctx):
+        _, _, cnt = window(ctx)
+        return cnt[0] * cnt[1] * cnt[2] * per_tap
+    return taps, k_tiles
+
+
 def _check(p, cfg):
     if not config_ok(p, cfg):
         need = {"fwd": f"N % BM == 0, C/groups % BK == 0, split_k = stages = 1 (N={p.N}, C/groups={p.Cg})",
@@ -126,14 +139,7 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
             lo.append(l), cnt.append(_max(Const(0), h - l))
         return corner, lo, cnt
 
-    def taps(kt, ctx):
-        """Slice kt -> real filter tap per dim (uniform over the slice) and channel offset."""
-        _, lo, cnt = window(ctx)
-        return _decode(kt // per_tap, lo, cnt), (kt % per_tap) * cfg.BK
-
-    def k_tiles(ctx):
-        _, _, cnt = window(ctx)
-        return cnt[0] * cnt[1] * cnt[2] * per_tap
+    taps, k_tiles = _tap_walk(window, per_tap, cfg.BK)
 
     def a_inv(m, g):
         return {"base": (m % p.N) * _prod(p.in_size) * p.C + g * p.Cg}
@@ -189,13 +195,7 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
             lo.append(l), cnt.append(_max(Const(0), h - l))
         return anchor, lo, cnt
 
-    def taps(kt, ctx):
-        _, lo, cnt = window(ctx)
-        return _decode(kt // per_tap, lo, cnt), (kt % per_tap) * cfg.BK
-
-    def k_tiles(ctx):
-        _, _, cnt = window(ctx)
-        return cnt[0] * cnt[1] * cnt[2] * per_tap
+    taps, k_tiles = _tap_walk(window, per_tap, cfg.BK)
 
     def a_inv(m, g):
         return {"base": (m % p.N) * _prod(O) * p.K + g * p.Kg}

@@ -13,6 +13,7 @@ from typing import Callable
 from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, all_of, select)
 
 from .config import TileConfig
+from .warp_mma import WarpMma
 
 
 @dataclass
@@ -77,6 +78,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     S = cfg.stages
     As = Buffer("As", (S, BK, BM + cfg.smem_pad), dt, "shared")
     Bs = Buffer("Bs", (S, BK, BN + cfg.smem_pad), dt, "shared")
+    wmma = WarpMma(cfg, dt) if cfg.tensor_core else None  # tensor cores: warps of m16n8k8 MMAs
     acc = Buffer("acc", (TM, TN), dt, "register")
     a_frag = Buffer("a_frag", (TM,), dt, "register")
     b_frag = Buffer("b_frag", (TN,), dt, "register")
@@ -105,7 +107,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         _, col, _ = line_of(view.b, e, BK, BN, False)
         vals = view.b.invariant(n0 + col, g)
         prologue += [inv_b[n].store(e, vals[n]) for n in inv_names_b]
-    prologue += [acc.store((i, j), Const(0.0)) for i in range(TM) for j in range(TN)]
+    prologue += wmma.zero() if wmma else [acc.store((i, j), Const(0.0)) for i in range(TM) for j in range(TN)]
 
     # --- move one BK-deep slice of A and B: global -> staging registers -> shared -------------------
     # Split in two halves so that with stages=2 the global loads of slice kt+1 are issued before the
@@ -133,15 +135,18 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
             out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
         return out
 
+    # the tensor-core path rounds to TF32 here, once per staged element, not once per fragment use
+    staged = (lambda v: Call("tf32", (v,))) if wmma else (lambda v: v)
+
     def commit(stage):
         out = []
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            st = As.store((stage, col, row), ra[e])
+            st = As.store((stage, col, row), staged(ra[e]))
             out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)
-            st = Bs.store((stage, row, col), rb[e])
+            st = Bs.store((stage, row, col), staged(rb[e]))
             out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
         return out
 
@@ -157,8 +162,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         ), "unroll")]
 
     # --- epilogue: guarded stores through the view ----------------------------------------------
-    epilogue = list(thread_xy)
-    for i in range(TM):
+    epilogue = list(thread_xy) if not wmma else wmma.epilogue(tid, view, m0, n0, g, SK > 1)
+    for i in range(TM if not wmma else 0):
         for j in range(TN):
             m, n = m0 + ty * TM + i, n0 + tx * TN + j
             guard = all_of(([m < view.M] if view.M % BM else []) + ([n < view.N] if view.N % BN else []))
@@ -176,7 +181,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     if S == 1:
         kloop_body = (For("tid", NT, tuple([Comment("stage A and B: global -> shared")] + fetch(kt) + commit(0)),
                           "thread"), Barrier(),
-                      For("tid", NT, tuple(thread_xy + compute(0)), "thread"),
+                      *(wmma.compute(tid, NT, As, Bs, 0) if wmma else [For("tid", NT, tuple(thread_xy + compute(0)),
+                                                                           "thread")]),
                       Barrier())
         kloop = [For("kt", k_extent, (If(kt < nkt, kloop_body),) if ragged else kloop_body, "serial", start=k_lo)]
     else:
@@ -184,6 +190,12 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         # The loop is unrolled by two so that every shared-memory address has a constant stage offset.
         def one_slice(kt, stage):
             nxt = kt + 1
+            if wmma:  # the MMA steps are thread phases of their own; staging registers carry across them
+                body = (For("tid", NT, (Comment("prefetch the next slice into registers"),
+                                        If(nxt < k_end, tuple(fetch(nxt)))), "thread"),
+                        *wmma.compute(tid, NT, As, Bs, stage),
+                        For("tid", NT, (If(nxt < k_end, tuple(commit(1 - stage))),), "thread"), Barrier())
+                return (If(kt < nkt, body),) if ragged else body
             body = (For("tid", NT, tuple(
                 thread_xy + [Comment("prefetch the next slice into registers"), If(nxt < k_end, tuple(fetch(nxt)))]
                 + compute(stage) + [If(nxt < k_end, tuple(commit(1 - stage)))]), "thread"), Barrier())
@@ -199,7 +211,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
-    locals_ = (As, Bs, acc, a_frag, b_frag, ra, rb) + tuple(inv_a.values()) + tuple(inv_b.values())
-    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1,
+    locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + (ra, rb) \
+        + tuple(inv_a.values()) + tuple(inv_b.values())
+    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": "tf32" if wmma else "fp32",
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     return Kernel(name, view.params, locals_, body, grid, NT, meta)

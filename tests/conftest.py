@@ -150,3 +150,27 @@ def _run_poisoned(problem, inputs, backend, algo=None, config=None):
 @pytest.fixture(scope="session")
 def run_poisoned():
     return _run_poisoned
+
+def _run_direction(problem, kw, backend, algo=None, config=None, rng=None):
+    """Fresh random x, w, dy for `problem`; its direction's kernel run poisoned (as run_poisoned) and
+    the float64 reference of the same direction.  kw: the conv arguments the problem was made with.
+    Returns (plan, got, want)."""
+    from kernelgen import reference as ref
+    rng = np.random.default_rng() if rng is None else rng
+    dtype = problem.dtype
+    x = rng.standard_normal(problem.x_shape).astype(dtype)
+    w = rng.standard_normal(problem.w_shape).astype(dtype)
+    dy = rng.standard_normal(problem.y_shape).astype(dtype)
+    inputs, want = {
+        "fwd": ({"x": x, "w": w}, lambda: ref.conv_forward(x, w, **kw)),
+        "bwd_data": ({"dy": dy, "w": w}, lambda: ref.conv_backward_data(dy, w, x.shape, **kw)),
+        "bwd_weight": ({"x": x, "dy": dy}, lambda: ref.conv_backward_weight(x, dy, w.shape, **kw)),
+    }[problem.direction]
+    plan, got = _run_poisoned(problem, inputs, backend, algo, config)
+    return plan, got, want()
+
+
+@pytest.fixture(scope="session")
+def run_direction():
+    return _run_direction
+

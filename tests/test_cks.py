@@ -90,25 +90,13 @@ def dilated_problems(draw):
 @settings(max_examples=6)
 @given(case=dilated_problems(), direction=st.sampled_from(["fwd", "bwd_data", "bwd_weight"]),
        dtype=st.sampled_from(["float32", "float64"]))
-def test_sk_dilated_v2_cpu_matches_reference(case, direction, dtype, assert_close, run_poisoned):
+def test_sk_dilated_v2_cpu_matches_reference(case, direction, dtype, assert_close, run_direction):
     """With a schedule ConvV2 accepts, every direction it covers runs trimmed; the rest the core view."""
-    rng = np.random.default_rng()
     x_shape, w_shape, kw = case
     p = make_problem(direction, x_shape, w_shape, dtype=dtype, **kw)
     cfg = _v2_config(p)
-    plan = make_plan(p, "cpu", algo="sk_dilated", config=cfg)
+    plan, got, want = run_direction(p, kw, "cpu", algo="sk_dilated", config=cfg)
     assert plan.kernel_ir().meta["trimmed"] == conv_v2.applies(p)
-    x, w = rng.standard_normal(x_shape).astype(dtype), rng.standard_normal(w_shape).astype(dtype)
-    dy = rng.standard_normal(p.y_shape).astype(dtype)
-    if direction == "fwd":
-        _, got = run_poisoned(p, {"x": x, "w": w}, "cpu", algo="sk_dilated", config=cfg)
-        want = ref.conv_forward(x, w, **kw)
-    elif direction == "bwd_data":
-        _, got = run_poisoned(p, {"dy": dy, "w": w}, "cpu", algo="sk_dilated", config=cfg)
-        want = ref.conv_backward_data(dy, w, x_shape, **kw)
-    else:
-        _, got = run_poisoned(p, {"x": x, "dy": dy}, "cpu", algo="sk_dilated", config=cfg)
-        want = ref.conv_backward_weight(x, dy, w_shape, **kw)
     assert_close(got, want, dtype)
 
 
@@ -125,17 +113,8 @@ def test_sk_dilated_cuda_backward_source_is_trimmed(direction):
 
 @pytest.mark.sim
 @pytest.mark.parametrize("direction", ["bwd_data", "bwd_weight"])
-def test_sk_dilated_backward_simulator(direction, rng, assert_close, run_poisoned):
-    x_shape, w_shape, kw = (2, 7, 4), (4, 3, 4), dict(padding=1, dilation=2)
-    p = make_problem(direction, x_shape, w_shape, **kw)
-    x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
-    dy = rng.standard_normal(p.y_shape).astype("float32")
-    cfg = TileConfig(2, 4, 2, 2, 2)
-    assert make_plan(p, "cuda", algo="sk_dilated", config=cfg).kernel_ir().meta["trimmed"]
-    if direction == "bwd_data":
-        _, got = run_poisoned(p, {"dy": dy, "w": w}, "cuda", algo="sk_dilated", config=cfg)
-        want = ref.conv_backward_data(dy, w, x_shape, **kw)
-    else:
-        _, got = run_poisoned(p, {"x": x, "dy": dy}, "cuda", algo="sk_dilated", config=cfg)
-        want = ref.conv_backward_weight(x, dy, w_shape, **kw)
+def test_sk_dilated_backward_simulator(direction, rng, assert_close, run_direction):
+    p, kw = make_problem(direction, (2, 7, 4), (4, 3, 4), padding=1, dilation=2), dict(padding=1, dilation=2)
+    plan, got, want = run_direction(p, kw, "cuda", algo="sk_dilated", config=TileConfig(2, 4, 2, 2, 2), rng=rng)
+    assert plan.kernel_ir().meta["trimmed"]
     assert_close(got, want)

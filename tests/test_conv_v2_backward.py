@@ -144,17 +144,10 @@ SIM_CASES = [("bwd_data", (2, 6, 4), (4, 3, 4), dict(padding=0)),
 
 @pytest.mark.sim
 @pytest.mark.parametrize("direction, x_shape, w_shape, kw", SIM_CASES)
-def test_conv_v2_backward_simulator(direction, x_shape, w_shape, kw, rng, assert_close, run_poisoned):
+def test_conv_v2_backward_simulator(direction, x_shape, w_shape, kw, rng, assert_close, run_direction):
     p = make_problem(direction, x_shape, w_shape, **kw)
-    x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
-    dy = rng.standard_normal(p.y_shape).astype("float32")
     cfg = TileConfig(2, 4, 2, 2, 2)  # N % BK != 0 at N = 3: the per-element decode of backward-weight
-    if direction == "bwd_data":
-        _, got = run_poisoned(p, {"dy": dy, "w": w}, "cuda", algo="conv_v2", config=cfg)
-        want = ref.conv_backward_data(dy, w, x_shape, **kw)
-    else:
-        _, got = run_poisoned(p, {"x": x, "dy": dy}, "cuda", algo="conv_v2", config=cfg)
-        want = ref.conv_backward_weight(x, dy, w_shape, **kw)
+    _, got, want = run_direction(p, kw, "cuda", algo="conv_v2", config=cfg, rng=rng)
     assert_close(got, want)
 
 
@@ -167,17 +160,10 @@ GPU_CASES = {"3x3_pad1": ((32, 14, 14, 64), (64, 3, 3, 64), dict(padding=1)),
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("name", list(GPU_CASES))
-def test_conv_v2_backward_gpu(name, direction, rng, assert_close, run_poisoned):
+def test_conv_v2_backward_gpu(name, direction, rng, assert_close, run_direction):
     x_shape, w_shape, kw = GPU_CASES[name]
     p = make_problem(direction, x_shape, w_shape, **kw)
     if not conv_v2.applies(p):
         pytest.skip(f"conv_v2 has nothing to trim on {p.key()}")
-    x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
-    dy = rng.standard_normal(p.y_shape).astype("float32")
-    if direction == "bwd_data":
-        _, got = run_poisoned(p, {"dy": dy, "w": w}, "cuda", algo="conv_v2")
-        want = ref.conv_backward_data(dy, w, x_shape, **kw)
-    else:
-        _, got = run_poisoned(p, {"x": x, "dy": dy}, "cuda", algo="conv_v2")
-        want = ref.conv_backward_weight(x, dy, w_shape, **kw)
+    _, got, want = run_direction(p, kw, "cuda", algo="conv_v2", rng=rng)
     assert_close(got, want, "float32", f"{direction} {name}", tol=2e-5)

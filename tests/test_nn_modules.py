@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from kernelgen.nn import SGD, Adam, Linear, SmallResNet, Tensor
 
@@ -36,3 +37,15 @@ def test_quick_training_run_beats_chance():
     out = subprocess.run([sys.executable, "-m", "kernelgen", "train", "digits", "--quick", "--min-accuracy", "0.5"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_digits_from_npz_match_scikit_learn(tmp_path):
+    """--save-data / --data: the offline copy is the same split as scikit-learn's (GPU machine has none)."""
+    from kernelgen.nn.data import load_digits_split, save_digits
+    path = tmp_path / "digits.npz"
+    save_digits(path)
+    for got, want in zip(load_digits_split(seed=3, path=path), load_digits_split(seed=3)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    np.savez(tmp_path / "bad.npz", x=np.zeros(3))
+    with pytest.raises(ValueError, match="'images' and 'labels'"):
+        load_digits_split(path=tmp_path / "bad.npz")

@@ -126,3 +126,16 @@ def test_launcher_reuses_configured_kernel_per_stream(rng, assert_close):
             s.synchronize()
         assert_close(out.copy_to_host().reshape(1, 3, 3, 2), ref.conv_forward(x, w))
     assert set(launcher._configured) == {None, stream}
+
+
+@pytest.mark.gpu
+def test_pooled_array_as_the_first_cuda_call_of_a_process():
+    """A fresh process whose first CUDA action is a pooled allocation (the nn layer moving a model to
+    the GPU): the pool must make the context current before its raw cuMemAlloc."""
+    import subprocess
+    import sys
+    code = ("import numpy as np; from kernelgen.runtime import arena\n"
+            "host = np.arange(300, dtype=np.float32)\n"
+            "a = arena.to_device_staged(host)\n"
+            "assert (a.copy_to_host() == host).all()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

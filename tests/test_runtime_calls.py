@@ -100,6 +100,43 @@ def test_stream_and_out_in_simulator(rng, assert_close):
         kernelgen.conv(dx, dw, padding=1, backend="cuda", stream="fast")
 
 
+def test_bind_needs_cuda_arrays(rng):
+    x = rng.standard_normal((1, 4, 4, 2)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    with pytest.raises(ValueError, match="bind needs CUDA arrays"):
+        kernelgen.bind(kernelgen.conv, x, w, padding=1, backend="cpu")
+    with pytest.raises(ValueError, match="op must be one of"):
+        kernelgen.bind(kernelgen.deconv, x, w)
+
+
+def _rebind_check(fn_name, make_args, want_of, assert_close, new_data, tol=None):
+    """bind(op)(): same output object each call, reading the bound buffers' current contents."""
+    args, bufs, kw = make_args()
+    call = kernelgen.bind(getattr(kernelgen, fn_name), *args, **kw)
+    from numba import cuda
+    for round_ in range(2):
+        if round_:
+            for buf, host in zip(bufs, new_data()):  # new values, same device buffers
+                buf.copy_to_device(host)
+        got = call()
+        cuda.synchronize()
+        assert got is call()
+        cuda.synchronize()
+        kwargs = {} if tol is None else {"tol": tol}
+        assert_close(got.copy_to_host(), want_of([b.copy_to_host() for b in bufs]), **kwargs)
+
+
+@pytest.mark.sim
+def test_bind_in_simulator(rng, assert_close):
+    from numba import cuda
+    x = rng.standard_normal((1, 3, 3, 2)).astype(np.float32)
+    w = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    _rebind_check("conv", lambda: ((dx, dw), (dx, dw), dict(padding=1, backend="cuda")),
+                  lambda h: ref.conv_forward(h[0], h[1], padding=(1, 1)), assert_close,
+                  lambda: (rng.standard_normal(x.shape).astype(np.float32), w))
+
+
 # --- real GPU ----------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -164,3 +201,25 @@ def test_torch_stream_and_tensors(rng, assert_close):
     s.synchronize()
     assert isinstance(got, torch.Tensor)
     assert_close(got.cpu().numpy(), ref.conv_forward(x, w, padding=(1, 1)), tol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["conv", "conv_backward_data", "conv_backward_weight"])
+def test_bind_on_gpu(op, rng, assert_close):
+    """The prepacked relaunch: new data in the bound buffers gives the new result (split-K
+    backward-weight re-zeroes its output on every call)."""
+    from numba import cuda
+    kw = dict(stride=2, padding=1)
+    x_shape, w_shape = (4, 12, 12, 16), (24, 3, 3, 16)
+    y_shape = kernelgen.problem.make_problem("fwd", x_shape, w_shape, **kw).output_shape
+    first, second = ({"x": rng.standard_normal(x_shape), "w": rng.standard_normal(w_shape),
+                      "dy": rng.standard_normal(y_shape)} for _ in range(2))
+    names = {"conv": ("x", "w"), "conv_backward_data": ("dy", "w"), "conv_backward_weight": ("x", "dy")}[op]
+    bufs = [cuda.to_device(first[n].astype(np.float32)) for n in names]
+    extra = {"conv": (), "conv_backward_data": (x_shape,), "conv_backward_weight": (w_shape,)}[op]
+    refs = {"conv": lambda h: ref.conv_forward(h[0], h[1], stride=(2, 2), padding=(1, 1)),
+            "conv_backward_data": lambda h: ref.conv_backward_data(h[0], h[1], x_shape, stride=(2, 2), padding=(1, 1)),
+            "conv_backward_weight": lambda h: ref.conv_backward_weight(h[0], h[1], w_shape, stride=(2, 2),
+                                                                       padding=(1, 1))}
+    _rebind_check(op, lambda: (tuple(bufs) + extra, bufs, kw), refs[op], assert_close,
+                  lambda: [second[n].astype(np.float32) for n in names], tol=2e-5)

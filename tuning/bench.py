@@ -3,7 +3,8 @@
 For every layer of a shape table and every direction (fwd, bwd_data, bwd_weight) this builds
 kernelgen's kernel, checks its output against the comparator (or the float64 reference when
 there is none), times both with CUDA events and writes a JSON report, a Markdown table and,
-with matplotlib, a PNG plot.  cuDNN runs through torch with TF32 off and channels_last tensors.
+with matplotlib, a PNG plot.  cuDNN runs through torch with channels_last tensors and TF32 off, or, with
+--precision tf32 (kernelgen's tensor-core kernels), with torch's TF32 switches on: like against like.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from .shapes import load_table
 from .timing import Rotation, time_cuda
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
+TF32_PEAK = 396e12    # H100 SXM dense TF32 tensor-core peak (shared/GPU.md)
+PEAKS = {"fp32": FP32_PEAK, "tf32": TF32_PEAK}
 HBM_BW = 3.0e12       # measured device-to-device copy, read + write
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
@@ -40,10 +43,10 @@ def git_commit():
         return "unknown"
 
 
-def floor_ms(p):
+def floor_ms(p, precision="fp32"):
     """max(FLOPs / peak, compulsory bytes / bandwidth): no kernel runs much faster."""
     nbytes = 4 * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
-    return max(p.flops / FP32_PEAK, nbytes / HBM_BW) * 1e3
+    return max(p.flops / PEAKS[precision], nbytes / HBM_BW) * 1e3
 
 
 def kernel_resources(launcher, threads):
@@ -65,12 +68,13 @@ def kernel_resources(launcher, threads):
 # --- torch/cuDNN side -------------------------------------------------------------------------------
 
 class TorchConv:
-    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off."""
+    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off unless tf32=True."""
 
-    def __init__(self):
+    def __init__(self, tf32=False):
         import torch
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        self.tf32 = tf32
         torch.backends.cudnn.benchmark = True
         self.torch = torch
 
@@ -93,12 +97,12 @@ class TorchConv:
                                                            g, mask)
 
 
-def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=None, algo=None):
+def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=None, algo=None, precision="fp32"):
     """Time one (layer, direction) for kernelgen and, when given, cuDNN; check kernelgen's output."""
     from numba import cuda
     torch = torch_conv.torch
     p = layer.problem(direction)
-    plan = make_plan(p, "cuda", algo, config)
+    plan = make_plan(p, "cuda", algo, config, precision)
     t0 = time.perf_counter()
     launcher = get_launcher(plan)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -116,7 +120,7 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     launcher(sets[0])
     cuda.synchronize()
     compile_s = time.perf_counter() - t0
-    # correctness against cuDNN (fp32, TF32 off) on the first input set
+    # correctness against cuDNN (same precision setting) on the first input set
     xv, wv, dyv, out = views[0]
     ref_fn = torch_conv.op(layer, "fwd" if layer.transposed else direction, xv, wv, dyv)
     ref = ref_fn()
@@ -131,8 +135,9 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     row = {"layer": layer.name, "shape": layer.label(), "direction": "deconv" if layer.transposed else direction,
            "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
            "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
-           "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p),
-           "pct_of_floor": floor_ms(p) / kg_ms, "first_call_s": compile_s,
+           "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p, precision),
+           "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision,
+           "pct_of_peak": p.flops / kg_ms / 1e9 / (PEAKS[precision] / 1e12),
            **kernel_resources(launcher, launcher.threads)}
     return row
 
@@ -179,24 +184,28 @@ def summary(rows):
 
 
 def markdown(rows, summ):
-    head = ("| layer | dir | variant / config | kernelgen TFLOP/s | cuDNN TFLOP/s | ratio | regs | local B | occ | "
-            "% floor | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| layer | dir | variant / config | kernelgen TFLOP/s | cuDNN TFLOP/s | ratio | regs | smem B | local B | occ | "
+            "% peak | % floor | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['layer']} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | |")
+            lines.append(f"| {r['layer']} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | | | |")
             continue
         lines.append(f"| {r['layer']} | {r['direction']} | {r['variant']} {r['config']} | {r['kernelgen_tflops']:.1f} | "
                      f"{r['cudnn_tflops']:.1f} | {r['ratio']:.2f} | {r.get('registers', '')} | "
-                     f"{r.get('local_bytes', '')} | {r.get('occupancy', '')} | {100 * r['pct_of_floor']:.0f}% | "
+                     f"{r.get('shared_bytes', '')} | {r.get('local_bytes', '')} | {r.get('occupancy', '')} | "
+                     f"{100 * r.get('pct_of_peak', 0):.0f}% | {100 * r['pct_of_floor']:.0f}% | "
                      f"{r['rel_err_vs_cudnn']:.1e} |")
     lines.append("")
+    precision = rows[0].get("precision", "fp32") if rows else "fp32"
+    lines.append(f"precision {precision}: % peak is of {PEAKS[precision] / 1e12:.0f} TFLOP/s; cuDNN with TF32 "
+                 f"{'on' if precision == 'tf32' else 'off'}")
     for d, s in summ.items():
         lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, precision="fp32"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -205,7 +214,7 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(max(8, len(ok) * 0.35), 5))
     xs = np.arange(len(ok))
     ax.bar(xs - 0.2, [r["kernelgen_tflops"] for r in ok], 0.4, label="kernelgen")
-    ax.bar(xs + 0.2, [r["cudnn_tflops"] for r in ok], 0.4, label="cuDNN fp32")
+    ax.bar(xs + 0.2, [r["cudnn_tflops"] for r in ok], 0.4, label=f"cuDNN {precision}")
     ax.set_xticks(xs, labels, rotation=90, fontsize=7)
     ax.set_ylabel("effective TFLOP/s")
     ax.legend()
@@ -222,6 +231,8 @@ def main(argv=None):
     ap.add_argument("--algo", default=None, help="force a variant; several, comma-separated, are benched "
                     "side by side on the problems each applies to")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
+                    help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
@@ -233,16 +244,17 @@ def main(argv=None):
         keep = set(args.layers.split(","))
         layers = [l for l in layers if l.name in keep]
     dirs = args.directions.split(",")
-    tc = TorchConv()
+    tc = TorchConv(tf32=args.precision == "tf32")
     from tqdm import tqdm
     rows = []
     algos = args.algo.split(",") if args.algo else [None]
     jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
             if _applies(l.problem(d), a)]
-    precompile([make_plan(l.problem(d), "cuda", a) for l, d, a in jobs])
+    precompile([make_plan(l.problem(d), "cuda", a, precision=args.precision) for l, d, a in jobs])
     for layer, d, a in tqdm(jobs, desc="bench", unit="problem"):
         try:
-            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=a) | ({"forced": a} if a else {}))
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=a, precision=args.precision)
+                        | ({"forced": a} if a else {}))
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
             rows.append({"layer": layer.name, "direction": d, "forced": a, "error": f"{type(e).__name__}: {e}"})
     from numba import cuda
@@ -250,7 +262,8 @@ def main(argv=None):
     report = {"table": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
               else str(cuda.get_current_device().name), "commit": git_commit(), "host": platform.node(),
-              "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(), "tf32": False,
+              "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(), "tf32": tc.tf32,
+              "precision": args.precision,
               "rows": rows, "summary": summ}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +271,7 @@ def main(argv=None):
     md = markdown(rows, summ)
     out.with_suffix(".md").write_text(md + "\n")
     try:
-        plot(rows, out.with_suffix(".png"))
+        plot(rows, out.with_suffix(".png"), args.precision)
     except ImportError:
         pass
     print(md)

@@ -108,4 +108,4 @@ def lookup(problem, device_key: str, preferred=None):
 
 def entry(problem, variant, config, ms, candidates_tried):
     p = asdict(problem)
-    return {"problem": p, "variant": variant, "config": asdict(config), "ms": ms, "tried": candidates_tried}
+    return {"problem": p, "variant": variant, "config": config.as_dict(), "ms": ms, "tried": candidates_tried}

@@ -7,15 +7,31 @@ import threading
 import numpy as np
 
 
-def load_digits_split(test_fraction=0.2, seed=0):
-    """(x_train, y_train, x_test, y_test): images as uint8 (N, 8, 8, 1) in 0..16, labels int64."""
+def load_digits_arrays(path=None):
+    """(images uint8 (N, 8, 8, 1) in 0..16, labels int64): scikit-learn's copy, or an .npz written by
+    save_digits (for a machine without scikit-learn, such as the GPU machine)."""
+    if path is not None:
+        with np.load(path) as d:
+            if set(d.files) != {"images", "labels"}:
+                raise ValueError(f"data must be an .npz with arrays 'images' and 'labels', got {sorted(d.files)}")
+            return d["images"].astype(np.uint8), d["labels"].astype(np.int64)
     from sklearn.datasets import load_digits
     d = load_digits()
-    images = d.images.astype(np.uint8)[..., None]
+    return d.images.astype(np.uint8)[..., None], d.target.astype(np.int64)
+
+
+def save_digits(path):
+    images, labels = load_digits_arrays()
+    np.savez_compressed(path, images=images, labels=labels)
+
+
+def load_digits_split(test_fraction=0.2, seed=0, path=None):
+    """(x_train, y_train, x_test, y_test): images as uint8 (N, 8, 8, 1) in 0..16, labels int64."""
+    images, labels = load_digits_arrays(path)
     order = np.random.default_rng(seed).permutation(len(images))
     n_test = int(len(images) * test_fraction)
     test, train = order[:n_test], order[n_test:]
-    return images[train], d.target[train], images[test], d.target[test]
+    return images[train], labels[train], images[test], labels[test]
 
 
 class Loader:

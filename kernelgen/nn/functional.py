@@ -1,5 +1,7 @@
 """Differentiable ops on channels-last Tensors. Every convolution, forward and backward, is a kernelgen
-kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy.
+kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
+numba.cuda kernels (cuda_ops) for device data - the ops a ResNet trains with, fused where it saves passes
+over memory (batch_norm_relu, add_relu); the others raise TypeError for device data.
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
@@ -12,7 +14,23 @@ from .tensor import Tensor
 
 
 def _as_tensor(x):
-    return x if isinstance(x, Tensor) else Tensor(np.asarray(x))
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _dev(*tensors):
+    """The device ops module when the (first) tensor's data is on the GPU, else None."""
+    if tensors[0].is_cuda:
+        from . import cuda_ops
+        for t in tensors[1:]:
+            if t is not None and not t.is_cuda:
+                raise TypeError(f"all tensors must be on the same device, got a {t.device} tensor with cuda ones")
+        return cuda_ops
+    return None
+
+
+def _host_only(x, name):
+    if x.is_cuda:
+        raise TypeError(f"{name} has no device implementation yet: x must be a cpu tensor, got a cuda one")
 
 
 def _sum_to(g, shape):
@@ -71,11 +89,29 @@ def kahan_mean(x, axis=None, keepdims=False):
 
 def add(a, b):
     a, b = _as_tensor(a), _as_tensor(b)
+    if ops := _dev(a, b):
+        return Tensor.from_op(ops.add(a.data, b.data), (a, b), lambda g: (g, g))
     return Tensor.from_op(a.data + b.data, (a, b), lambda g: (_sum_to(g, a.shape), _sum_to(g, b.shape)))
+
+
+def add_relu(a, b, inplace=False):
+    """relu(a + b), one pass on the device (a residual block's end); the mask is read from the output.
+    inplace: on the device, write into a's buffer - for an `a` that no backward reads (a batch norm's
+    output without ReLU, as in a residual block), which saves one activation's memory."""
+    a, b = _as_tensor(a), _as_tensor(b)
+    if ops := _dev(a, b):
+        y = ops.add(a.data, b.data, relu=True, out=a.data if inplace else None)
+
+        def backward(g):
+            dx = ops.relu_backward(g, y)
+            return dx, dx
+        return Tensor.from_op(y, (a, b), backward)
+    return relu(add(a, b))
 
 
 def mul(a, b):
     a, b = _as_tensor(a), _as_tensor(b)
+    _host_only(a, "mul")
     return Tensor.from_op(a.data * b.data, (a, b),
                           lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
@@ -83,6 +119,9 @@ def mul(a, b):
 def conv2d(x, w, bias=None, *, stride=1, padding=0, groups=1, backend="cpu"):
     """x (N, H, W, C), w (K, R, S, C//groups), bias (K,) -> (N, P, Q, K)."""
     x, w = _as_tensor(x), _as_tensor(w)
+    bias = None if bias is None else _as_tensor(bias)
+    if ops := _dev(x, w, bias):
+        return _conv2d_device(ops, x, w, bias, dict(stride=stride, padding=padding, groups=groups, backend="cuda"))
     kw = dict(stride=stride, padding=padding, groups=groups, backend=backend)
     y = kernelgen.conv(x.data, w.data, **kw)
     parents = (x, w)
@@ -101,9 +140,28 @@ def conv2d(x, w, bias=None, *, stride=1, padding=0, groups=1, backend="cpu"):
     return Tensor.from_op(y, parents, backward)
 
 
+def _conv2d_device(ops, x, w, bias, kw):
+    """Everything stays on the device; the bias is added in the convolution's epilogue."""
+    y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, **kw)
+
+    def backward(g):
+        dx = kernelgen.conv_backward_data(g, w.data, x.shape, **kw) if x.requires_grad else None
+        dw = kernelgen.conv_backward_weight(x.data, g, w.shape, **kw) if w.requires_grad else None
+        if bias is None:
+            return dx, dw
+        return dx, dw, ops.channel_sums(g)[0]
+    return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
+
+
 def linear(x, w, bias=None):
-    """x (N, in), w (out, in), bias (out,) -> (N, out)."""
+    """x (N, in), w (out, in), bias (out,) -> (N, out).  On the device: a 1x1 kernelgen convolution of
+    (N, 1, 1, in) data, so the matrix products are kernelgen kernels too."""
     x, w = _as_tensor(x), _as_tensor(w)
+    bias = None if bias is None else _as_tensor(bias)
+    if _dev(x, w, bias):
+        (n, f_in), f_out = x.shape, w.shape[0]
+        y = conv2d(reshape(x, (n, 1, 1, f_in)), reshape(w, (f_out, 1, 1, f_in)), bias)
+        return reshape(y, (n, f_out))
     y = x.data @ w.data.T
     if bias is None:
         return Tensor.from_op(y, (x, w), lambda g: (g @ w.data, g.T @ x.data))
@@ -113,12 +171,21 @@ def linear(x, w, bias=None):
 
 def relu(x):
     x = _as_tensor(x)
+    if ops := _dev(x):
+        y = ops.relu(x.data)
+        return Tensor.from_op(y, (x,), lambda g: (ops.relu_backward(g, y),))
     mask = x.data > 0
     return Tensor.from_op(x.data * mask, (x,), lambda g: (g * mask,))
 
 
 def reshape(x, shape):
     x = _as_tensor(x)
+    if ops := _dev(x):
+        shape = tuple(shape)
+        if -1 in shape:  # numpy's rule: the one -1 takes what the other dimensions leave
+            known = int(np.prod([s for s in shape if s != -1]))
+            shape = tuple(x.data.size // max(known, 1) if s == -1 else s for s in shape)
+        return Tensor.from_op(ops.view(x.data, shape), (x,), lambda g: (ops.view(g, x.shape),))
     return Tensor.from_op(x.data.reshape(shape), (x,), lambda g: (g.reshape(x.shape),))
 
 
@@ -129,6 +196,8 @@ def flatten(x):
 def global_avg_pool(x):
     """(N, H, W, C) -> (N, C)."""
     x = _as_tensor(x)
+    if ops := _dev(x):
+        return Tensor.from_op(ops.global_avg_pool(x.data), (x,), lambda g: (ops.global_avg_pool_backward(g, x.shape),))
     hw = x.shape[1] * x.shape[2]
     return Tensor.from_op(x.data.mean(axis=(1, 2)), (x,),
                           lambda g: (np.broadcast_to(g[:, None, None, :] / hw, x.shape).copy(),))
@@ -137,6 +206,8 @@ def global_avg_pool(x):
 def batch_norm(x, weight, bias, running_mean, running_var, *, training, momentum=0.1, eps=1e-5):
     """Per-channel normalisation over (N, H, W) of a channels-last x; running stats updated in place."""
     x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
+    if _dev(x, weight, bias):
+        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, False)
     axes = tuple(range(x.data.ndim - 1))
     if training:
         count = x.data.size // x.shape[-1]
@@ -163,9 +234,56 @@ def batch_norm(x, weight, bias, running_mean, running_var, *, training, momentum
     return Tensor.from_op(y, (x, weight, bias), backward)
 
 
+def batch_norm_relu(x, weight, bias, running_mean, running_var, *, training, momentum=0.1, eps=1e-5):
+    """relu(batch_norm(x, ...)): on the device one normalising pass, and the backward recomputes x_hat from
+    x and reads the ReLU mask from the output, so nothing but x and y is kept (as PyTorch keeps them)."""
+    x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
+    if _dev(x, weight, bias):
+        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True)
+    return relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
+                           eps=eps))
+
+
+def batch_norm_add_relu(x, weight, bias, running_mean, running_var, residual, *, training, momentum=0.1, eps=1e-5,
+                        inplace=False):
+    """relu(batch_norm(x, ...) + residual): a residual block whose shortcut is projected (conv + batch norm)
+    ends in one pass on the device, the batch norm's output never stored.  inplace: on the device, write
+    into residual's buffer - for a residual that no backward reads (a batch norm's output without ReLU)."""
+    x, weight, bias, residual = _as_tensor(x), _as_tensor(weight), _as_tensor(bias), _as_tensor(residual)
+    if _dev(x, weight, bias, residual):
+        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True,
+                                  residual, inplace)
+    return add_relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
+                               eps=eps), residual)
+
+
+def _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, fuse_relu,
+                       residual=None, inplace=False):
+    from . import cuda_ops as ops
+    if not (ops.is_device(running_mean) and ops.is_device(running_var)):
+        raise TypeError("running_mean and running_var must be device arrays for cuda tensors (Module.to('cuda'))")
+    y, mean, inv_std = ops.batch_norm_forward(x.data, weight.data, bias.data, running_mean, running_var,
+                                              training, momentum, eps, fuse_relu, None if residual is None else
+                                              residual.data, residual.data if inplace else None)
+    mask = y if fuse_relu else None  # without the ReLU the backward needs only x, so y may be overwritten
+    if residual is None:
+        return Tensor.from_op(y, (x, weight, bias), lambda g: ops.batch_norm_backward(
+            g, x.data, mask, fuse_relu, weight.data, mean, inv_std, training))
+
+    def backward(g):
+        g = ops.relu_backward(g, y)  # the gradient of the sum, to both of its terms
+        return ops.batch_norm_backward(g, x.data, None, False, weight.data, mean, inv_std, training) + (g,)
+    return Tensor.from_op(y, (x, weight, bias, residual), backward)
+
+
 def cross_entropy(logits, labels):
     """Mean cross-entropy of (N, classes) logits against integer labels; log-softmax fused in."""
     logits = _as_tensor(logits)
+    if ops := _dev(logits):
+        if np.shape(labels) != (logits.shape[0],) and tuple(getattr(labels, "shape", ())) != (logits.shape[0],):
+            raise ValueError(f"labels must have shape ({logits.shape[0]},), got {np.shape(labels)}")
+        loss, dev_labels = ops.cross_entropy(logits.data, labels)
+        return Tensor.from_op(loss, (logits,), lambda g: (ops.cross_entropy_backward(logits.data, dev_labels, g),))
     labels = np.asarray(labels)
     if labels.shape != (logits.shape[0],):
         raise ValueError(f"labels must have shape ({logits.shape[0]},), got {labels.shape}")
@@ -183,6 +301,7 @@ def cross_entropy(logits, labels):
 
 def concat(tensors, axis=0):
     tensors = [_as_tensor(t) for t in tensors]
+    _host_only(tensors[0], "concat")
     ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
     return Tensor.from_op(np.concatenate([t.data for t in tensors], axis=axis), tuple(tensors),
                           lambda g: tuple(np.split(g, ends, axis=axis)))
@@ -192,6 +311,7 @@ def concat(tensors, axis=0):
 
 def leaky_relu(x, negative_slope=0.01):
     x = _as_tensor(x)
+    _host_only(x, "leaky_relu")
     slope = np.where(x.data > 0, 1, negative_slope).astype(x.dtype)
     return Tensor.from_op(x.data * slope, (x,), lambda g: (g * slope,))
 
@@ -206,12 +326,14 @@ def _sigmoid_parts(u):
 
 def sigmoid(x):
     x = _as_tensor(x)
+    _host_only(x, "sigmoid")
     s, ds = _sigmoid_parts(x.data)
     return Tensor.from_op(s, (x,), lambda g: (g * ds,))
 
 
 def tanh(x):
     x = _as_tensor(x)
+    _host_only(x, "tanh")
     y = np.tanh(x.data)
     return Tensor.from_op(y, (x,), lambda g: (g * (1 - y * y),))
 
@@ -226,6 +348,7 @@ def gelu(x):
     """GELU, tanh form: x sigmoid(u), u = A x + B x^3.  The derivative s + x s(1-s) (A + 3B x^2) is computed
     from exp(-|u|) (Alpha §5.6): the textbook form's exp(u) overflows for x << 0 and gives inf/inf = NaN."""
     x = _as_tensor(x)
+    _host_only(x, "gelu")
     xc = np.clip(x.data, -_GELU_CLIP, _GELU_CLIP)
     s, ds = _sigmoid_parts(xc * (_GELU_A + _GELU_B * xc * xc))
     dy = (s + xc * ds * (_GELU_A + 3 * _GELU_B * xc * xc)).astype(x.dtype)
@@ -258,6 +381,7 @@ def _pad_hw(a, ph, pw, value):
 def max_pool2d(x, kernel, stride=None, padding=0):
     """(N, H, W, C) -> (N, P, Q, C); padding counts as -inf, ties go to the first offset (as PyTorch)."""
     x = _as_tensor(x)
+    _host_only(x, "max_pool2d")
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, -np.inf)
     best = xp[:, offsets[0][0], offsets[0][1]].copy()
@@ -278,6 +402,7 @@ def max_pool2d(x, kernel, stride=None, padding=0):
 def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     """(N, H, W, C) -> (N, P, Q, C); count_include_pad=False divides by the number of real elements."""
     x = _as_tensor(x)
+    _host_only(x, "avg_pool2d")
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, 0)
     if count_include_pad:
@@ -303,6 +428,7 @@ def _adaptive_bins(n, out):
 def adaptive_avg_pool2d(x, output_size):
     """(N, H, W, C) -> (N, oh, ow, C), each output the mean of its bin."""
     x = _as_tensor(x)
+    _host_only(x, "adaptive_avg_pool2d")
     oh, ow = _pair(output_size)
     cells = [(i, j, hb, wb) for i, hb in enumerate(_adaptive_bins(x.shape[1], oh))
              for j, wb in enumerate(_adaptive_bins(x.shape[2], ow))]
@@ -324,6 +450,7 @@ def dropout(x, p=0.5, training=True, generator=None):
     if not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p}")
     x = _as_tensor(x)
+    _host_only(x, "dropout")
     if not training or p == 0:
         return x
     rng = generator if generator is not None else np.random.default_rng()

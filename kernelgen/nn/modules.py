@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import functional as F
-from .tensor import Tensor
+from .tensor import Tensor, _on_device, to_device_array
 
 
 class Module:
@@ -22,7 +22,7 @@ class Module:
         for k, v in sorted(vars(self).items()):
             if isinstance(v, Tensor):
                 yield prefix + k, v.data
-            elif isinstance(v, np.ndarray):
+            elif isinstance(v, np.ndarray) or _on_device(v):
                 yield prefix + k, v
             elif isinstance(v, Module):
                 yield from v.named_state(f"{prefix}{k}.")
@@ -46,8 +46,29 @@ class Module:
     def eval(self):
         return self.train(False)
 
+    def to(self, device):
+        """Move every parameter and buffer to `device` ("cpu" or "cuda") in place: parameters keep their
+        Tensor identity, so build the optimiser after moving the model."""
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        for k, v in vars(self).items():
+            if isinstance(v, Tensor):
+                v.data, v.grad = to_device_array(v.data, device), None
+            elif isinstance(v, np.ndarray) or _on_device(v):
+                setattr(self, k, to_device_array(v, device))
+        for c in self.children():
+            c.to(device)
+        return self
+
+    def cuda(self):
+        return self.to("cuda")
+
+    def cpu(self):
+        return self.to("cpu")
+
     def state_dict(self):
-        return {k: v.copy() for k, v in self.named_state()}
+        """Host copies (NumPy) of every parameter and buffer, wherever the model lives."""
+        return {k: to_device_array(v, "cpu").copy() for k, v in self.named_state()}
 
     def load_state_dict(self, state):
         mine = dict(self.named_state())
@@ -56,7 +77,10 @@ class Module:
         for k, v in state.items():
             if mine[k].shape != np.shape(v):
                 raise ValueError(f"state[{k!r}] must have shape {mine[k].shape}, got {np.shape(v)}")
-            mine[k][...] = v  # in place: parameters and buffers keep their identity
+            if _on_device(mine[k]):
+                mine[k].copy_to_device(np.ascontiguousarray(v, mine[k].dtype))
+            else:
+                mine[k][...] = v  # in place: parameters and buffers keep their identity
 
     def save(self, path):
         np.savez(path, **self.state_dict())
@@ -104,6 +128,11 @@ class BatchNorm2d(Module):
     def forward(self, x):
         return F.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
                             training=self.training, momentum=self.momentum, eps=self.eps)
+
+    def forward_relu(self, x):
+        """relu(self(x)), fused on the device."""
+        return F.batch_norm_relu(x, self.weight, self.bias, self.running_mean, self.running_var,
+                                 training=self.training, momentum=self.momentum, eps=self.eps)
 
 
 class ReLU(Module):
@@ -183,8 +212,13 @@ class Sequential(Module):
         self.layers = list(layers)
 
     def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
+        i = 0
+        while i < len(self.layers):  # BatchNorm2d then ReLU: one fused op (one pass on the device)
+            layer = self.layers[i]
+            if type(layer) is BatchNorm2d and i + 1 < len(self.layers) and type(self.layers[i + 1]) is ReLU:
+                x, i = layer.forward_relu(x), i + 2
+            else:
+                x, i = layer(x), i + 1
         return x
 
 
@@ -202,9 +236,14 @@ class BasicBlock(Module):
                                        BatchNorm2d(c_out))
 
     def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn1.forward_relu(self.conv1(x))
         out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
+        # in place: bn2's output is read by no backward (batch norm keeps its input), so the sum can reuse it
+        if self.shortcut is None:
+            return F.add_relu(out, x, inplace=True)
+        conv, bn = self.shortcut.layers  # the projection's batch norm, the sum and the ReLU in one pass
+        return F.batch_norm_add_relu(conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, out,
+                                     training=bn.training, momentum=bn.momentum, eps=bn.eps, inplace=True)
 
 
 class SmallResNet(Module):

@@ -1,18 +1,44 @@
 """Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
-(PyTorch's update rules and defaults)."""
+(PyTorch's update rules and defaults).  SGD and Adam(W) update device parameters with one fused kernel per
+parameter (cuda_ops); RMSprop and RAdam are host-only."""
 from __future__ import annotations
 
 import numpy as np
+
+from .tensor import _on_device
+
+
+def _zeros_like(a):
+    if _on_device(a):
+        from .cuda_ops import zeros
+        return zeros(a.shape, a.dtype)
+    return np.zeros_like(a)
+
+
+def _same_device(p, state):
+    if _on_device(p.data) != _on_device(state):
+        raise TypeError("optimizer state and parameter are on different devices: build the optimizer after "
+                        "model.to(device)")
+    return _on_device(p.data)
+
+
+def _host_only(params, name):
+    if any(_on_device(p.data) for p in params):
+        raise TypeError(f"{name} has no device implementation yet: params must be cpu tensors")
 
 
 class SGD:
     def __init__(self, params, lr=0.1, momentum=0.0, weight_decay=0.0):
         self.params, self.lr, self.momentum, self.wd = list(params), lr, momentum, weight_decay
-        self.velocity = [np.zeros_like(p.data) for p in self.params]
+        self.velocity = [_zeros_like(p.data) for p in self.params]
 
     def step(self):
         for p, v in zip(self.params, self.velocity):
             if p.grad is None:
+                continue
+            if _same_device(p, v):
+                from .cuda_ops import sgd_step
+                sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd)
                 continue
             g = p.grad + self.wd * p.data
             v *= self.momentum
@@ -30,12 +56,16 @@ class Adam(SGD):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
         super().__init__(params, lr, 0.0, weight_decay)
         self.b1, self.b2, self.eps, self.decoupled, self.t = betas[0], betas[1], eps, decoupled, 0
-        self.m = [np.zeros_like(p.data) for p in self.params]
+        self.m = [_zeros_like(p.data) for p in self.params]
 
     def step(self):
         self.t += 1
         for p, m, v in zip(self.params, self.m, self.velocity):
             if p.grad is None:
+                continue
+            if _same_device(p, m):
+                from .cuda_ops import adam_step
+                adam_step(p.data, p.grad, m, v, self.lr, self.b1, self.b2, self.eps, self.wd, self.decoupled, self.t)
                 continue
             g = p.grad if self.decoupled else p.grad + self.wd * p.data
             m *= self.b1
@@ -52,6 +82,8 @@ class RMSprop(SGD):
     squared running mean of g from v; momentum keeps a buffer of those steps."""
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+        params = list(params)
+        _host_only(params, "RMSprop")
         super().__init__(params, lr, momentum, weight_decay)
         self.alpha, self.eps, self.centered = alpha, eps, centered
         self.square_avg = [np.zeros_like(p.data) for p in self.params]
@@ -84,6 +116,7 @@ class RAdam(Adam):
     trustworthy (rho_t > 5); before that a bias-corrected momentum step.  decoupled: AdamW-style decay."""
 
     def step(self):
+        _host_only(self.params, "RAdam")
         self.t += 1
         t, b1, b2 = self.t, self.b1, self.b2
         bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t

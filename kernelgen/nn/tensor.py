@@ -1,8 +1,10 @@
 """Tensor: an array with reverse-mode autograd, micrograd-style.
 
 Every op records its inputs and a closure that turns the output's gradient into the inputs'
-gradients; backward() walks the graph in reverse topological order.  Data is a NumPy array
-(channels-last, like kernelgen); convolutions run through kernelgen's kernels.
+gradients; backward() walks the graph in reverse topological order.  Data is a NumPy array or, after
+.to("cuda"), a numba device array from kernelgen's arena (channels-last float32, like kernelgen); the ops
+pick numpy or numba.cuda kernels by where the data is (functional.py), and convolutions run through
+kernelgen's kernels either way.
 """
 from __future__ import annotations
 
@@ -11,6 +13,19 @@ import contextlib
 import numpy as np
 
 _grad_enabled = True
+
+
+def _on_device(a):
+    return not isinstance(a, np.ndarray) and (hasattr(type(a), "__cuda_array_interface__")
+                                              or bool(getattr(a, "__cuda_ndarray__", False)))
+
+
+def to_device_array(a, device):
+    """`a` (NumPy or device array) as a NumPy array ("cpu") or an arena device array ("cuda")."""
+    if device == "cpu":
+        return a.copy_to_host() if _on_device(a) else np.asarray(a)
+    from .cuda_ops import to_device
+    return a if _on_device(a) else to_device(np.asarray(a))
 
 
 @contextlib.contextmanager
@@ -26,7 +41,7 @@ def no_grad():
 
 class Tensor:
     def __init__(self, data, requires_grad=False, _parents=(), _backward=None):
-        self.data = np.asarray(data)
+        self.data = data if _on_device(data) else np.asarray(data)
         self.grad = None
         self.requires_grad = requires_grad
         self._parents = _parents
@@ -38,26 +53,56 @@ class Tensor:
         track = _grad_enabled and any(p.requires_grad for p in parents)
         return cls(data, track, parents if track else (), backward if track else None)
 
-    shape = property(lambda self: self.data.shape)
-    dtype = property(lambda self: self.data.dtype)
+    shape = property(lambda self: tuple(self.data.shape))
+    dtype = property(lambda self: np.dtype(self.data.dtype))
+    is_cuda = property(lambda self: not isinstance(self.data, np.ndarray))
+    device = property(lambda self: "cuda" if self.is_cuda else "cpu")
+
+    def to(self, device):
+        """This tensor's data on `device` ("cpu" or "cuda"): the same Tensor when it is there already,
+        else a new leaf (gradients do not flow across the copy)."""
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if device == self.device:
+            return self
+        return Tensor(to_device_array(self.data, device), self.requires_grad)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self):
+        return self.to("cuda")
 
     def __repr__(self):
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, requires_grad={self.requires_grad})"
 
     def numpy(self):
-        return self.data
+        return to_device_array(self.data, "cpu")
 
     def item(self):
-        return float(self.data)
+        return float(self.numpy().reshape(()))  # the one host sync of a device training step
 
     def _accumulate(self, g):
-        self.grad = g if self.grad is None else self.grad + g
+        if self.grad is None:
+            self.grad = g
+        elif self.is_cuda:
+            from .cuda_ops import add
+            self.grad = add(self.grad, g)  # a new array: g may be another tensor's gradient as well
+        else:
+            self.grad = self.grad + g
 
-    def backward(self, grad=None):
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's .grad.  Unless retain_graph, the graph is taken
+        apart on the way (as PyTorch does): each op's saved arrays go as soon as its backward has run, so
+        memory falls during the backward pass instead of peaking with all activations plus all gradients."""
         if grad is None:
             if self.data.size != 1:
                 raise ValueError(f"backward() without a gradient needs a scalar tensor, got shape {self.shape}")
-            grad = np.ones_like(self.data)
+            if self.is_cuda:  # filled on the device: a host copy would wait for the whole forward pass
+                from .cuda_ops import empty, fill
+                grad = fill(empty(self.shape, self.dtype), 1.0)
+            else:
+                grad = np.ones(self.shape, self.dtype)
         order, seen = [], set()
 
         def visit(t):
@@ -69,13 +114,16 @@ class Tensor:
 
         visit(self)
         self._accumulate(grad)
-        for t in reversed(order):
+        while order:
+            t = order.pop()  # reverse topological order; popped, t no longer lives through this list
             if t._backward is not None and t.grad is not None:
                 for parent, g in zip(t._parents, t._backward(t.grad)):
                     if parent.requires_grad and g is not None:
                         parent._accumulate(g)
                 if t is not self:
                     t.grad = None  # intermediates are freed as soon as backward is past them
+            if not retain_graph and t._backward is not None:
+                t._parents, t._backward = (), None
         return self
 
     # a few operators, so models read naturally

@@ -1,6 +1,7 @@
 """`python -m kernelgen train digits`: train a small ResNet on the digits set through kernelgen.
 
-Every convolution of the forward and backward passes is a kernelgen kernel.  Prints loss and
+Every convolution of the forward and backward passes is a kernelgen kernel; with --device cuda the whole
+step runs on the GPU (kernelgen.nn.cuda_ops), the loss coming to the host once per step for the log.  Prints loss and
 accuracy per epoch (tqdm progress), optionally plots the curves, and returns non-zero when the final
 test accuracy misses --min-accuracy.
 """
@@ -18,7 +19,7 @@ from .optim import Adam
 from .tensor import Tensor, no_grad
 
 
-def evaluate(model, loader):
+def evaluate(model, loader, device="cpu"):
     model.eval()
     correct = total = 0
     with no_grad():
@@ -26,19 +27,26 @@ def evaluate(model, loader):
             n = len(y)
             if n < loader.batch_size:  # pad the last batch: the training shapes' kernels are already compiled
                 x = np.concatenate([x, np.zeros((loader.batch_size - n,) + x.shape[1:], x.dtype)])
-            pred = model(Tensor(x)).data.argmax(axis=1)[:n]
+            pred = model(Tensor(x).to(device)).numpy().argmax(axis=1)[:n]
             correct += int((pred == y).sum())
             total += len(y)
     model.train()
     return correct / total
 
 
-def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None):
-    from tqdm import tqdm
-    xtr, ytr, xte, yte = load_digits_split(seed=seed)
+def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None,
+                 device="cpu", data=None):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are optional (the GPU machine may lack tqdm)
+        def tqdm(it, **_):
+            return it
+    xtr, ytr, xte, yte = load_digits_split(seed=seed, path=data)
     if quick:  # a shortened run for CI: a third of the data, few epochs
         xtr, ytr = xtr[: len(xtr) // 3], ytr[: len(ytr) // 3]
-    model = SmallResNet(width=width, seed=seed, backend=backend)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    model = SmallResNet(width=width, seed=seed, backend=backend).to(device)
     opt = Adam(model.parameters(), lr=lr, weight_decay=1e-4, decoupled=True)
     train_loader = Loader(xtr, ytr, batch_size, seed=seed, drop_last=True)
     test_loader = Loader(xte, yte, batch_size, shuffle=False)
@@ -46,12 +54,12 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     for epoch in range(1, epochs + 1):
         t0, losses = time.perf_counter(), []
         for x, y in tqdm(train_loader, desc=f"epoch {epoch}/{epochs}", leave=False):
-            loss = F.cross_entropy(model(Tensor(x)), y)
+            loss = F.cross_entropy(model(Tensor(x).to(device)), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        acc = evaluate(model, test_loader)
+        acc = evaluate(model, test_loader, device)
         history.append((float(np.mean(losses)), acc))
         print(f"epoch {epoch}: loss {np.mean(losses):.4f}  test accuracy {100 * acc:.2f}%  "
               f"({time.perf_counter() - t0:.1f} s)")
@@ -71,15 +79,22 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelgen train", description=__doc__.splitlines()[0])
     ap.add_argument("dataset", choices=["digits"])
     ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--backend", choices=["cpu"], default="cpu",
-                    help="tensors live on the host; the CUDA data path is not built yet")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where tensors live: cpu (NumPy, CPU kernels) or cuda (the whole step on the GPU)")
     ap.add_argument("--quick", action="store_true", help="a shortened run (CI)")
     ap.add_argument("--plot", default=None, help="PNG path for the loss/accuracy curves")
     ap.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this final test accuracy")
+    ap.add_argument("--data", default=None, help="the digits as an .npz (from --save-data) instead of scikit-learn's")
+    ap.add_argument("--save-data", default=None, metavar="PATH", help="write the digits to PATH (.npz) and exit")
     args = ap.parse_args(argv)
+    if args.save_data:
+        from .data import save_digits
+        save_digits(args.save_data)
+        return 0
     epochs = args.epochs or (3 if args.quick else 8)
     t = time.perf_counter()
-    _, history = train_digits(epochs=epochs, backend=args.backend, quick=args.quick, plot=args.plot)
+    _, history = train_digits(epochs=epochs, quick=args.quick, plot=args.plot, device=args.device,
+                                data=args.data)
     acc = history[-1][1]
     print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, {time.perf_counter() - t:.0f} s")
     return 0 if acc >= args.min_accuracy else 1

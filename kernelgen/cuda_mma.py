@@ -1,0 +1,24 @@
+"""Tensor-core operations for generated CUDA kernels (imported by rendered modules).
+
+On a real GPU these are the inline-PTX intrinsics of _cuda_mma_intrinsics.py.  The simulator runs
+each thread as a Python thread with no warp-level data exchange, so there is no faithful stand-in
+for mma.sync: the simulator version raises, and tensor-core kernels are tested on the CPU backend
+(the same IR, emulated per lane) and on the GPU.
+"""
+from __future__ import annotations
+
+import os
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    import numpy as np
+
+    from .mma_layout import tf32_round
+
+    def tf32(x):
+        return tf32_round(np.array([x], np.float32))[0]
+
+    def mma_m16n8k8_tf32(*args):
+        raise NotImplementedError("mma.sync has no CUDA-simulator stand-in: run tensor-core kernels on the "
+                                  "cpu backend or a GPU")
+else:
+    from ._cuda_mma_intrinsics import mma_m16n8k8_tf32, tf32  # noqa: F401

@@ -1,0 +1,180 @@
+"""`python -m kernelgen.nn.bench_step`: one ResNet-18 (CIFAR stem) training step on the GPU through
+kernelgen.nn, against the same network in PyTorch fp32 eager (channels_last, TF32 off), same process.
+
+Synthetic 32x32x3 batches already on the device, SGD with momentum.  Per framework: `--warmup` steps
+(kernelgen compiles its kernels in the first), then the median of `--steps` steps, each timed between
+two device synchronisations; peak memory over the timed steps (kernelgen: the arena's peak bytes in use;
+PyTorch: torch.cuda.max_memory_allocated), both after a reset at the first timed step.  Prints a table
+and writes JSON (--out).  torch is optional: without it only kernelgen's numbers are reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def _median_step(step, warmup, steps, sync):
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t)
+    return first, times
+
+
+def bench_kernelgen(x, labels, args):
+    from numba import cuda
+
+    from kernelgen.runtime import arena
+
+    from . import functional as F
+    from .models import resnet18
+    from .optim import SGD
+    from .tensor import Tensor
+    model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
+    opt = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
+    xd, yd = Tensor(x).to("cuda"), Tensor(labels).to("cuda").data
+    losses = []
+
+    def step():
+        opt.zero_grad()  # first: last step's gradients are gone before this forward pass
+        loss = F.cross_entropy(model(xd), yd)
+        loss.backward()
+        opt.step()
+        losses.append(loss.data)  # the device scalar, read back after the timing (the Tensor would keep the graph)
+
+    pool = arena.device_pool()
+    warm, _ = _median_step(step, args.warmup, 0, cuda.synchronize)
+    losses.clear()
+    pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
+    _, times = _median_step(step, 0, args.steps, cuda.synchronize)
+    free, total = cuda.current_context().get_memory_info()
+    return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+            "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
+            "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
+            "loss_first": float(losses[0].copy_to_host()), "loss_last": float(losses[-1].copy_to_host())}
+
+
+def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
+    """kernelgen.nn's ResNet (CIFAR stem) in PyTorch, its layers registered in the same order."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c_out)
+            self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c_out)
+            self.relu = nn.ReLU(inplace=True)
+            self.shortcut = None
+            if stride != 1 or c_in != c_out:
+                self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+        def forward(self, x):  # torchvision's BasicBlock: in-place ReLUs and residual add
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            out += x if self.shortcut is None else self.shortcut(x)
+            return self.relu(out)
+
+    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+    c_in = width
+    for i, n in enumerate(blocks):
+        c_out = width * 2 ** i
+        layers += [Block(c_in if b == 0 else c_out, c_out, 2 if i and b == 0 else 1) for b in range(n)]
+        c_in = c_out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
+    return nn.Sequential(*layers)
+
+
+def bench_torch(x, labels, args):
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = torch_resnet18(torch, args.classes, args.width).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
+    xt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2)  # NHWC memory seen as NCHW: channels_last
+    yt = torch.from_numpy(labels).cuda()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    losses = []
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xt), yt)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+
+    warm, _ = _median_step(step, args.warmup, 0, torch.cuda.synchronize)
+    losses.clear()
+    torch.cuda.reset_peak_memory_stats()
+    _, times = _median_step(step, 0, args.steps, torch.cuda.synchronize)
+    return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times), "warmup_s": warm,
+            "peak_bytes": torch.cuda.max_memory_allocated(), "between_steps_bytes": torch.cuda.memory_allocated(),
+            "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "torch": torch.__version__,
+            "cudnn": torch.backends.cudnn.version()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelgen.nn.bench_step", description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--width", type=int, default=64, help="ResNet-18's base width (64 = the paper's)")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--wd", type=float, default=5e-4)
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--out", default=None, help="JSON results path")
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.steps < 1 or args.warmup < 1:
+        raise ValueError(f"--batch, --steps and --warmup must be >= 1, got {args.batch}, {args.steps}, {args.warmup}")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, args.classes, args.batch).astype(np.int64)
+    from numba import cuda
+    name = getattr(cuda.get_current_device(), "name", "simulator")
+    result = {"model": f"resnet18-cifar width {args.width}", "batch": args.batch, "warmup": args.warmup,
+              "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
+    result["kernelgen"] = bench_kernelgen(x, labels, args)
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch is not installed: PyTorch comparison skipped")
+        else:
+            result["torch"] = bench_torch(x, labels, args)
+    rows = [("kernelgen.nn", result["kernelgen"])] + ([("torch fp32", result["torch"])] if "torch" in result else [])
+    print(f"ResNet-18 (CIFAR stem, width {args.width}), batch {args.batch}, 32x32x3, SGD momentum, "
+          f"median of {args.steps} steps after {args.warmup} warm-up, {result['device']}")
+    print(f"{'':14}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
+    for name, r in rows:
+        print(f"{name:14}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"
+              f"{r['warmup_s']:11.1f}{r['loss_first']:11.4f}->{r['loss_last']:.4f}")
+    if "torch" in result:
+        k, t = result["kernelgen"], result["torch"]
+        result["ratio"] = {"step_time": k["step_ms"] / t["step_ms"], "peak_memory": k["peak_bytes"] / t["peak_bytes"]}
+        print(f"kernelgen / torch: step time {result['ratio']['step_time']:.2f}x (target <= 1.5x), "
+              f"peak memory {result['ratio']['peak_memory']:.2f}x (target <= 1.0x)")
+    print(f"kernelgen driver-level device memory in use after its run: "
+          f"{result['kernelgen']['driver_used_bytes'] / 2**20:.0f} MiB (context, modules, arena pool)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

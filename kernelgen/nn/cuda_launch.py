@@ -1,0 +1,144 @@
+"""Arrays and kernel launches for kernelgen.nn's device path (cuda_ops): arena-backed device arrays, cheap
+reshaped views, and `kernel`, a numba.cuda kernel whose calls after the first skip numba's dispatcher."""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import struct
+import threading
+
+import numpy as np
+from numba import cuda
+
+from kernelgen.runtime import arena
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+# the simulator runs one Python thread per CUDA thread (~ms each): small blocks keep the sim tests short
+BLOCK = 32 if SIM else 256
+TC, TR = (4, 2) if SIM else (32, 8)
+MAX_PARTIALS = 256
+
+
+def is_device(a) -> bool:
+    from kernelgen.arrays import is_cuda_array
+    return not isinstance(a, np.ndarray) and is_cuda_array(a)
+
+
+# ---- arrays -------------------------------------------------------------------------------------------
+
+def empty(shape, dtype=np.float32):
+    return arena.device_empty(shape, dtype)
+
+
+def to_device(host):
+    """A pooled device copy of a host array: float32 data, int64 indices.  One dtype per kind keeps every
+    kernel at one compiled overload, which the fast launch route relies on."""
+    host = np.asarray(host)
+    if host.dtype.kind in "iub":
+        host = host.astype(np.int64)
+    elif host.dtype != np.float32:
+        raise TypeError(f"device arrays must be float32 (kernelgen's CUDA kernels are float32-only), got {host.dtype}")
+    return arena.to_device_staged(np.ascontiguousarray(host))
+
+
+def to_host(a):
+    return a.copy_to_host()
+
+
+_VIEWS = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape (cloned: the constructor is slow)
+
+
+def view(a, shape):
+    """`a` (C-contiguous) reshaped, sharing its memory."""
+    shape = tuple(int(s) for s in shape)
+    if math.prod(shape) != a.size:
+        raise ValueError(f"shape must have {a.size} elements, got {shape}")
+    if SIM or tuple(a.shape) == shape:
+        return a if tuple(a.shape) == shape else a.reshape(shape)
+    from numba.cuda.cudadrv import devicearray
+    proto = _VIEWS.get((shape, a.dtype))
+    if proto is None:
+        v = a.reshape(shape)
+        _VIEWS[(shape, a.dtype)] = {k: x for k, x in v.__dict__.items() if k not in ("gpu_data", "stream")}
+        return v
+    out = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
+    out.__dict__.update(proto)
+    out.gpu_data, out.stream = a.gpu_data, a.stream
+    return out
+
+
+def _flat(a):
+    return a if a.ndim == 1 else view(a, (a.size,))
+
+
+# ---- launching ----------------------------------------------------------------------------------------
+
+_LIB = None
+
+
+class _Kernel:
+    """A numba kernel whose later calls skip the dispatcher.  Arguments are device arrays (passed flat,
+    1D: numba's seven-word array struct, packed here) or Python ints / floats (int64 / float64).  The
+    fast route is used only on the thread that compiled it and for the argument types it compiled."""
+
+    def __init__(self, fn):
+        # cached on disk (numba's __pycache__ beside this package): a new process skips the compiles
+        self.jit = cuda.jit(fn) if SIM else cuda.jit(fn, cache=True)
+        self.fast = None
+
+    def __call__(self, grid, block, *args):
+        fast = self.fast
+        if fast is not None and fast[0] == tuple(map(type, args)) and fast[1] == threading.get_ident():
+            return self._launch(fast, grid, block, args)
+        args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)  # numpy scalars: Python's
+        self.jit[grid, block](*[a if isinstance(a, (int, float)) else _flat(a) for a in args])
+        if not SIM and fast is None and os.environ.get("KERNELGEN_FAST_LAUNCH", "1") == "1" \
+                and len(self.jit.overloads) == 1:
+            self._prepare(args)
+
+    def _prepare(self, args):
+        global _LIB
+        if _LIB is None:
+            from kernelgen.runtime.launch import _libcuda
+            _LIB = _libcuda()
+        n_words = sum(1 if isinstance(a, (int, float)) else 7 for a in args)
+        words = (ctypes.c_int64 * n_words)()
+        base = ctypes.addressof(words)
+        params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
+        handle = int(next(iter(self.jit.overloads.values()))._codelibrary.get_cufunc().handle)
+        self.fast = (tuple(map(type, args)), threading.get_ident(), words, params, handle)
+
+    @staticmethod
+    def _launch(fast, grid, block, args):
+        words, params, handle = fast[2], fast[3], fast[4]
+        i = 0
+        for a in args:
+            if isinstance(a, int):
+                words[i] = a
+                i += 1
+            elif isinstance(a, float):
+                words[i] = struct.unpack("q", struct.pack("d", a))[0]
+                i += 1
+            else:
+                n, itemsize = a.size, a.dtype.itemsize
+                words[i + 2], words[i + 3], words[i + 4] = n, itemsize, a.device_ctypes_pointer.value or 0
+                words[i + 5], words[i + 6] = n, itemsize
+                i += 7
+        g = grid if isinstance(grid, tuple) else (grid,)
+        b = block if isinstance(block, tuple) else (block,)
+        g, b = g + (1,) * (3 - len(g)), b + (1,) * (3 - len(b))
+        err = _LIB.cuLaunchKernel(handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, None, params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def kernel(fn):
+    return _Kernel(fn)
+
+
+def _grid(n):
+    """Blocks of BLOCK threads covering n elements; indices stay below 2**31 (the ops' 32-bit index math)."""
+    if n >= 2 ** 31:
+        raise ValueError(f"device tensors must have fewer than 2**31 elements, got {n}")
+    return max(1, (n + BLOCK - 1) // BLOCK)

@@ -1,0 +1,430 @@
+"""The device half of kernelgen.nn: numba.cuda kernels for everything but the convolutions (those are
+kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, channels) buffers.
+
+Memory comes from kernelgen's arena (runtime/arena.py), so its `peak` is the training step's peak.
+A numba launch from Python costs tens of microseconds, mostly argument typing and packing: after a
+kernel's first (dispatched) call, later calls go straight to cuLaunchKernel with the arguments packed
+by cuda_launch.kernel, and ops are fused where the data allow (batch norm + ReLU, add + ReLU, the loss).
+
+Per-channel sums (batch-norm statistics and gradients, bias gradients) are two-level: each block of
+(TC channels x TR row-threads) sums a strided share of the rows in float64, one partial per block row,
+and a second kernel adds the partials per channel - float64 throughout, so the float32 statistics
+are correctly rounded in practice (the CPU path gets there with Kahan sums in float32)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float64
+
+# 32-bit unsigned division and modulo (numba's are 64-bit and signed: a runtime-divisor `i % c` is ~100
+# integer instructions, enough to make a memory-bound pass compute-bound); _grid keeps every index < 2**31
+from kernelgen.cuda_index import udiv32, umod32
+
+# the array helpers are re-exported: callers need only this module
+from .cuda_launch import (  # noqa: F401
+    BLOCK,
+    MAX_PARTIALS,
+    SIM,
+    TC,
+    TR,
+    _grid,
+    empty,
+    is_device,
+    kernel,
+    to_device,
+    to_host,
+    view,
+)
+
+# ---- elementwise ------------------------------------------------------------------------------------------
+
+@kernel
+def _fill_k(a, v, n):
+    i = cuda.grid(1)
+    if i < n:
+        a[i] = v
+
+
+@kernel
+def _add_k(a, b, out, n, relu):
+    i = cuda.grid(1)
+    if i < n:
+        v = a[i] + b[i]
+        if relu and v < 0:
+            v = np.float32(0)
+        out[i] = v
+
+
+@kernel
+def _relu_k(x, y, n):
+    i = cuda.grid(1)
+    if i < n:
+        v = x[i]
+        y[i] = v if v > 0 else np.float32(0)
+
+
+@kernel
+def _relu_bwd_k(g, y, dx, n):
+    # the mask is read from the output: the input may be gone (fused ops keep only what follows them)
+    i = cuda.grid(1)
+    if i < n:
+        dx[i] = g[i] if y[i] > 0 else np.float32(0)
+
+
+def fill(a, value):
+    _fill_k(_grid(a.size), BLOCK, a, float(value), a.size)
+    return a
+
+
+def zeros(shape, dtype=np.float32):
+    return fill(empty(shape, dtype), 0.0)
+
+
+def add(a, b, relu=False, out=None):
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
+    out = empty(a.shape) if out is None else out
+    _add_k(_grid(a.size), BLOCK, a, b, out, a.size, int(relu))
+    return out
+
+
+def relu(x):
+    y = empty(x.shape)
+    _relu_k(_grid(x.size), BLOCK, x, y, x.size)
+    return y
+
+
+def relu_backward(g, y):
+    dx = empty(g.shape)
+    _relu_bwd_k(_grid(g.size), BLOCK, g, y, dx, g.size)
+    return dx
+
+
+# ---- per-channel reductions: batch norm, bias gradients ---------------------------------------------------
+
+def _partials(rows):
+    """Blocks along the rows: enough to fill the GPU, each thread still summing several rows."""
+    return max(1, min(MAX_PARTIALS, rows // (TR * 8)))
+
+
+@kernel
+def _stats_partial_k(x, rows, c, part_s, part_q):
+    # sums of d and d^2, d = x - x[0, ch]: the shift keeps E[d^2] - E[d]^2 from cancelling when |mean| >> std
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    ch = cuda.blockIdx.x * TC + tx
+    s = float64(0.0)
+    q = float64(0.0)
+    if ch < c:
+        shift = float64(x[ch])
+        r = cuda.blockIdx.y * TR + ty
+        while r < rows:
+            d = float64(x[r * c + ch]) - shift
+            s += d
+            q += d * d
+            r += cuda.gridDim.y * TR
+    sh_s = cuda.shared.array((TR, TC), float64)
+    sh_q = cuda.shared.array((TR, TC), float64)
+    sh_s[ty, tx] = s
+    sh_q[ty, tx] = q
+    cuda.syncthreads()
+    if ty == 0 and ch < c:
+        for k in range(1, TR):
+            s += sh_s[k, tx]
+            q += sh_q[k, tx]
+        part_s[cuda.blockIdx.y * c + ch] = s
+        part_q[cuda.blockIdx.y * c + ch] = q
+
+
+@kernel
+def _stats_final_k(x, part_s, part_q, n_part, rows, c, momentum, eps, rmean, rvar, mean, inv_std):
+    ch = cuda.grid(1)
+    if ch < c:
+        s = float64(0.0)
+        q = float64(0.0)
+        for p in range(n_part):
+            s += part_s[p * c + ch]
+            q += part_q[p * c + ch]
+        md = s / rows
+        var = max(q / rows - md * md, 0.0)
+        mu = float64(x[ch]) + md
+        mean[ch] = mu
+        inv_std[ch] = 1.0 / math.sqrt(var + eps)
+        rmean[ch] = (1.0 - momentum) * rmean[ch] + momentum * mu
+        rvar[ch] = (1.0 - momentum) * rvar[ch] + momentum * var * rows / max(rows - 1, 1)  # unbiased
+
+
+@kernel
+def _inv_std_k(var, eps, inv_std, c):
+    ch = cuda.grid(1)
+    if ch < c:
+        inv_std[ch] = 1.0 / math.sqrt(float64(var[ch]) + eps)
+
+
+@kernel
+def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
+    i = cuda.grid(1)
+    if i < n:
+        ch = umod32(i, c)
+        v = (x[i] - mean[ch]) * inv_std[ch] * w[ch] + b[ch]
+        if has_res:
+            v += res[i]
+        if relu and v < 0:
+            v = np.float32(0)
+        y[i] = v
+
+
+@kernel
+def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
+    # sum(g) and sum(g * x_hat) per channel, g masked by y > 0 when a ReLU followed; x_hat recomputed
+    # from x: it is not kept (the memory of one more activation per layer)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    ch = cuda.blockIdx.x * TC + tx
+    a = float64(0.0)
+    b = float64(0.0)
+    if ch < c:
+        mu, istd = mean[ch], inv_std[ch]
+        r = cuda.blockIdx.y * TR + ty
+        while r < rows:
+            i = r * c + ch
+            if not relu or y[i] > 0:
+                ge = float64(g[i])
+                a += ge
+                b += ge * ((x[i] - mu) * istd)
+            r += cuda.gridDim.y * TR
+    sh_a = cuda.shared.array((TR, TC), float64)
+    sh_b = cuda.shared.array((TR, TC), float64)
+    sh_a[ty, tx] = a
+    sh_b[ty, tx] = b
+    cuda.syncthreads()
+    if ty == 0 and ch < c:
+        for k in range(1, TR):
+            a += sh_a[k, tx]
+            b += sh_b[k, tx]
+        part_a[cuda.blockIdx.y * c + ch] = a
+        part_b[cuda.blockIdx.y * c + ch] = b
+
+
+@kernel
+def _grad_final_k(part_a, part_b, n_part, c, out_a, out_b):
+    ch = cuda.grid(1)
+    if ch < c:
+        a = float64(0.0)
+        b = float64(0.0)
+        for p in range(n_part):
+            a += part_a[p * c + ch]
+            b += part_b[p * c + ch]
+        out_a[ch] = a
+        out_b[ch] = b
+
+
+@kernel
+def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c):
+    i = cuda.grid(1)
+    if i < n:
+        ch = umod32(i, c)
+        ge = g[i]
+        if relu and y[i] <= 0:
+            ge = np.float32(0)
+        k = w[ch] * inv_std[ch]
+        if training:  # the batch statistics depend on x as well
+            xhat = (x[i] - mean[ch]) * inv_std[ch]
+            dx[i] = k * (ge - db[ch] * inv_rows - xhat * (dw[ch] * inv_rows))
+        else:
+            dx[i] = k * ge
+
+
+def _channel_grid(rows, c):
+    n_part = _partials(rows)
+    return n_part, ((c + TC - 1) // TC, n_part), (TC, TR)
+
+
+def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, eps, relu, residual=None, out=None):
+    """(y, mean, inv_std), y = [relu](batch_norm(x) [+ residual]), into `out` when given (it may be the
+    residual itself: each element is read before it is written, by the same thread); in training the running
+    statistics are updated in place."""
+    c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
+    rows = x.size // c
+    mean, inv_std = empty(c), empty(c)
+    if training:
+        n_part, grid, block = _channel_grid(rows, c)
+        part_s, part_q = empty(n_part * c, np.float64), empty(n_part * c, np.float64)
+        _stats_partial_k(grid, block, x, rows, c, part_s, part_q)
+        _stats_final_k(_grid(c), BLOCK, x, part_s, part_q, n_part, rows, c, float(momentum), float(eps),
+                       running_mean, running_var, mean, inv_std)
+    else:
+        mean = running_mean
+        _inv_std_k(_grid(c), BLOCK, running_var, float(eps), inv_std, c)
+    y = empty(x.shape) if out is None else out
+    _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
+                int(residual is not None), y, x.size, c, int(relu))
+    return y, mean, inv_std
+
+
+def channel_sums(g, x=None, y=None, mean=None, inv_std=None):
+    """(sum(g'), sum(g' * (x - mean) * inv_std)) over rows, per channel, g' = g masked by y > 0 when y
+    is given; with x None only the first is meaningful (a bias gradient)."""
+    c = int(tuple(g.shape)[-1])
+    rows = g.size // c
+    n_part, grid, block = _channel_grid(rows, c)
+    part_a, part_b = empty(n_part * c, np.float64), empty(n_part * c, np.float64)
+    if x is None:  # x_hat of g against mean 0, inv_std 0: the second sum is 0, cheaply
+        mean = inv_std = zeros(c)
+        x = g
+    _grad_partial_k(grid, block, g, x, g if y is None else y, int(y is not None), mean, inv_std, rows, c,
+                    part_a, part_b)
+    out_a, out_b = empty(c), empty(c)
+    _grad_final_k(_grid(c), BLOCK, part_a, part_b, n_part, c, out_a, out_b)
+    return out_a, out_b
+
+
+def batch_norm_backward(g, x, y, relu, w, mean, inv_std, training):
+    """(dx, dweight, dbias); y (the output) is read only for the ReLU mask."""
+    c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
+    db, dw = channel_sums(g, x, y if relu else None, mean, inv_std)
+    dx = empty(x.shape)
+    _bn_dx_k(_grid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db,
+             1.0 / (x.size // c), int(training), dx, x.size, c)
+    return dx, dw, db
+
+
+# ---- pooling, loss ---------------------------------------------------------------------------------------
+
+@kernel
+def _gap_k(x, y, nc, c, hw):
+    i = cuda.grid(1)
+    if i < nc:
+        base = udiv32(i, c) * hw * c + umod32(i, c)
+        s = float64(0.0)
+        for j in range(hw):
+            s += x[base + j * c]
+        y[i] = s / hw
+
+
+@kernel
+def _gap_bwd_k(g, dx, n, c, hw):
+    i = cuda.grid(1)
+    if i < n:
+        dx[i] = g[udiv32(i, hw * c) * c + umod32(i, c)] / np.float32(hw)
+
+
+def global_avg_pool(x):
+    n, c = int(tuple(x.shape)[0]), int(tuple(x.shape)[-1])
+    hw = x.size // (n * c)
+    y = empty((n, c))
+    _gap_k(_grid(n * c), BLOCK, x, y, n * c, c, hw)
+    return y
+
+
+def global_avg_pool_backward(g, x_shape):
+    dx = empty(x_shape)
+    n, c = int(x_shape[0]), int(x_shape[-1])
+    _gap_bwd_k(_grid(dx.size), BLOCK, g, dx, dx.size, c, dx.size // (n * c))
+    return dx
+
+
+@kernel
+def _ce_k(logits, labels, n, k, loss):
+    # one block: each thread takes rows tid, tid + BLOCK, ...; the per-row losses are summed in float64,
+    # in shared memory by halves
+    tid = cuda.threadIdx.x
+    s = float64(0.0)
+    for i in range(tid, n, BLOCK):
+        row = i * k
+        mx = logits[row]
+        for j in range(1, k):
+            mx = max(mx, logits[row + j])
+        se = float64(0.0)
+        for j in range(k):
+            se += math.exp(float64(logits[row + j] - mx))
+        s += math.log(se) - float64(logits[row + labels[i]] - mx)
+    sh = cuda.shared.array(BLOCK, float64)
+    sh[tid] = s
+    cuda.syncthreads()
+    half = BLOCK // 2
+    while half > 0:
+        if tid < half:
+            sh[tid] += sh[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    if tid == 0:
+        loss[0] = sh[0] / n
+
+
+@kernel
+def _ce_bwd_k(logits, labels, g, n, k, dl):
+    i = cuda.grid(1)
+    if i < n * k:
+        r = udiv32(i, k)
+        row = r * k
+        mx = logits[row]
+        for j in range(1, k):
+            mx = max(mx, logits[row + j])
+        se = float64(0.0)
+        for j in range(k):
+            se += math.exp(float64(logits[row + j] - mx))
+        p = math.exp(float64(logits[i] - mx)) / se
+        if i - row == labels[r]:
+            p -= 1.0
+        dl[i] = p * g[0] / n
+
+
+def cross_entropy(logits, labels):
+    """(mean loss as a 1-element array, labels on the device); labels a host or device int64 array."""
+    n, k = map(int, tuple(logits.shape))
+    if is_device(labels) and np.dtype(labels.dtype) != np.int64:
+        raise TypeError(f"labels on the device must be int64, got {labels.dtype}")
+    if not is_device(labels):
+        labels = np.asarray(labels)
+        if labels.size and (labels.min() < 0 or labels.max() >= k):
+            raise ValueError(f"labels must be in [0, {k}), got values in [{labels.min()}, {labels.max()}]")
+        labels = to_device(labels.astype(np.int64))
+    loss = empty(())
+    _ce_k(1, BLOCK, logits, labels, n, k, loss)
+    return loss, labels
+
+
+def cross_entropy_backward(logits, labels, g):
+    n, k = map(int, tuple(logits.shape))
+    dl = empty((n, k))
+    _ce_bwd_k(_grid(n * k), BLOCK, logits, labels, g, n, k, dl)
+    return dl
+
+
+# ---- optimisers (in place) -----------------------------------------------------------------------------
+
+@kernel
+def _sgd_k(p, g, v, n, lr, momentum, wd):
+    i = cuda.grid(1)
+    if i < n:
+        gi = g[i] + wd * p[i]
+        vi = momentum * v[i] + gi
+        v[i] = vi
+        p[i] -= lr * vi
+
+
+@kernel
+def _adam_k(p, g, m, v, n, lr, b1, b2, eps, wd, decoupled, bc1, bc2):
+    i = cuda.grid(1)
+    if i < n:
+        pi = float64(p[i])
+        gi = float64(g[i])
+        if not decoupled:
+            gi += wd * pi
+        mi = b1 * m[i] + (1.0 - b1) * gi
+        vi = b2 * v[i] + (1.0 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        step = (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+        if decoupled:
+            step += wd * pi
+        p[i] = pi - lr * step
+
+
+def sgd_step(p, g, v, lr, momentum, wd):
+    _sgd_k(_grid(p.size), BLOCK, p, g, v, p.size, float(lr), float(momentum), float(wd))
+
+
+def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t):
+    _adam_k(_grid(p.size), BLOCK, p, g, m, v, p.size, float(lr), float(b1), float(b2), float(eps), float(wd),
+            int(decoupled), float(1 - b1 ** t), float(1 - b2 ** t))

@@ -1,0 +1,56 @@
+"""Implicit-GEMM convolution on tensor cores (TF32): the views of implicit_gemm.py, with the block
+tile's inner product done by warps of m16n8k8 MMAs (warp_mma.py).
+
+Never chosen automatically: it computes in TF32 (10-bit mantissa operands, fp32 accumulation), so
+it runs only when the caller asks for precision="tf32" (kernelgen.api.make_plan).
+"""
+from __future__ import annotations
+
+from . import implicit_gemm
+from .config import CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
+from .tiled_gemm import _cdiv, tiled_gemm
+
+NAME = "implicit_gemm_tc"
+DIRECTIONS = implicit_gemm.DIRECTIONS
+PRECISIONS = ("tf32",)
+
+# (BM, BN, WM, WN) of the CUDA tiles tried by default_config, widest first
+CUDA_TC_TILES = ((128, 64, 64, 32), (64, 64, 32, 32), (128, 32, 32, 32), (64, 32, 32, 16), (128, 16, 32, 16))
+SM_COUNT = 132
+
+
+def applies(p):
+    return p.dtype == "float32"
+
+
+def config_ok(p, cfg):
+    return cfg.tensor_core
+
+
+def build(p, cfg: TileConfig):
+    """(ConvProblem, TileConfig with WM, WN) -> Kernel."""
+    if not cfg.tensor_core:
+        raise ValueError(f"config: {NAME} needs a tensor-core TileConfig (WM, WN > 0), got {cfg}")
+    view = implicit_gemm.VIEWS[p.direction](p, cfg)
+    k = tiled_gemm(f"conv_{p.direction}_tf32", view, cfg)
+    return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
+                       {**k.meta, "problem": p.key(), "template": NAME})
+
+
+def default_config(p, backend) -> TileConfig:
+    """The CPU default, or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
+    few columns); backward-weight splits its long reduction until the grid fills two waves."""
+    if backend != "cuda":
+        return CPU_TC_DEFAULT
+    from . import gemm_shape
+    M, N, K, G = gemm_shape(p)
+
+    def cost(t):
+        blocks = _cdiv(M, t[0]) * _cdiv(N, t[1]) * G
+        return _cdiv(blocks, SM_COUNT) * t[0] * t[1] * (1.0 if t[0] * t[1] >= 128 * 64 else 1.25)
+    bm, bn, wm, wn = min(CUDA_TC_TILES, key=cost)
+    split = 1
+    if p.direction == "bwd_weight":
+        blocks = _cdiv(M, bm) * _cdiv(N, bn) * G
+        split = max(1, min(64, _cdiv(K, CUDA_TC_DEFAULT.BK) // 8, _cdiv(2 * SM_COUNT, blocks)))
+    return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, smem_pad=8, stages=2, WM=wm, WN=wn)

@@ -1,0 +1,257 @@
+"""kernelgen.nn's device path in numba's CUDA simulator (marker `sim`): every device op, forward and
+backward, against the NumPy path run in float64 on the same fresh random data; the optimiser updates;
+moving models; one training step of a small ResNet against the CPU path.  Shapes are tiny: the simulator
+runs one Python thread per CUDA thread.  Host references that convolve use backend="cuda" on host data
+(the same simulated kernels): compiling kernelgen's CPU kernels would take minutes, and the convolution
+kernels themselves are checked in test_conv_sim.py - here it is everything around them."""
+import numpy as np
+import pytest
+
+from kernelgen.nn import (
+    SGD,
+    Adam,
+    BasicBlock,
+    BatchNorm2d,
+    Conv2d,
+    Linear,
+    Module,
+    ReLU,
+    Sequential,
+    Tensor,
+)
+from kernelgen.nn import functional as F
+
+pytestmark = pytest.mark.sim
+TOL = 2e-5  # float32 device results against float64 host ones, relative to the largest reference value
+
+
+def rel_err(got, want):
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def compare(op, arrays, rng, tol=TOL, host_dtype=np.float64):
+    """op(tensors, device) on host float64 tensors and on device float32 ones; forward values and every
+    input's gradient (of sum(output * a random projection)) must agree."""
+    from kernelgen.nn import cuda_ops
+    host = [Tensor(a.astype(host_dtype), requires_grad=True) for a in arrays]
+    y = op(host, "cpu")
+    proj = rng.standard_normal(y.shape)
+    y.backward(proj if y.shape else None)
+    dev = [Tensor(a.astype(np.float32), requires_grad=True).cuda() for a in arrays]
+    yd = op(dev, "cuda")
+    assert yd.is_cuda and yd.shape == y.shape and yd.dtype == np.float32
+    yd.backward(cuda_ops.to_device(proj.astype(np.float32)) if y.shape else None)
+    assert rel_err(yd.numpy(), y.data) <= tol, ("forward", rel_err(yd.numpy(), y.data))
+    for i, (h, d) in enumerate(zip(host, dev)):
+        assert d.grad is not None and d.grad.dtype == np.float32, f"input {i}: no float32 device gradient"
+        err = rel_err(d.grad.copy_to_host(), h.grad)
+        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
+
+
+def test_elementwise_ops_and_gradient_accumulation(rng):
+    a, b = rng.standard_normal((2, 2, 2, 3)), rng.standard_normal((2, 2, 2, 3))
+    compare(lambda t, _: F.relu(t[0]), [a], rng)
+    # `a` feeds two ops: its device gradient is accumulated from both
+    compare(lambda t, _: F.add_relu(F.add(t[0], t[1]), t[0]), [a, b], rng)
+
+
+@pytest.mark.parametrize("training,relu", [(True, False), (True, True), (False, False), (False, True)])
+def test_batch_norm(training, relu, rng):
+    c = 3
+    x = 2 + 3 * rng.standard_normal((2, 3, 2, c))
+    rm, rv = rng.standard_normal(c), 0.5 + rng.random(c)
+    stats = {}
+
+    def op(t, device):
+        m, v = (rm.copy(), rv.copy()) if device == "cpu" else (rm.astype(np.float32), rv.astype(np.float32))
+        if device == "cuda":
+            m, v = Tensor(m).cuda().data, Tensor(v).cuda().data
+        stats[device] = (m, v)
+        fn = F.batch_norm_relu if relu else F.batch_norm
+        return fn(t[0], t[1], t[2], m, v, training=training, momentum=0.3)
+    compare(op, [x, 1 + rng.random(c), rng.standard_normal(c)], rng)
+    for host, dev in zip(stats["cpu"], stats["cuda"]):  # running statistics, updated in place
+        assert rel_err(dev.copy_to_host(), host) <= TOL
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_batch_norm_add_relu(inplace, rng):
+    c = 3
+    x, r = rng.standard_normal((2, 2, 3, c)), rng.standard_normal((2, 2, 3, c))
+
+    def op(t, device):
+        m, v = np.zeros(c, t[0].dtype), np.ones(c, t[0].dtype)
+        if device == "cuda":
+            m, v = Tensor(m).cuda().data, Tensor(v).cuda().data
+        res = F.add(t[3], t[3]) if inplace else t[3]  # in place only into an intermediate, as BasicBlock does
+        return F.batch_norm_add_relu(t[0], t[1], t[2], m, v, res, training=True, inplace=inplace)
+    compare(op, [x, 1 + rng.random(c), rng.standard_normal(c), r], rng)
+
+
+def test_batch_norm_statistics_stay_accurate_with_a_large_mean(rng):
+    # the CPU test's case: 1000 + N(0, 1) in float32; the device sums in float64 around a shift
+    x = (1000 + rng.standard_normal((4, 4, 4, 2))).astype(np.float32)
+    m, v = Tensor(np.zeros(2, np.float32)).cuda().data, Tensor(np.ones(2, np.float32)).cuda().data
+    F.batch_norm(Tensor(x).cuda(), Tensor(np.ones(2, np.float32)).cuda(), Tensor(np.zeros(2, np.float32)).cuda(),
+                 m, v, training=True, momentum=1.0)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(m.copy_to_host(), x64.mean(axis=(0, 1, 2)), rtol=2e-7)
+    np.testing.assert_allclose(v.copy_to_host(), x64.var(axis=(0, 1, 2), ddof=1), rtol=1e-5)
+
+
+def test_pool_linear_loss(rng):
+    compare(lambda t, _: F.global_avg_pool(t[0]), [rng.standard_normal((2, 2, 3, 3))], rng)
+    compare(lambda t, _: F.linear(t[0], t[1], t[2]), [rng.standard_normal((3, 5)), rng.standard_normal((4, 5)),
+                                                      rng.standard_normal(4)], rng)
+    labels = rng.integers(0, 4, 3)
+    compare(lambda t, _: F.cross_entropy(t[0], labels), [3 * rng.standard_normal((3, 4))], rng)
+
+
+def test_conv_with_bias_and_flatten(rng):
+    # the bias: the convolution's epilogue on the device, a NumPy add on the host; its gradient a channel sum
+    compare(lambda t, _: F.flatten(F.conv2d(t[0], t[1], t[2], stride=2, padding=1, backend="cuda")),
+            [rng.standard_normal((2, 3, 3, 2)), rng.standard_normal((3, 3, 3, 2)), rng.standard_normal(3)], rng,
+            host_dtype=np.float32)
+
+
+@pytest.mark.parametrize("make", [lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+                                  lambda p: Adam(p, lr=0.01, weight_decay=0.1),
+                                  lambda p: Adam(p, lr=0.01, weight_decay=0.1, decoupled=True)],
+                         ids=["sgd", "adam", "adamw"])
+def test_optimizer_updates_match_the_host(make, rng):
+    p0, grads = rng.standard_normal(6).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32)
+    host, dev = Tensor(p0.copy(), requires_grad=True), Tensor(p0.copy(), requires_grad=True).cuda()
+    opt_h, opt_d = make([host]), make([dev])
+    for g in grads:
+        host.grad, dev.grad = g.copy(), Tensor(g).cuda().data
+        opt_h.step()
+        opt_d.step()
+    assert rel_err(dev.numpy(), host.data.astype(np.float64)) <= 1e-6
+
+
+def test_module_to_moves_parameters_and_buffers_in_place(rng):
+    bn = BatchNorm2d(3)
+    weight = bn.weight
+    state = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in bn.state_dict().items()}
+    bn.load_state_dict(state)
+    assert bn.to("cuda") is bn and bn.weight is weight and weight.is_cuda and not isinstance(bn.running_var, np.ndarray)
+    for k, v in bn.state_dict().items():
+        np.testing.assert_array_equal(v, state[k])
+    bn.load_state_dict({k: 2 * v for k, v in state.items()})  # written into the device arrays
+    np.testing.assert_array_equal(bn.cpu().running_mean, 2 * state["running_mean"])
+    assert isinstance(bn.weight.data, np.ndarray)
+    with pytest.raises(ValueError, match="device"):
+        bn.to("gpu")
+
+
+def test_device_errors_name_the_problem(rng):
+    x = Tensor(rng.standard_normal((2, 3)).astype(np.float32)).cuda()
+    with pytest.raises(TypeError, match="same device"):
+        F.add(x, Tensor(np.ones((2, 3), np.float32)))
+    with pytest.raises(TypeError, match="sigmoid"):
+        F.sigmoid(x)
+    with pytest.raises(ValueError, match="labels"):
+        F.cross_entropy(x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="shape"):
+        F.add(x, Tensor(np.ones((3, 2), np.float32)).cuda())
+    layer = Linear(3, 2)
+    opt = SGD(layer.parameters(), lr=0.1)
+    layer.to("cuda")
+    layer.weight.grad = layer.bias.grad = None
+    opt.step()  # no gradients: nothing to update
+    layer.weight.grad = Tensor(np.ones((2, 3), np.float32)).cuda().data
+    with pytest.raises(TypeError, match="after model.to"):
+        opt.step()
+    with pytest.raises(TypeError, match="float32"):
+        Tensor(np.ones(3)).cuda()  # float64: kernelgen's CUDA kernels are float32-only
+
+
+class TinyResNet(Module):
+    """Stem (conv, batch norm + ReLU fused by Sequential), two residual blocks (batch norm + ReLU, add + ReLU,
+    projection batch norm + add + ReLU fused), global pool, linear: each kind of op a ResNet-18 step runs."""
+
+    def __init__(self, classes=3, width=2, seed=0):
+        rng = np.random.default_rng(seed)
+        self.stem = Sequential(Conv2d(1, width, 3, padding=1, bias=False, rng=rng, backend="cuda"),
+                               BatchNorm2d(width), ReLU())
+        self.block = BasicBlock(width, width, 1, rng, "cuda")
+        self.down = BasicBlock(width, 2 * width, 2, rng, "cuda")
+        self.head = Linear(2 * width, classes, rng=rng)
+
+    def forward(self, x):
+        return self.head(F.global_avg_pool(self.down(self.block(self.stem(x)))))
+
+
+def test_resnet_training_step_matches_the_host(rng):
+    x = rng.random((2, 4, 4, 1)).astype(np.float32)
+    labels = rng.integers(0, 3, 2)
+    losses, params, grads = {}, {}, {}
+    for device in ("cpu", "cuda"):
+        model = TinyResNet(seed=1).to(device)
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        loss = F.cross_entropy(model(Tensor(x).to(device)), labels)
+        opt.zero_grad()
+        loss.backward()
+        grads[device] = [Tensor(p.grad).numpy() for p in model.parameters()]
+        opt.step()
+        losses[device], params[device] = loss.item(), model.state_dict()
+    assert abs(losses["cuda"] - losses["cpu"]) <= 1e-5 * abs(losses["cpu"]), losses
+    for i, (d, h) in enumerate(zip(grads["cuda"], grads["cpu"])):
+        assert rel_err(d, h.astype(np.float64)) <= 1e-4, f"gradient of parameter {i}"
+    for k, v in params["cpu"].items():  # weights after the update, running statistics
+        assert rel_err(params["cuda"][k], v.astype(np.float64)) <= 1e-4, k
+
+
+def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
+    """The cuLaunchKernel route packs what numba's dispatcher would: per 1D array (meminfo, parent, size,
+    itemsize, data, shape, stride), int64 and float64 scalars as one 8-byte word each."""
+    import ctypes
+    import struct
+
+    from kernelgen.nn import cuda_launch
+
+    class FakeArray:
+        def __init__(self, ptr, size, dtype):
+            self.device_ctypes_pointer, self.size, self.dtype = ctypes.c_void_p(ptr), size, np.dtype(dtype)
+
+    calls = []
+
+    class FakeLib:
+        @staticmethod
+        def cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            calls.append((handle, (gx, gy, gz), (bx, by, bz), [ctypes.c_int64.from_address(params[i]).value
+                                                               for i in range(len(params))]))
+            return 0
+    monkeypatch.setattr(cuda_launch, "_LIB", FakeLib)
+    k = cuda_launch.kernel(lambda a, n, v, b: None)
+    args = (FakeArray(0x1000, 7, "float32"), 5, 0.25, FakeArray(0x2000, 3, "int64"))
+    n_words = 7 + 1 + 1 + 7
+    words = (ctypes.c_int64 * n_words)()
+    params = (ctypes.c_void_p * n_words)(*[ctypes.addressof(words) + 8 * i for i in range(n_words)])
+    fast = (tuple(map(type, args)), None, words, params, 1234)
+    k._launch(fast, (3, 2), 32, args)
+    handle, grid, block, packed = calls[0]
+    assert handle == 1234 and grid == (3, 2, 1) and block == (32, 1, 1)
+    assert packed == [0, 0, 7, 4, 0x1000, 7, 4, 5, struct.unpack("q", struct.pack("d", 0.25))[0],
+                      0, 0, 3, 8, 0x2000, 3, 8]
+
+
+def test_bench_step_reports_ratios(monkeypatch, tmp_path, capsys):
+    """The benchmark's table and JSON from (stubbed) measurements: the ratios are kernelgen over torch."""
+    import json
+    import sys
+    import types
+
+    from kernelgen.nn import bench_step
+    fake = dict(step_ms=12.0, step_ms_min=11.0, warmup_s=40.0, peak_bytes=900 * 2 ** 20, between_steps_bytes=1,
+                pool_cached_bytes=2, driver_used_bytes=3, loss_first=2.3, loss_last=2.1)
+    monkeypatch.setattr(bench_step, "bench_kernelgen", lambda x, labels, args: dict(fake))
+    monkeypatch.setattr(bench_step, "bench_torch", lambda x, labels, args: dict(fake, step_ms=10.0,
+                                                                                 peak_bytes=1000 * 2 ** 20))
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    bench_step.main(["--out", str(tmp_path / "r.json"), "--steps", "3"])
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["ratio"] == {"step_time": 1.2, "peak_memory": 0.9} and result["steps"] == 3
+    assert "step time 1.20x" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="steps"):
+        bench_step.main(["--steps", "0"])

@@ -1,0 +1,161 @@
+"""kernelgen.nn's device ops on a real GPU against PyTorch (fp32, TF32 off) on the same fresh random data:
+forward values, the gradient of every input, running statistics, optimiser updates.  Marker `gpu`;
+skipped without torch.  Errors are relative to the largest reference value."""
+import numpy as np
+import pytest
+
+from kernelgen.nn import SGD, Adam, ResNet, Tensor
+from kernelgen.nn import functional as F
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def rel_err(got, want):
+    want = np.asarray(want, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def compare(torch, ours, theirs, arrays, rng, tol=TOL):
+    """ours(device Tensors) and theirs(torch CUDA tensors, same NHWC layout): forward and gradients of
+    sum(output * random projection)."""
+    from kernelgen.nn import cuda_ops
+    tt = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays]
+    want = theirs(*tt)
+    proj = rng.standard_normal(tuple(want.shape)).astype(np.float32)
+    want.backward(torch.tensor(proj, device="cuda") if want.dim() else None)
+    dev = [Tensor(a, requires_grad=True).cuda() for a in arrays]
+    got = ours(*dev)
+    got.backward(cuda_ops.to_device(proj) if want.dim() else None)
+    assert got.shape == tuple(want.shape)
+    err = rel_err(got.numpy(), want.detach().cpu().numpy())
+    assert err <= tol, f"forward: relative error {err:.3g}"
+    for i, (d, t) in enumerate(zip(dev, tt)):
+        err = rel_err(d.grad.copy_to_host(), t.grad.cpu().numpy())
+        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
+
+
+def nchw(t):
+    return t.permute(0, 3, 1, 2)
+
+
+def nhwc(t):
+    return t.permute(0, 2, 3, 1)
+
+
+def test_elementwise(torch, rng):
+    a, b = rng.standard_normal((2, 4, 4, 8)).astype(np.float32), rng.standard_normal((2, 4, 4, 8)).astype(np.float32)
+    compare(torch, F.relu, torch.relu, [a], rng)
+    compare(torch, lambda x, y: F.add_relu(F.add(x, y), x), lambda x, y: torch.relu(x + y + x), [a, b], rng)
+
+
+@pytest.mark.parametrize("training,relu", [(True, False), (True, True), (False, False), (False, True)])
+def test_batch_norm(torch, training, relu, rng):
+    c = 16
+    x = (1 + 2 * rng.standard_normal((8, 6, 6, c))).astype(np.float32)
+    w, b = (1 + rng.random(c)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    rm, rv = rng.standard_normal(c).astype(np.float32), (0.5 + rng.random(c)).astype(np.float32)
+    trm, trv = torch.tensor(rm, device="cuda"), torch.tensor(rv, device="cuda")
+    drm, drv = Tensor(rm).cuda().data, Tensor(rv).cuda().data
+    fn = F.batch_norm_relu if relu else F.batch_norm
+    act = torch.relu if relu else (lambda t: t)
+    compare(torch, lambda x, w, b: fn(x, w, b, drm, drv, training=training, momentum=0.2),
+            lambda x, w, b: nhwc(act(torch.nn.functional.batch_norm(nchw(x), trm, trv, w, b, training, 0.2, 1e-5))),
+            [x, w, b], rng)
+    assert rel_err(drm.copy_to_host(), trm.cpu().numpy()) <= 1e-6
+    assert rel_err(drv.copy_to_host(), trv.cpu().numpy()) <= 1e-6
+
+
+def test_batch_norm_add_relu(torch, rng):
+    c = 16
+    x, r = rng.standard_normal((8, 4, 4, c)).astype(np.float32), rng.standard_normal((8, 4, 4, c)).astype(np.float32)
+    w, b = (1 + rng.random(c)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    drm, drv = Tensor(np.zeros(c, np.float32)).cuda().data, Tensor(np.ones(c, np.float32)).cuda().data
+    trm, trv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    compare(torch, lambda x, w, b, r: F.batch_norm_add_relu(x, w, b, drm, drv, F.add(r, r), training=True, inplace=True),
+            lambda x, w, b, r: torch.relu(nhwc(torch.nn.functional.batch_norm(nchw(x), trm, trv, w, b, True)) + 2 * r),
+            [x, w, b, r], rng)
+
+
+def test_pool_linear_conv_loss(torch, rng):
+    x = rng.standard_normal((4, 5, 5, 16)).astype(np.float32)
+    compare(torch, F.global_avg_pool, lambda t: t.mean(dim=(1, 2)), [x], rng)
+    compare(torch, F.linear, torch.nn.functional.linear,
+            [rng.standard_normal((8, 32)).astype(np.float32), rng.standard_normal((10, 32)).astype(np.float32),
+             rng.standard_normal(10).astype(np.float32)], rng)
+    w, b = rng.standard_normal((12, 3, 3, 16)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    compare(torch, lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1),
+            lambda x, w, b: nhwc(torch.nn.functional.conv2d(nchw(x), nchw(w), b, stride=2, padding=1)), [x, w, b], rng)
+    labels = rng.integers(0, 10, 16)
+    tl = torch.tensor(labels, device="cuda")
+    compare(torch, lambda z: F.cross_entropy(z, labels), lambda z: torch.nn.functional.cross_entropy(z, tl),
+            [(3 * rng.standard_normal((16, 10))).astype(np.float32)], rng)
+
+
+@pytest.mark.parametrize("name,kw", [("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+                                     ("Adam", dict(lr=0.01, weight_decay=0.1)),
+                                     ("AdamW", dict(lr=0.01, weight_decay=0.1))])
+def test_optimizers(torch, name, kw, rng):
+    p0, grads = rng.standard_normal(1000).astype(np.float32), rng.standard_normal((5, 1000)).astype(np.float32)
+    p = Tensor(p0.copy(), requires_grad=True).cuda()
+    ours = SGD([p], **kw) if name == "SGD" else Adam([p], decoupled=name == "AdamW", **kw)
+    tp = torch.tensor(p0.copy(), device="cuda", requires_grad=True)
+    theirs = getattr(torch.optim, name)([tp], **kw)
+    for g in grads:
+        p.grad, tp.grad = Tensor(g).cuda().data, torch.tensor(g, device="cuda")
+        ours.step()
+        theirs.step()
+    assert rel_err(p.numpy(), tp.detach().cpu().numpy()) <= 1e-5
+
+
+def ordered_layers(model):
+    """Our ResNet's layers in the order the PyTorch twin registers them (stem, blocks, fc)."""
+    out = list(model.stem.layers[:2])
+    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for blk in stage.layers:
+            out += [blk.conv1, blk.bn1, blk.conv2, blk.bn2] + (blk.shortcut.layers if blk.shortcut else [])
+    return out + [model.fc]
+
+
+def test_resnet_training_step_matches_pytorch(torch, rng):
+    """A whole ResNet (one block per stage) on the device, PyTorch's twin given the same weights: the loss,
+    every parameter's gradient and the parameters after an SGD step agree."""
+    from kernelgen.nn.bench_step import torch_resnet18
+    model = ResNet((1, 1, 1, 1), 10, width=8, stem="cifar", seed=int(rng.integers(1000))).to("cuda")
+    twin = torch_resnet18(torch, 10, 8, blocks=(1, 1, 1, 1)).cuda()
+    theirs = [m for m in twin.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear))]
+    ours = ordered_layers(model)
+    assert [type(m).__name__ for m in ours] == [type(m).__name__ for m in theirs]
+    pairs = []
+    with torch.no_grad():
+        for o, t in zip(ours, theirs):
+            w = torch.tensor(o.weight.numpy(), device="cuda")
+            t.weight.copy_(w.permute(0, 3, 1, 2) if isinstance(t, torch.nn.Conv2d) else w)
+            pairs.append((o.weight, t.weight, isinstance(t, torch.nn.Conv2d)))
+            if getattr(t, "bias", None) is not None:
+                t.bias.copy_(torch.tensor(o.bias.numpy(), device="cuda"))
+                pairs.append((o.bias, t.bias, False))
+    x = rng.standard_normal((8, 16, 16, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8)
+    opt, topt = SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    loss = F.cross_entropy(model(Tensor(x).cuda()), labels)
+    loss.backward()
+    tloss = torch.nn.functional.cross_entropy(twin(nchw(torch.tensor(x, device="cuda"))), torch.tensor(labels).cuda())
+    tloss.backward()
+    assert abs(loss.item() - tloss.item()) <= 1e-4 * abs(tloss.item())
+    as_ours = lambda t, conv: (t.permute(0, 2, 3, 1) if conv else t).detach().cpu().numpy()
+    for i, (o, t, conv) in enumerate(pairs):
+        err = rel_err(o.grad.copy_to_host(), as_ours(t.grad, conv))
+        assert err <= 1e-3, f"parameter {i} {tuple(o.shape)}: gradient relative error {err:.3g}"
+    opt.step()
+    topt.step()
+    for i, (o, t, conv) in enumerate(pairs):
+        assert rel_err(o.numpy(), as_ours(t, conv)) <= 1e-4, f"parameter {i} after the step"

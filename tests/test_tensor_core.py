@@ -1,0 +1,323 @@
+"""The TF32 tensor-core path (issue 9): precision="tf32", the Mma IR statement and its renderings.
+
+CPU tests run the tensor-core template's IR through the CPU renderer, which emulates each warp's
+m16n8k8 MMA per lane with TF32 rounding, against float64 references on fresh random data with
+NaN-poisoned outputs.  Two references: the exact one (TF32 must stay within 1e-3 relative error of
+it) and one computed from TF32-rounded inputs, which the emulation must match to float32 accuracy:
+that is what shows the kernel computes TF32 math, rather than fp32 math that happens to be close.
+The simulator cannot run mma.sync (no warp-level exchange); tests marked `gpu` run the real
+tensor-core kernels (scripts/gpu_run.sh tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelgen
+from kernelgen import reference as ref
+from kernelgen.api import get_launcher, make_plan
+from kernelgen.ir import Load, Mma
+from kernelgen.mma_layout import a_coord, a_owner, b_coord, b_owner, d_coord, tf32_round
+from kernelgen.problem import make_problem
+from kernelgen.render_cuda import render_cuda
+from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
+
+TF32_TOL = 1e-3        # issue 9: TF32 against float64, relative
+EMULATED_TOL = 2e-5    # CPU emulation against the float64 GEMM of TF32-rounded inputs (fp32 accumulation)
+
+CASES = {
+    # GEMM dims ragged against the tiles, groups, per-dim stride/padding, C not a multiple of BK
+    "ragged_groups": ((3, 7, 9, 6), (10, 3, 3, 3), dict(stride=(2, 1), padding=(1, 2), groups=2)),
+    # C a multiple of BK (per-slice tap decode), dilation
+    "c16_dilated": ((2, 9, 8, 16), (24, 3, 3, 16), dict(padding=2, dilation=2)),
+}
+
+
+def rel_err(got, want):
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def tensors(rng, x_shape, w_shape, kw):
+    p = make_problem("fwd", x_shape, w_shape, **kw)
+    f = lambda s: rng.standard_normal(s).astype(np.float32)
+    return f(x_shape), f(w_shape), f(p.y_shape)
+
+
+def reference_fn(direction, x_shape, w_shape, kw):
+    """(x, w, dy) -> the float64 reference of a direction."""
+    if direction == "fwd":
+        return lambda x, w, dy: ref.conv_forward(x, w, **kw)
+    if direction == "bwd_data":
+        return lambda x, w, dy: ref.conv_backward_data(dy, w, x_shape, **kw)
+    return lambda x, w, dy: ref.conv_backward_weight(x, dy, w_shape, **kw)
+
+
+def run(direction, x, w, dy, kw, **opts):
+    """The public op for a direction, writing into a NaN-poisoned `out`; and its reference."""
+    reference = reference_fn(direction, x.shape, w.shape, kw)
+    if direction == "fwd":
+        out = np.full(dy.shape, np.nan, np.float32)
+        return kernelgen.conv(x, w, out=out, **kw, **opts), reference
+    if direction == "bwd_data":
+        out = np.full(x.shape, np.nan, np.float32)
+        return kernelgen.conv_backward_data(dy, w, x.shape, out=out, **kw, **opts), reference
+    out = np.full(w.shape, np.nan, np.float32)
+    return kernelgen.conv_backward_weight(x, dy, w.shape, out=out, **kw, **opts), reference
+
+
+def check_tf32(got, reference, x, w, dy, what):
+    assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} outputs never written"
+    exact = reference(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
+    rounded = reference(*(tf32_round(a).astype(np.float64) for a in (x, w, dy)))
+    assert rel_err(got, exact) <= TF32_TOL, f"{what}: {rel_err(got, exact):.3g} from float64"
+    return rel_err(got, rounded)
+
+
+# --- the pieces ------------------------------------------------------------------------------------
+
+def test_tf32_rounding_is_cvt_rna(rng):
+    from kernelgen.cpu_tf32 import tf32
+    one = np.float32(1.0)
+    cases = {1 + 2 ** -11: 1 + 2 ** -10, -(1 + 2 ** -11): -(1 + 2 ** -10),   # ties away from zero
+             1 + 2 ** -12: 1.0, 1 + 3 * 2 ** -12: 1 + 2 ** -10, 0.0: 0.0, 3.0: 3.0}
+    for x, want in cases.items():
+        assert tf32_round(np.float32(x)) == np.float32(want) == tf32(float(x)), x
+    x = (rng.standard_normal(20000) * 10.0 ** rng.integers(-30, 30, 20000)).astype(np.float32)
+    got = np.array([tf32(float(v)) for v in x], np.float32)
+    np.testing.assert_array_equal(got, tf32_round(x))
+    assert (tf32_round(x).view(np.uint32) & 0x1FFF == 0).all() and np.abs(tf32_round(x) / x - one).max() <= 2 ** -11
+
+
+def test_fragment_layout_covers_each_element_once():
+    seen_a, seen_b, seen_d = set(), set(), set()
+    for lane in range(32):
+        for r in range(4):
+            seen_a.add(a_coord(lane, r)), seen_d.add(d_coord(lane, r))
+            assert a_owner(*a_coord(lane, r)) == (lane, r)
+        for r in range(2):
+            seen_b.add(b_coord(lane, r))
+            assert b_owner(*b_coord(lane, r)) == (lane, r)
+    assert len(seen_a) == 16 * 8 and len(seen_b) == 8 * 8 and len(seen_d) == 16 * 8
+
+
+def test_mma_statement_validates():
+    frag = lambda n: tuple(Load("f", (i,)) for i in range(n))
+    Mma(frag(4), frag(4), frag(2))
+    with pytest.raises(ValueError, match="m16n8k8"):
+        Mma(frag(4), frag(4), frag(2), shape="m16n8k16", dtype="fp16")
+    with pytest.raises(ValueError, match="4 accumulator"):
+        Mma(frag(4), frag(4), frag(4))
+
+
+def test_tensor_core_config_strings_and_validation():
+    assert str(TileConfig()) == "BM64_BN64_BK8_TM4_TN4" and "WM" not in TileConfig().as_dict()
+    assert str(CUDA_TC_DEFAULT) == "BM128_BN64_BK16_WM64_WN32_PAD8_S2" and CUDA_TC_DEFAULT.threads == 128
+    for bad in (dict(WM=24, WN=8), dict(WM=16, WN=12), dict(BK=12, WM=16, WN=8), dict(BM=48, WM=32, WN=8)):
+        with pytest.raises(ValueError, match="tensor-core tile"):
+            TileConfig(**bad).validate()
+
+
+def test_cuda_rendering_uses_the_intrinsics():
+    p = make_problem("fwd", (4, 9, 9, 32), (64, 3, 3, 32), padding=1)
+    src = render_cuda(make_plan(p, "cuda", config=CUDA_TC_DEFAULT, precision="tf32").kernel_ir(), cache=False)
+    assert "from kernelgen.cuda_mma import mma_m16n8k8_tf32, tf32" in src
+    # 4 x 4 MMA tiles per warp x 2 k-steps of BK=16 x 2 pipeline stages, accumulators as scalars
+    assert src.count("= mma_m16n8k8_tf32(") == 64 and "cuda.local.array" not in src
+    fp32 = render_cuda(make_plan(p, "cuda").kernel_ir(), cache=False)
+    assert "tf32" not in fp32 and "mma" not in fp32
+
+
+# --- CPU backend: the same IR, emulated ------------------------------------------------------------
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_cpu_tf32_directions(name, direction, rng):
+    x_shape, w_shape, kw = CASES[name]
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    got, reference = run(direction, x, w, dy, kw, backend="cpu", precision="tf32")
+    err = check_tf32(got, reference, x, w, dy, f"{direction} {name}")
+    assert err <= EMULATED_TOL, f"{direction} {name}: {err:.3g} from the TF32-rounded reference"
+
+
+# the CUDA default, and the narrow tile small GEMMs get (each CPU compile of these costs ~1 min)
+SMALL_CUDA_TILE = TileConfig(64, 32, 16, WM=32, WN=16, smem_pad=8, stages=2)
+
+
+@pytest.mark.parametrize("direction, config", [(d, CUDA_TC_DEFAULT) for d in ("fwd", "bwd_data", "bwd_weight")]
+                         + [("fwd", SMALL_CUDA_TILE)], ids=str)
+def test_cpu_runs_the_gpu_schedule(direction, config, rng):
+    """The CUDA tiles (default: 4 x 4 MMA tiles per warp, two k-steps per slice, 2-stage pipeline) through
+    the CPU renderer, on a problem ragged against them."""
+    x_shape, w_shape, kw = (2, 13, 11, 20), (72, 3, 3, 20), dict(padding=1, stride=(1, 2))
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    plan = make_plan(p, "cpu", config=config, precision="tf32")
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    launcher = get_launcher(plan)
+    args = {k: v.reshape(-1) for k, v in inputs.items()}
+    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    err = check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    assert err <= EMULATED_TOL
+
+
+def test_deconv_tf32(rng):
+    x = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 3, 6)).astype(np.float32)
+    kw = dict(stride=2, padding=1, output_padding=1)
+    got = kernelgen.deconv(x, w, backend="cpu", precision="tf32", **kw)
+    assert rel_err(got, ref.deconv(x, w, **kw)) <= TF32_TOL
+    assert rel_err(got, ref.deconv(tf32_round(x), tf32_round(w), **kw)) <= EMULATED_TOL
+    assert kernelgen.explain("deconv", x, w, backend="cpu", precision="tf32", **kw).precision == "tf32"
+
+
+# --- precision is never silent ---------------------------------------------------------------------
+
+def test_default_is_fp32_and_global_setting_applies(rng, assert_close):
+    x_shape, w_shape, kw = CASES["c16_dilated"]
+    x, w, _ = tensors(rng, x_shape, w_shape, kw)
+    assert kernelgen.get_precision() == "fp32"
+    e = kernelgen.explain(kernelgen.conv, x, w, backend="cpu", **kw)
+    assert e.precision == "fp32" and e.variant != "implicit_gemm_tc" and "tf32" not in e.source
+    want = ref.conv_forward(x, w, **kw)
+    assert_close(kernelgen.conv(x, w, backend="cpu", **kw), want, "float32")  # 1e-5: TF32 cannot pass this
+    old = kernelgen.set_precision("tf32")
+    try:
+        assert old == "fp32"
+        e = kernelgen.explain(kernelgen.conv, x, w, backend="cpu", **kw)  # the prepared fp32 call is not reused
+        assert e.precision == "tf32" and e.variant == "implicit_gemm_tc" and "precision: tf32" in str(e)
+        assert kernelgen.explain(kernelgen.conv, x, w, backend="cpu", precision="fp32", **kw).precision == "fp32"
+        assert rel_err(kernelgen.conv(x, w, backend="cpu", **kw), want) <= TF32_TOL
+    finally:
+        kernelgen.set_precision(old)
+    assert_close(kernelgen.conv(x, w, backend="cpu", **kw), want, "float32")
+
+
+def test_plan_keys_differ_by_precision():
+    p = make_problem("fwd", (2, 8, 8, 16), (16, 3, 3, 16), padding=1)
+    cfg = TileConfig(BM=32, BN=16, BK=8, WM=16, WN=8)
+    assert make_plan(p, "cpu", precision="tf32").key() != make_plan(p, "cpu").key()
+    assert make_plan(p, "cpu", config=cfg, precision="tf32").precision == "tf32"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(precision="fp64"), r"precision must be one of \('fp32', 'tf32', 'fp16', 'bf16'\), got 'fp64'"),
+    (dict(precision="fp16"), "precision='fp16' is not yet supported"),
+    (dict(precision="bf16"), "precision='bf16' is not yet supported"),
+    (dict(precision="tf32", algo="winograd"), "implemented by algo='implicit_gemm' only"),
+    (dict(algo="implicit_gemm_tc"), "ask for it with precision='tf32'"),
+    (dict(precision="tf32", config=TileConfig()), "tensor-core TileConfig"),
+])
+def test_bad_precision_arguments(kwargs, message, rng):
+    x = rng.standard_normal((2, 6, 6, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 3, 8)).astype(np.float32)
+    config = kwargs.pop("config", None)
+    with pytest.raises(ValueError, match=message):
+        if config is None:
+            kernelgen.conv(x, w, backend="cpu", **kwargs)
+        else:
+            make_plan(make_problem("fwd", x.shape, w.shape), "cpu", config=config, **kwargs)
+
+
+def test_bad_global_precision_and_float64():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        kernelgen.set_precision("half")
+    with pytest.raises(ValueError, match="not yet supported"):
+        kernelgen.set_precision("bf16")
+    assert kernelgen.get_precision() == "fp32"
+    x, w = np.ones((1, 4, 4, 8)), np.ones((8, 1, 1, 8))
+    with pytest.raises(ValueError, match="needs float32 tensors"):
+        kernelgen.conv(x, w, backend="cpu", precision="tf32")
+
+
+@pytest.mark.sim
+def test_simulator_has_no_mma(rng):
+    x = rng.standard_normal((1, 4, 4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 1, 8)).astype(np.float32)
+    with pytest.raises(NotImplementedError, match="no CUDA-simulator stand-in"):
+        kernelgen.conv(x, w, backend="cuda", precision="tf32")
+
+
+# --- the real tensor-core kernels (H100) -----------------------------------------------------------
+
+GPU_CASES = {
+    "3x3_pad1": ((8, 16, 16, 32), (64, 3, 3, 32), dict(padding=1)),
+    "3x3_stride2": ((8, 16, 16, 32), (64, 3, 3, 32), dict(stride=2, padding=1)),
+    "1x1_wide": ((8, 14, 14, 128), (256, 1, 1, 128), dict()),
+    "ragged_groups": ((3, 13, 11, 20), (36, 3, 3, 10), dict(stride=(1, 2), padding=1, groups=2)),
+    "stem_c3": ((4, 30, 30, 3), (16, 7, 7, 3), dict(stride=2, padding=3)),
+}
+
+
+def _gpu_run(direction, x, w, dy, kw, **opts):
+    from numba import cuda
+    x_d, w_d, dy_d = cuda.to_device(x), cuda.to_device(w), cuda.to_device(dy)
+    if direction == "fwd":
+        got = kernelgen.conv(x_d, w_d, **kw, **opts)
+    elif direction == "bwd_data":
+        got = kernelgen.conv_backward_data(dy_d, w_d, x.shape, **kw, **opts)
+    else:
+        got = kernelgen.conv_backward_weight(x_d, dy_d, w.shape, **kw, **opts)
+    return got.copy_to_host(), reference_fn(direction, x.shape, w.shape, kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("name", list(GPU_CASES))
+def test_gpu_tf32(name, direction, rng):
+    x_shape, w_shape, kw = GPU_CASES[name]
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    got, reference = _gpu_run(direction, x, w, dy, kw, precision="tf32")
+    err = check_tf32(got, reference, x, w, dy, f"{direction} {name}")
+    # the hardware's fp32 accumulation order and rounding are its own: a looser bound than the CPU's,
+    # still well under the ~3e-4 that un-rounded (truncated) operands would give
+    assert err <= 1e-4, f"{direction} {name}: {err:.3g} from the TF32-rounded reference"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+def test_gpu_tf32_every_output_written_and_resources(direction, rng):
+    from numba import cuda
+
+    from kernelgen.tuning.bench import kernel_resources
+    x_shape, w_shape, kw = (3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", precision="tf32"))
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
+    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    cuda.synchronize()
+    check_tf32(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+               direction)
+    res = kernel_resources(launcher, launcher.threads)
+    assert res.get("local_bytes") == 0, res
+
+
+@pytest.mark.gpu
+def test_gpu_explain_reports_tf32(rng):
+    x = rng.standard_normal((8, 16, 16, 32)).astype(np.float32)
+    w = rng.standard_normal((64, 3, 3, 32)).astype(np.float32)
+    e = kernelgen.explain(kernelgen.conv, x, w, padding=1, precision="tf32")
+    assert e.backend == "cuda" and e.precision == "tf32" and "mma_m16n8k8_tf32(" in e.source
+    assert kernelgen.explain(kernelgen.conv, x, w, padding=1).precision == "fp32"
+
+
+def test_bench_reports_precision(capsys):
+    from kernelgen.tuning import bench
+    row = {"layer": "r18_c64_32", "direction": "fwd", "variant": "implicit_gemm_tc",
+           "config": str(CUDA_TC_DEFAULT), "kernelgen_tflops": 99.0, "cudnn_tflops": 110.0, "ratio": 0.9,
+           "registers": 230, "shared_bytes": 26624, "local_bytes": 0, "occupancy": 0.125, "pct_of_peak": 0.25,
+           "pct_of_floor": 0.25, "rel_err_vs_cudnn": 3e-4, "precision": "tf32"}
+    md = bench.markdown([row], bench.summary([row]))
+    assert "| 230 | 26624 | 0 | 0.125 | 25% |" in md and "of 396 TFLOP/s; cuDNN with TF32 on" in md
+    assert bench.floor_ms(make_problem("fwd", (128, 32, 32, 64), (64, 3, 3, 64), padding=1), "tf32") < \
+        bench.floor_ms(make_problem("fwd", (128, 32, 32, 64), (64, 3, 3, 64), padding=1))
+    from kernelgen.api import gpu_present
+    if not gpu_present():  # (on a GPU this would run the whole benchmark)
+        assert bench.main(["gpu_md", "--precision", "tf32"]) == 1  # parsed; no GPU, nothing to time
+    with pytest.raises(SystemExit):
+        bench.main(["gpu_md", "--precision", "fp16"])
