@@ -307,28 +307,36 @@ def _assigned(stmts, out=None):
     return out
 
 
-def _count(e, counts):
-    if _size(e) >= 3 and not isinstance(e, Load):
+def _reads_written(e, written):
+    """e loads from a buffer that the kernel also stores to: its value depends on where it is
+    evaluated (a register array reused for the next item on the CPU target), so it is never named."""
+    found = []
+    map_expr(e, lambda n: (found.append(1) if isinstance(n, Load) and n.buf in written else None) or n)
+    return bool(found)
+
+
+def _count(e, counts, written):
+    if _size(e) >= 3 and not isinstance(e, Load) and not _reads_written(e, written):
         counts[e] = counts.get(e, 0) + 1
     for c in _children(e):
-        _count(c, counts)
+        _count(c, counts, written)
 
 
-def _cse_block(stmts, prefix, counter, outer_bound=frozenset()):
+def _cse_block(stmts, prefix, counter, written=frozenset()):
     """Name the repeated pure subexpressions of one statement list: `_e3 = ...` right before the
     statement that first needs it.  Only expressions whose variables are bound once, before that
     statement, qualify, so moving them cannot change their value."""
-    stmts = [(_cse_stmt(s, prefix, counter, outer_bound)) for s in stmts]
+    stmts = [(_cse_stmt(s, prefix, counter, written)) for s in stmts]
     assigned = _assigned(stmts)
     while True:
         counts = {}
         for s in stmts:
             for e in _stmt_exprs(s):
-                _count(e, counts)
+                _count(e, counts, written)
             for body in ([s.body] if isinstance(s, For) else [s.body, s.orelse] if isinstance(s, If) else []):
                 for inner in body:  # uses one level down count too (the name is visible there)
                     for e in _stmt_exprs(inner):
-                        _count(e, counts)
+                        _count(e, counts, written)
         first_def = {s.var: i for i, s in reversed(list(enumerate(stmts))) if isinstance(s, Assign)}
         best = None
         for e, n in counts.items():
@@ -358,11 +366,11 @@ def _mentions(s, target):
     return bool(found)
 
 
-def _cse_stmt(s, prefix, counter, outer_bound):
+def _cse_stmt(s, prefix, counter, written):
     if isinstance(s, For):
-        return replace(s, body=_cse_block(s.body, prefix, counter))
+        return replace(s, body=_cse_block(s.body, prefix, counter, written))
     if isinstance(s, If):
-        return If(s.cond, _cse_block(s.body, prefix, counter), _cse_block(s.orelse, prefix, counter))
+        return If(s.cond, _cse_block(s.body, prefix, counter, written), _cse_block(s.orelse, prefix, counter, written))
     return s
 
 
@@ -405,4 +413,16 @@ def propagate_constants(kernel: Kernel) -> Kernel:
 
 def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     """Readable, cheaper source: repeated index arithmetic is computed once and named."""
-    return replace(kernel, body=_cse_block(kernel.body, "_e", [0]))
+    written = set()
+
+    def scan(stmts):
+        for s in stmts:
+            if isinstance(s, Store):
+                written.add(s.buf)
+            elif isinstance(s, For):
+                scan(s.body)
+            elif isinstance(s, If):
+                scan(s.body), scan(s.orelse)
+
+    scan(kernel.body)
+    return replace(kernel, body=_cse_block(kernel.body, "_e", [0], frozenset(written)))

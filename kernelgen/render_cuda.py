@@ -100,7 +100,13 @@ class CudaPrinter(SourcePrinter):
         k = self.kernel
         grid_loops, block = self.split_grid()
         args = ", ".join(b.name for b in k.params)
-        self.emit(0, "@cuda.jit(cache=_CACHE)")
+        bounds = k.meta.get("launch_bounds")  # (threads, min blocks per SM): caps registers at 64K / product
+        if bounds:
+            self.emit(0, "from numba.cuda.core import config as _numba_config")
+            self.emit(0, f"_BOUNDS = {{}} if _numba_config.ENABLE_CUDASIM else {{'launch_bounds': {tuple(bounds)!r}}}"
+                         "  # the simulator takes no launch bounds")
+            self.emit(0, "")
+        self.emit(0, "@cuda.jit(cache=_CACHE, **_BOUNDS)" if bounds else "@cuda.jit(cache=_CACHE)")
         self.emit(0, f"def {k.name}({args}):")
         self.docstring(1)
         for g in grid_loops:

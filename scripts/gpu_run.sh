@@ -3,11 +3,13 @@
 #
 # Here (once, on a machine with PyPI):   bash scripts/gpu_run.sh --fetch-wheels
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
-#   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, comma-separated
+#   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, wino-sweep,
+#   comma-separated
 #   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"), then the demo
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
+#   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.
@@ -79,6 +81,10 @@ if has nn-digits; then
 fi
 if has probe; then
   python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning
+fi
+if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/wino_sweep.py; args go to it)
+  python3 "$REPO/scripts/wino_sweep.py" --out "$OUT/wino_sweep.json" "$@" 2>&1 | tee "$OUT/wino_sweep.log" | grep -v "Warning\|warn("
+  pack
 fi
 if has tune-bench || has tune; then
   for t in ${TUNE_TABLES:-gpu_md}; do

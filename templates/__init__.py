@@ -93,7 +93,11 @@ def config_ok(variant, problem, cfg):
 
 def default_config(problem, backend, variant=None) -> TileConfig:
     """Heuristic schedule when no tuned entry exists: the CPU default (shrunk until the variant
-    accepts it), or the cheapest CUDA tile under the cost model above that the variant accepts."""
+    accepts it), or the cheapest CUDA tile under the cost model above that the variant accepts.
+    A variant with its own schedule space (Winograd: state counts, tiles sized by alpha) decides."""
+    own = getattr(variant, "default_config", None)
+    if own is not None:
+        return own(problem, backend)
     if backend != "cuda":
         for bm in (32, 16, 8, 4, 2, 1):
             for bk in (8, 4, 2, 1):

@@ -10,7 +10,8 @@ class TileConfig:
 
     split_k > 1 splits the reduction over extra blocks that add into a zeroed output with atomics
     (CUDA only: it trades a little atomic traffic for enough blocks when M x N is small, as in
-    backward-weight).  smem_pad pads shared rows to break bank conflicts.
+    backward-weight).  smem_pad pads shared rows to break bank conflicts.  states is the Winograd
+    state count alpha (0: the variant's choice; other variants ignore it).
 
     WM x WN > 0 (tensor-core schedules, templates/warp_mma.py): each warp computes a WM x WN
     sub-tile of the block tile with m16n8k8 MMAs; then TM/TN are unused and the block has
@@ -27,6 +28,7 @@ class TileConfig:
     stages: int = 1
     WM: int = 0
     WN: int = 0
+    states: int = 0
 
     @property
     def tensor_core(self):
@@ -58,6 +60,8 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
+        if not self.states:  # likewise for every non-Winograd config
+            del d["states"]
         return d
 
     def __str__(self):
@@ -71,6 +75,8 @@ class TileConfig:
             s += f"_PAD{self.smem_pad}"
         if self.stages > 1:
             s += f"_S{self.stages}"
+        if self.states:
+            s += f"_A{self.states}"
         return s
 
 

@@ -1,27 +1,25 @@
 """Im2col-Winograd (seed §5.3): 1D Winograd F(n, S) along the output width, channels-last.
 
-One thread per (batch, out-depth, out-row, width tile of n outputs, output channel). It keeps an
-alpha-element accumulator in the transformed domain: for every filter tap row (t, r) and input
-channel c it transforms alpha input items (BT d) and the filter row (G g, computed in-kernel) and
-accumulates their element-wise product; AT is applied once at the end. All transforms are
-unrolled scalar statements on register buffers with constant indices (scalarized by the passes).
-Backward-data reuses the forward kernel on dy with the 180°-rotated, channel-transposed filter,
-read in place (padding S-1-pad). Stride 1 and dilation 1 only.
+The variant's interface: which problems it computes (stride 1, dilation 1, filter widths with an
+enabled state count), the state-count settings, and its schedules.  The kernel is the block-tiled
+schedule of winograd_tiled.py (alpha batched GEMMs over output tiles x output channels, reduced over
+filter rows x channels, transforms fused in).  The state count alpha comes from the TileConfig
+(`states`) or, when that is 0, from choose_states.  Backward-data reuses the forward kernel on dy
+with the 180-degree rotated, channel-transposed filter, read in place (padding S-1-pad).
 """
 from __future__ import annotations
 
-from ..ir import Assign, Buffer, Const, For, If, Kernel, Load, Select, Store, Var, all_of
+import os
 
 from .config import TileConfig
-from .tiled_gemm import _cdiv
-from .implicit_gemm import epilogue_value
-from .winograd_transforms import STATES, supported, winograd_matrices
+from .winograd_tiled import build_tiled, conv_geometry, shared_bytes
+from .winograd_transforms import STATES, supported
 
 NAME = "winograd"
 DIRECTIONS = ("fwd", "bwd_data")
-ALLOW_16_STATES = False          # 16-state kernels are ~1e-4 relative in fp32: opt in
+# 16-state kernels are ~1e-4 relative in fp32: opt in (here, or KERNELGEN_WINOGRAD_16=1 for a whole run)
+ALLOW_16_STATES = os.environ.get("KERNELGEN_WINOGRAD_16") == "1"
 ENABLED_STATES = {4: True, 8: True, 16: True}
-THREADS = 64
 
 
 
@@ -51,92 +49,108 @@ def applies(p):
     return choose_states(p.filter_size[2]) is not None
 
 
-def _lin(*pairs):
-    out = Const(0)
-    for i, size in pairs:
-        out = out * size + i
-    return out
+def enabled(alpha, S):
+    """alpha may run for filter width S under the current settings."""
+    return bool(ENABLED_STATES.get(alpha)) and (alpha != 16 or ALLOW_16_STATES) and supported(alpha, S)
+
+
+def states_for(p, cfg):
+    """The state count a config selects on a problem (None: nothing enabled fits)."""
+    S = p.filter_size[2]
+    if cfg.states:
+        return cfg.states if enabled(cfg.states, S) else None
+    return choose_states(S)
+
+
+MAX_SHARED = 48 * 1024  # numba's static shared arrays
+
+
+def config_ok(p, cfg):
+    alpha = states_for(p, cfg)
+    itemsize = 8 if p.dtype == "float64" else 4
+    return (alpha is not None and cfg.split_k == 1 and cfg.stages == 1 and cfg.BM % cfg.TM == 0
+            and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= 1024
+            and shared_bytes(cfg, alpha, itemsize) <= MAX_SHARED)
+
+
+# CUDA tiles per state count (BM tiles, BN channels, BK, TM, TN): 256 threads, alpha*TM*TN = 64
+# accumulators, so a thread stays within 128 registers (no spills, 2 blocks per SM).  Per state and
+# channel step a warp (16 tx x 2 ty) reads TM floats of V (2 distinct rows: broadcast) and TN of U
+# (16 distinct): for 8 states 4 x 2 needs 2 shared wavefronts per 8 FMAs, 2 x 4 needs 3 - shared
+# bandwidth would bound it - so the 8-state default is 64 tiles x 32 channels.
+CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident blocks per SM at 128 registers)
+    4: {(64, 64, 8, 4, 4): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (64, 32, 8, 4, 2): (0.85, 2),
+        (128, 32, 8, 8, 2): (0.85, 2), (32, 32, 8, 2, 2): (0.6, 4)},
+    8: {(64, 32, 8, 4, 2): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (32, 32, 8, 2, 2): (0.65, 4),
+        (64, 64, 8, 4, 2): (0.95, 1), (64, 32, 4, 4, 2): (0.9, 2)},
+    16: {(32, 32, 4, 2, 2): (1.0, 2), (16, 32, 4, 1, 2): (0.7, 4), (32, 16, 4, 2, 1): (0.7, 4),
+         (32, 32, 8, 2, 2): (1.0, 2)},
+}
+SM_COUNT = 132
+CPU_TILE = (8, 8, 4, 2, 2)  # small: CPU compile time, and channel counts of tests
+# Cost per state count beyond its multiplies (transforms ~ nnz(BT) / (alpha BN), smaller register
+# tiles): a guess until the tuner measures it.
+STATE_OVERHEAD = {4: 1.0, 8: 1.25, 16: 1.6}
+
+
+def auto_states(S):
+    """State counts the CUDA default may pick: the enabled ones, 16 only where nothing else fits
+    (~1e-4 relative error; a config can still name it)."""
+    states = [a for a in STATES if enabled(a, S)]
+    return [a for a in states if a != 16] or states
+
+
+def model_time(p, alpha, tile):
+    """Modeled time: blocks per SM x work per block (BM x BN x alpha products per channel step) x
+    STATE_OVERHEAD / (efficiency x latency hiding of the blocks resident together).  A small grid
+    wants a smaller tile (128 blocks of 64 x 64: one per SM, none to hide latency); the last width
+    tile's waste is in M."""
+    bm, bn = tile[0], tile[1]
+    eff, per_sm = CUDA_TILES[alpha][tile]
+    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
+    M = p.N * OD * OH * -(-OW // (alpha - p.filter_size[2] + 1))
+    blocks = -(-M // bm) * -(-kout // bn) * p.groups
+    per_sm_run = -(-blocks // SM_COUNT)  # blocks one SM works through (as templates.estimated_cost)
+    hiding = {1: 0.8, 2: 1.0}.get(min(per_sm_run, per_sm), 1.05)
+    return per_sm_run * bm * bn * alpha * STATE_OVERHEAD[alpha] / (eff * hiding)
+
+
+def default_config(p, backend):
+    """CPU: a small tile, states by choose_states.  CUDA: the (state count, tile) of least
+    model_time, shared rows padded (the transposed V/U stores from channel-fastest threads would
+    otherwise hit one bank 8 ways)."""
+    if choose_states(p.filter_size[2]) is None:
+        raise ValueError(f"winograd: no enabled state count for {p.key()}")
+    if backend != "cuda":
+        return TileConfig(*CPU_TILE)
+    cands = [c for c in candidate_configs(p, auto_states(p.filter_size[2])) if c.smem_pad]
+    if not cands:
+        raise ValueError(f"winograd: no CUDA tile fits {p.key()}")
+    return cands[0]
+
+
+def candidate_configs(p, states=None):
+    """What the tuner tries, cheapest under model_time first: every enabled state count for the width
+    x its tiles x shared padding."""
+    out = []
+    for alpha in states or STATES:
+        if not enabled(alpha, p.filter_size[2]):
+            continue
+        for t in CUDA_TILES[alpha]:
+            for pad in (4, 0):
+                cfg = TileConfig(*t, smem_pad=pad, states=alpha)
+                if config_ok(p, cfg):
+                    out.append(cfg)
+    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.smem_pad == 0)
+    return sorted(out, key=key)
 
 
 def build(p, cfg: TileConfig, alpha=None):
-    T, R, S = p.filter_size
-    alpha = alpha or choose_states(S)
+    alpha = alpha or states_for(p, cfg)
+    S = p.filter_size[2]
     if alpha is None or not supported(alpha, S):
-        raise ValueError(f"winograd: no enabled state count for filter width {S} (states {ENABLED_STATES}, "
-                         f"ALLOW_16_STATES={ALLOW_16_STATES})")
-    n = alpha - S + 1
-    AT, G, BT = winograd_matrices(n, S)
-    bwd = p.direction == "bwd_data"
-    # Conv seen as forward: src (N, ID, IH, IW, Cin) * filter -> dst (N, OD, OH, OW, Kout).
-    if bwd:
-        src, dst, (ID, IH, IW), (OD, OH, OW) = "dy", "dx", p.out_size, p.in_size
-        Cin, Kout, pads = p.Kg, p.Cg, [f - 1 - pd for f, pd in zip(p.filter_size, p.padding)]
-        CS, KS = p.K, p.C
-    else:
-        src, dst, (ID, IH, IW), (OD, OH, OW) = "x", "y", p.in_size, p.out_size
-        Cin, Kout, pads = p.Cg, p.Kg, list(p.padding)
-        CS, KS = p.C, p.K
-    tiles = _cdiv(OW, n)
-    total = p.N * OD * OH * tiles * p.groups * Kout
-    idx, v = Var("idx"), Var
-    body = [Assign("idx", Var("bm") * THREADS + Var("tid"))]
-    decode = []
-    rest = idx
-    for name, size in (("k", Kout), ("g", p.groups), ("tw", tiles), ("oh", OH), ("od", OD)):
-        decode.append(Assign(name, rest % size))
-        rest = rest // size
-    decode.append(Assign("nb", rest))
-    acc = Buffer("acc", (alpha,), p.dtype, "register")
-    d = Buffer("d", (alpha,), p.dtype, "register")
-    gw = Buffer("gw", (S,), p.dtype, "register")
-    inner = [Assign("ih", v("oh") + v("r") - pads[1]), Assign("id_", v("od") + v("t") - pads[0])]
-    row_ok = [v("ih") >= 0, v("ih") < IH, v("id_") >= 0, v("id_") < ID] if (pads[0] or pads[1]) else []
-    kch, cch = v("g") * Kout + v("k"), v("g") * Cin + v("c")
-    for a in range(alpha):
-        iw = v("tw") * n + (a - pads[2])
-        pred = all_of(row_ok + [iw >= 0, iw < IW])
-        addr = _lin((v("nb"), p.N), (v("id_"), ID), (v("ih"), IH), (iw, IW)) * CS + cch
-        inner.append(d.store(a, Select(pred, Load(src, (addr,)), Const(0.0))))
-    for s in range(S):
-        if bwd:  # w[cin_as_k, T-1-t, R-1-r, S-1-s, k_as_c]: rotated and channel-transposed, in place
-            waddr = _lin((cch, p.K), (T - 1 - v("t"), T), (R - 1 - v("r"), R), (S - 1 - s, S)) * p.Cg + v("k")
-        else:
-            waddr = _lin((kch, p.K), (v("t"), T), (v("r"), R), (s, S)) * p.Cg + v("c")
-        inner.append(gw.store(s, Load("w", (waddr,))))
-    for i in range(alpha):
-        gi = _combo(G[i], [gw[j] for j in range(S)])
-        bi = _combo(BT[i], [d[j] for j in range(alpha)])
-        inner.append(acc.store(i, gi * bi, accumulate=True))
-    loops = For("t", T, (For("r", R, (For("c", Cin, tuple(inner)),)),))
-    out = []
-    for o in range(n):
-        ow = v("tw") * n + o
-        value = _combo(AT[o], [acc[i] for i in range(alpha)])
-        addr = _lin((v("nb"), p.N), (v("od"), OD), (v("oh"), OH), (ow, OW)) * KS + kch
-        if not bwd:
-            value = epilogue_value(p, value, kch)
-        st = Store(dst, (addr,), value)
-        out.append(If(ow < OW, (st,)) if OW % n else st)
-    work = decode + [acc.store(i, Const(0.0)) for i in range(alpha)] + [loops] + out
-    body.append(If(idx < total, tuple(work)))
-    grid = (_cdiv(total, THREADS),)
-    kbody = (For("bm", grid[0], (For("tid", THREADS, tuple(body), "thread"),), "grid", axis=0),)
-    params = [Buffer(src, (p.N * ID * IH * IW * CS,), p.dtype),
-              Buffer("w", (p.K * T * R * S * p.Cg,), p.dtype)]
-    if p.has_bias and not bwd:
-        params.append(Buffer("bias", (p.K,), p.dtype))
-    params.append(Buffer(dst, (p.N * OD * OH * OW * KS,), p.dtype, role="out"))
-    meta = {"doc": f"im2col-winograd F({n},{S}) alpha={alpha} {p.direction}", "config": f"alpha={alpha}",
-            "zero_output": False, "work": total * n * T * R * S * Cin}
-    return Kernel(f"winograd_{p.direction}_a{alpha}_s{S}", tuple(params), (acc, d, gw), kbody, grid, THREADS, meta)
-
-
-def _combo(coeffs, terms):
-    """sum coeffs[j] * terms[j] with exact zeros dropped and unit coefficients not multiplied."""
-    out = None
-    for c, t in zip(coeffs, terms):
-        if c == 0:
-            continue
-        term = t if c == 1 else (-t if False else Const(float(c)) * t)
-        out = term if out is None else out + term
-    return out if out is not None else Const(0.0)
+        raise ValueError(f"winograd: no enabled state count for filter width {S} (config {cfg}, states "
+                         f"{ENABLED_STATES}, ALLOW_16_STATES={ALLOW_16_STATES})")
+    k = build_tiled(p, cfg, alpha)
+    return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
+                       {**k.meta, "problem": p.key(), "template": NAME})

@@ -200,3 +200,21 @@ def test_cpu_lowering_keeps_register_arrays_and_loops():
             elif isinstance(s, If):
                 yield from bindings(s.body + s.orelse)
     assert "unroll" not in set(bindings(k.body))
+
+
+def test_cse_never_names_an_expression_reading_a_written_buffer():
+    """A register array reused for the next item (CPU target) changes between two identical loads:
+    naming `r[0] * r[1]` once would reuse the first item's product (the Winograd staging bug)."""
+    from kernelgen.passes import eliminate_common_subexpressions
+    x = Buffer("x", (4,))
+    y = Buffer("y", (2,), role="out")
+    r = Buffer("r", (2,), scope="register")
+    prod = (r[0] * r[1]) * 2.0
+    body = [r.store(0, x[0]), r.store(1, x[1]), y.store(0, prod),
+            r.store(0, x[2]), r.store(1, x[3]), y.store(1, prod)]
+    out = eliminate_common_subexpressions(kernel(body, (x, y), (r,)))
+    assert out.body == tuple(body)  # nothing named: the two products differ
+    # reads of buffers nobody writes are still shared
+    z = (x[0] * x[1]) * 2.0
+    out = eliminate_common_subexpressions(kernel([y.store(0, z + 1.0), y.store(1, z + 2.0)], (x, y)))
+    assert any(isinstance(s, Assign) for s in out.body)

@@ -57,17 +57,19 @@ def test_transform_equals_direct_correlation(alpha, r):
     assert y == [sum(g[j] * d[o + j] for j in range(r)) for o in range(n)]
 
 
-# --- kernels ---------------------------------------------------------------------------------------
+# --- kernels ----------------------------------------------------------------------------------------
 import kernelgen  # noqa: E402
 from kernelgen import reference as R  # noqa: E402
 from kernelgen.problem import make_problem  # noqa: E402
 from kernelgen.templates import winograd  # noqa: E402
-from kernelgen.templates.config import CPU_DEFAULT  # noqa: E402
+from kernelgen.templates.config import TileConfig  # noqa: E402
+
+CPU_CFG = TileConfig(*winograd.CPU_TILE)
+TINY = TileConfig(BM=4, BN=4, BK=2, TM=2, TN=2, smem_pad=4)  # 4 threads: the simulator's cost is per thread
 
 
-def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu", bias=None):
-    """Run the winograd kernel with an explicit state count.  The plan key does not carry alpha, so
-    the kernel is cached here under a key that does."""
+def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu", bias=None, cfg=CPU_CFG):
+    """Run the winograd kernel with an explicit state count and config, into a NaN-poisoned output."""
     from kernelgen.render_cpu import render_cpu
     from kernelgen.render_cuda import render_cuda
     from kernelgen.runtime.cache import KERNELS
@@ -75,9 +77,9 @@ def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu"
     dtype = "float64" if src.dtype == np.float64 else "float32"
     p = make_problem(direction, x_shape, w.shape, stride=1, padding=padding, dilation=1, groups=groups,
                      dtype=dtype, has_bias=bias is not None)
-    kernel = winograd.build(p, CPU_DEFAULT, alpha)
+    kernel = winograd.build(p, cfg, alpha)
     render = render_cuda if backend == "cuda" else render_cpu
-    launcher = KERNELS.get(("winograd-test", p.key(), alpha, backend), lambda: render(kernel),
+    launcher = KERNELS.get(("winograd-test", p.key(), alpha, str(cfg), backend), lambda: render(kernel),
                            lambda m: Launcher.from_module(m, backend))
     src_name = "x" if direction == "fwd" else "dy"
     args = {src_name: src.reshape(-1).copy(), "w": w.reshape(-1).copy()}
@@ -96,37 +98,52 @@ def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu"
     return out.reshape(p.output_shape)
 
 
-def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C=3, K=2):
+def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C=5, K=6, bias=False,
+          cfg=CPU_CFG, backend="cpu"):
+    """C = 5 and K = 6 are not multiples of the CPU tile's BK = 4 / BN = 8; the output width is not
+    a multiple of n; filter height 2 with padding makes rows fall off the top and bottom."""
     n = alpha - r + 1
-    W = n + r + 1  # output width not a multiple of n, at least two tiles
+    W = n + r + 1
     pad = (r // 2) if pad is None else pad
     x_shape = (2, H, W, C * groups)
     w = rng.standard_normal((K * groups, 2, r, C)).astype(dtype)
+    b = rng.standard_normal(K * groups).astype(dtype) if bias else None
     if direction == "fwd":
         x = rng.standard_normal(x_shape).astype(dtype)
-        got = _run_alpha("fwd", alpha, x, w, x_shape, pad, groups)
-        want = R.conv_forward(x.astype(np.float64), w.astype(np.float64), padding=pad, groups=groups)
+        got = _run_alpha("fwd", alpha, x, w, x_shape, pad, groups, backend, b, cfg)
+        want = R.conv_forward(x.astype(np.float64), w.astype(np.float64), b, padding=pad, groups=groups)
     else:
         oh, ow = H + 2 * pad - 1, W + 2 * pad - r + 1
         dy = rng.standard_normal((2, oh, ow, K * groups)).astype(dtype)
-        got = _run_alpha("bwd_data", alpha, dy, w, x_shape, pad, groups)
+        got = _run_alpha("bwd_data", alpha, dy, w, x_shape, pad, groups, backend, cfg=cfg)
         want = R.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x_shape, padding=pad,
                                     groups=groups)
-    assert not np.isnan(got).any()
+    assert not np.isnan(got).any(), "an output was never written"
     return got, want
 
 
-@pytest.mark.parametrize("alpha,r", COMBOS)
+# every width for 4 and 8 states; two of the slow-to-compile 16-state kernels
+@pytest.mark.parametrize("alpha,r", [(a, r) for a, r in COMBOS if a < 16 or r in (3, 9)])
 def test_forward_float64_every_state_and_width(alpha, r):
     rng = np.random.default_rng()
-    got, want = _case(rng, alpha, r, "fwd", groups=2 if r % 2 else 1)
+    got, want = _case(rng, alpha, r, "fwd", groups=2 if r % 2 else 1, bias=r == 3)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("alpha,r", [(4, 3), (8, 5), (16, 9), (8, 2)])
-def test_backward_data_float64(alpha, r):
+@pytest.mark.parametrize("alpha,r,pad", [(4, 3, 2), (4, 2, 1), (8, 2, 0), (8, 3, 1), (8, 4, 3), (8, 5, 2),
+                                         (8, 6, 1), (8, 7, 3), (16, 9, 4)])
+def test_backward_data_float64(alpha, r, pad):
     rng = np.random.default_rng()
-    got, want = _case(rng, alpha, r, "bwd_data", groups=2 if alpha == 8 else 1, pad=r - 1 if r < 5 else 1)
+    got, want = _case(rng, alpha, r, "bwd_data", groups=2 if r in (3, 6) else 1, pad=pad)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_many_blocks_every_axis(direction):
+    """Several blocks along tiles, channels and groups, several channel chunks: K = 10 over BN = 4,
+    C = 5 over BK = 2, with the tiny simulator config run on the CPU."""
+    rng = np.random.default_rng()
+    got, want = _case(rng, 8, 3, direction, groups=2, C=5, K=10, H=4, bias=direction == "fwd", cfg=TINY)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
 
 
@@ -145,6 +162,16 @@ def test_api_algo_winograd_with_bias_and_3d():
     b = rng.standard_normal(4)
     y = kernelgen.conv(x, w, b, padding=1, backend="cpu", algo="winograd")
     np.testing.assert_allclose(y, R.conv_forward(x, w, b, padding=1), rtol=1e-9, atol=1e-9)
+
+
+def test_api_algo_winograd_1d_forward_and_backward_data():
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((2, 13, 6)), rng.standard_normal((5, 5, 6))
+    y = kernelgen.conv(x, w, padding=2, backend="cpu", algo="winograd")
+    np.testing.assert_allclose(y, R.conv_forward(x, w, padding=2), rtol=1e-9, atol=1e-9)
+    dy = rng.standard_normal(y.shape)
+    dx = kernelgen.conv_backward_data(dy, w, x.shape, padding=2, backend="cpu", algo="winograd")
+    np.testing.assert_allclose(dx, R.conv_backward_data(dy, w, x.shape, padding=2), rtol=1e-9, atol=1e-9)
 
 
 def test_accuracy_switch_and_applicability(monkeypatch):
@@ -166,23 +193,48 @@ def test_accuracy_switch_and_applicability(monkeypatch):
     assert candidates(p3)[0].NAME != "winograd"  # never the automatic choice until measured
 
 
+def test_configs(monkeypatch):
+    """Default CUDA configs keep alpha*TM*TN = 64 accumulators, name their state count, and fit shared
+    memory; config_ok rejects what the schedule does not implement or the settings forbid."""
+    from kernelgen.templates import default_config
+    from kernelgen.tuning.tuner import candidates as tune_candidates
+    for S, width, alphas in ((3, 7, {4}), (3, 28, {4, 8}), (5, 28, {8}), (7, 28, {8})):  # F(6,3) wastes 5 of 12 at 7
+        p = make_problem("fwd", (32, width, width, 64), (64, S, S, 64), padding=S // 2)
+        cfg = default_config(p, "cuda", winograd)
+        assert cfg.states in alphas and cfg.states * cfg.TM * cfg.TN <= 64 and cfg.threads <= 512, cfg
+        assert cfg == winograd.candidate_configs(p, [4, 8])[0]  # the modeled cheapest
+        assert default_config(p, "cpu", winograd) == CPU_CFG
+        cands = tune_candidates(p, ["winograd"])
+        assert cands and all(v == "winograd" and winograd.config_ok(p, c) for v, c in cands)
+        assert {c.states for _, c in cands} == ({4, 8} if S == 3 else {8})  # 3x3 tries F(2,3) and F(6,3)
+        assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, stages=2, states=cfg.states))
+        assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=2, states=cfg.states))
+    p = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), padding=1)
+    assert not winograd.config_ok(p, TileConfig(128, 128, 16, 8, 8, states=8))      # 64 KiB of shared memory
+    assert not winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))        # 16 states not allowed
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    assert winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))
+    monkeypatch.setitem(winograd.ENABLED_STATES, 8, False)
+    assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, states=8))
+
+
 def test_cuda_render_scalarizes_registers():
     x = np.random.default_rng().standard_normal((1, 5, 9, 3)).astype(np.float32)
     w = np.random.default_rng().standard_normal((4, 3, 3, 3)).astype(np.float32)
-    src = kernelgen.explain(kernelgen.conv, x, w, padding=1, backend="cuda", algo="winograd").source
-    assert "local.array" not in src and "winograd" in src
+    ex = kernelgen.explain(kernelgen.conv, x, w, padding=1, backend="cuda", algo="winograd")
+    src = ex.source
+    assert "local.array" not in src and "winograd" in src and "cuda.shared.array" in src
+    assert src.count("cuda.syncthreads()") == 2  # one step: stage V and U | outer products
 
 
 @pytest.mark.sim
-def test_simulator_forward_and_backward_data():
+@pytest.mark.parametrize("alpha,r", [(4, 3), (8, 5)])
+def test_simulator_forward_and_backward_data(alpha, r):
     rng = np.random.default_rng()
-    x = rng.standard_normal((1, 2, 5, 2)).astype(np.float32)
-    w = rng.standard_normal((2, 1, 3, 2)).astype(np.float32)
-    got = _run_alpha("fwd", 4, x, w, x.shape, 1, 1, backend="cuda")
-    np.testing.assert_allclose(got, R.conv_forward(x, w, padding=1), rtol=1e-5, atol=1e-5)
-    dy = rng.standard_normal((1, 4, 5, 2)).astype(np.float32)  # height 2 + 2*1 - 1 + 1
-    got = _run_alpha("bwd_data", 4, dy, w, x.shape, 1, 1, backend="cuda")
-    np.testing.assert_allclose(got, R.conv_backward_data(dy, w, x.shape, padding=1), rtol=1e-5, atol=1e-5)
+    for direction in ("fwd", "bwd_data"):
+        got, want = _case(rng, alpha, r, direction, dtype=np.float32, H=2, C=3, K=3, pad=1, cfg=TINY,
+                          backend="cuda", bias=direction == "fwd")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
@@ -194,3 +246,71 @@ def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
     before = make_plan(p, "cpu", "winograd").key()
     monkeypatch.setitem(W.ENABLED_STATES, 4, False)
     assert make_plan(p, "cpu", "winograd").key() != before
+
+
+def test_ptx_has_no_local_memory(tmp_path):
+    """The default CUDA configs of a 3x3 and a 7x7 table layer compile to sm_90 with no local memory
+    and no spills (needs numba's NVVM and ptxas; scripts/ptxas_report.py reports every table shape)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas not on PATH")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "ptx.json"
+    res = subprocess.run([sys.executable, os.path.join(root, "scripts", "ptxas_report.py"), "--only",
+                          "r50_3x3_14,c7x7_28", "--json", str(out)], capture_output=True, text=True)
+    if not out.exists() and ("NVVM" in res.stderr or "libnvvm" in res.stderr):
+        pytest.skip("no NVVM on this machine")
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4, res.stdout + res.stderr
+    assert all(r["local_bytes"] == 0 and r["spill_stores"] == 0 and r["registers"] <= 128 for r in rows), rows
+    assert res.returncode == 0, res.stdout
+
+
+# --- real GPU: one table shape per filter width, default CUDA configs (scripts/gpu_run.sh tests) ---
+GPU_LAYERS = ["r50_3x3_28", "r18_c512_4", "c5x5_28", "c7x7_28", "c9x9_28"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("name", GPU_LAYERS)
+def test_gpu_table_shapes(name, direction, rng, monkeypatch):
+    from numba import cuda
+    from kernelgen.api import make_plan
+    from kernelgen.tuning.shapes import load_table
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)  # the 9x9 layer needs 16 states
+    layer = next(l for l in load_table("winograd")[1] if l.name == name)
+    p = layer.problem(direction)
+    cfg = make_plan(p, "cuda", "winograd").config
+    assert cfg == winograd.default_config(p, "cuda") and cfg.states
+    x_shape, w_shape, kw = layer.shapes()
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    pad = kw["padding"]
+    if direction == "fwd":
+        x, b = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(p.K).astype(np.float32)
+        got = kernelgen.conv(cuda.to_device(x), cuda.to_device(w), cuda.to_device(b), padding=pad, algo="winograd")
+        want = R.conv_forward(x, w, b, padding=pad)
+    else:
+        dy = rng.standard_normal(p.y_shape).astype(np.float32)
+        got = kernelgen.conv_backward_data(cuda.to_device(dy), cuda.to_device(w), x_shape, padding=pad,
+                                           algo="winograd")
+        want = R.conv_backward_data(dy, w, x_shape, padding=pad)
+    got = np.asarray(got.copy_to_host() if hasattr(got, "copy_to_host") else got.cpu().numpy())
+    assert not np.isnan(got).any()
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert rel <= (1e-3 if cfg.states == 16 else 1e-4), (cfg, rel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("states", [4, 8])
+def test_gpu_every_output_written_ragged(states, rng):
+    """NaN-poisoned output; tiles, channels and widths ragged against the default tile."""
+    got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True,
+                      cfg=TileConfig(*winograd.CUDA_TILES[states][0], smem_pad=4, states=states), backend="cuda")
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
+    got, want = _case(rng, states, 3, "bwd_data", dtype=np.float32, H=9, C=37, K=45,
+                      cfg=TileConfig(*winograd.CUDA_TILES[states][0], smem_pad=4, states=states), backend="cuda")
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4

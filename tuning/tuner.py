@@ -79,7 +79,8 @@ def candidates(problem, variants=None, tiles=TILES, keep=None):
     vs = [v for v in variant_candidates(problem) if not variants or v.NAME in variants]
     out = []
     for v in vs:
-        cfgs = [c for c in candidate_configs(problem, tiles) if config_ok(v, problem, c)]
+        own = getattr(v, "candidate_configs", None)  # a variant with its own schedule space (Winograd)
+        cfgs = own(problem) if own else [c for c in candidate_configs(problem, tiles) if config_ok(v, problem, c)]
         if keep:
             def cost(c):
                 tile = (c.BM, c.BN, c.BK, c.TM, c.TN)
