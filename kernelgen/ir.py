@@ -289,6 +289,17 @@ def map_stmt_exprs(s, fn):
     return s
 
 
+def walk_stmts(stmts):
+    """Every statement in `stmts`, loop and branch bodies included (pre-order)."""
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from walk_stmts(s.body)
+        elif isinstance(s, If):
+            yield from walk_stmts(s.body)
+            yield from walk_stmts(s.orelse)
+
+
 def expr_vars(e, out=None):
     out = set() if out is None else out
     if isinstance(e, Var):

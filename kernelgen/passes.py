@@ -8,8 +8,8 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
-from .ir import (Assign, BinOp, Buffer, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var,
-                 expr_vars, map_expr, map_stmt_exprs)
+from .ir import (Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var,
+                 expr_vars, map_expr, map_stmt_exprs, walk_stmts)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -204,17 +204,10 @@ def scalarize_registers(kernel: Kernel) -> Kernel:
             dynamic.add(e.buf)
         return e
 
-    def scan_stmts(stmts):
-        for s in stmts:
-            map_stmt_exprs(s, lambda e: map_expr(e, scan))
-            if isinstance(s, Store) and s.buf in regs and not all(isinstance(i, Const) for i in s.index):
-                dynamic.add(s.buf)
-            if isinstance(s, For):
-                scan_stmts(s.body)
-            elif isinstance(s, If):
-                scan_stmts(s.body), scan_stmts(s.orelse)
-
-    scan_stmts(kernel.body)
+    for s in walk_stmts(kernel.body):
+        map_stmt_exprs(s, lambda e: map_expr(e, scan))
+        if isinstance(s, Store) and s.buf in regs and not all(isinstance(i, Const) for i in s.index):
+            dynamic.add(s.buf)
     scalar = regs - dynamic
     name = lambda buf, index: "_".join([buf] + [str(i.value) for i in index])
 
@@ -413,16 +406,5 @@ def propagate_constants(kernel: Kernel) -> Kernel:
 
 def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     """Readable, cheaper source: repeated index arithmetic is computed once and named."""
-    written = set()
-
-    def scan(stmts):
-        for s in stmts:
-            if isinstance(s, Store):
-                written.add(s.buf)
-            elif isinstance(s, For):
-                scan(s.body)
-            elif isinstance(s, If):
-                scan(s.body), scan(s.orelse)
-
-    scan(kernel.body)
-    return replace(kernel, body=_cse_block(kernel.body, "_e", [0], frozenset(written)))
+    written = frozenset(s.buf for s in walk_stmts(kernel.body) if isinstance(s, Store))
+    return replace(kernel, body=_cse_block(kernel.body, "_e", [0], written))

@@ -187,3 +187,14 @@ def _run_direction(problem, kw, backend, algo=None, config=None, rng=None):
 def run_direction():
     return _run_direction
 
+
+
+@pytest.fixture(scope="module")
+def torch():
+    """PyTorch with CUDA as the comparator of the nn GPU tests, TF32 off (skips without it)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch

@@ -7,48 +7,18 @@ import pytest
 from kernelgen.nn import SGD, Adam, ResNet, Tensor
 from kernelgen.nn import functional as F
 
+from torch_compare import compare_with_torch, nchw, nhwc, rel_err
+
 pytestmark = pytest.mark.gpu
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return torch
-
-
-def rel_err(got, want):
-    want = np.asarray(want, np.float64)
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def compare(torch, ours, theirs, arrays, rng, tol=TOL):
     """ours(device Tensors) and theirs(torch CUDA tensors, same NHWC layout): forward and gradients of
     sum(output * random projection)."""
     from kernelgen.nn import cuda_ops
-    tt = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays]
-    want = theirs(*tt)
-    proj = rng.standard_normal(tuple(want.shape)).astype(np.float32)
-    want.backward(torch.tensor(proj, device="cuda") if want.dim() else None)
-    dev = [Tensor(a, requires_grad=True).cuda() for a in arrays]
-    got = ours(*dev)
-    got.backward(cuda_ops.to_device(proj) if want.dim() else None)
-    assert got.shape == tuple(want.shape)
-    err = rel_err(got.numpy(), want.detach().cpu().numpy())
-    assert err <= tol, f"forward: relative error {err:.3g}"
-    for i, (d, t) in enumerate(zip(dev, tt)):
-        err = rel_err(d.grad.copy_to_host(), t.grad.cpu().numpy())
-        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
-
-
-def nchw(t):
-    return t.permute(0, 3, 1, 2)
-
-
-def nhwc(t):
-    return t.permute(0, 2, 3, 1)
+    compare_with_torch(torch, ours, theirs, arrays, rng, tol, lambda a: Tensor(a, requires_grad=True).cuda(),
+                       lambda p: cuda_ops.to_device(p) if p.ndim else None, lambda t: t.grad.copy_to_host())
 
 
 def test_elementwise(torch, rng):

@@ -10,47 +10,15 @@ import pytest
 from kernelgen.nn import Tensor
 from kernelgen.nn import functional as F
 
+from torch_compare import compare_with_torch, nchw, nhwc
+
 pytestmark = pytest.mark.gpu
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return torch
-
-
-def rel_err(got, want):
-    want = np.asarray(want, np.float64)
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
-
-
 def compare(torch, ours, theirs, arrays, rng, tol=TOL):
-    tt = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays]
-    want = theirs(*tt)
-    proj = rng.standard_normal(tuple(want.shape)).astype(np.float32)
-    (want * torch.tensor(proj, device="cuda")).sum().backward()
-    host = [Tensor(a, requires_grad=True) for a in arrays]
-    got = ours(*host)
-    got.backward(proj)
-    assert got.shape == tuple(want.shape)
-    err = rel_err(got.numpy(), want.detach().cpu().numpy())
-    assert err <= tol, f"forward: relative error {err:.3g}"
-    for i, (h, t) in enumerate(zip(host, tt)):
-        err = rel_err(h.grad, t.grad.cpu().numpy())
-        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
-
-
-def nchw(t):
-    return t.permute(0, 3, 1, 2)
-
-
-def nhwc(t):
-    return t.permute(0, 2, 3, 1)
+    compare_with_torch(torch, ours, theirs, arrays, rng, tol, lambda a: Tensor(a, requires_grad=True),
+                       lambda p: p, lambda t: t.grad)
 
 
 def test_activations(torch, rng):

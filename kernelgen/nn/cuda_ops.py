@@ -37,6 +37,23 @@ from .cuda_launch import (  # noqa: F401
     view,
 )
 
+@cuda.jit(device=True)
+def _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty):
+    """Add a pair of per-thread float64 sums over the block's TR thread rows (one column per channel)
+    and store them in the block's slot of the partial-sum arrays."""
+    sh_a = cuda.shared.array((TR, TC), float64)
+    sh_b = cuda.shared.array((TR, TC), float64)
+    sh_a[ty, tx] = a
+    sh_b[ty, tx] = b
+    cuda.syncthreads()
+    if ty == 0 and ch < c:
+        for k in range(1, TR):
+            a += sh_a[k, tx]
+            b += sh_b[k, tx]
+        part_a[cuda.blockIdx.y * c + ch] = a
+        part_b[cuda.blockIdx.y * c + ch] = b
+
+
 # ---- elementwise ------------------------------------------------------------------------------------------
 
 @kernel
@@ -123,17 +140,7 @@ def _stats_partial_k(x, rows, c, part_s, part_q):
             s += d
             q += d * d
             r += cuda.gridDim.y * TR
-    sh_s = cuda.shared.array((TR, TC), float64)
-    sh_q = cuda.shared.array((TR, TC), float64)
-    sh_s[ty, tx] = s
-    sh_q[ty, tx] = q
-    cuda.syncthreads()
-    if ty == 0 and ch < c:
-        for k in range(1, TR):
-            s += sh_s[k, tx]
-            q += sh_q[k, tx]
-        part_s[cuda.blockIdx.y * c + ch] = s
-        part_q[cuda.blockIdx.y * c + ch] = q
+    _block_column_sums(s, q, part_s, part_q, c, ch, tx, ty)
 
 
 @kernel
@@ -192,17 +199,7 @@ def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
                 a += ge
                 b += ge * ((x[i] - mu) * istd)
             r += cuda.gridDim.y * TR
-    sh_a = cuda.shared.array((TR, TC), float64)
-    sh_b = cuda.shared.array((TR, TC), float64)
-    sh_a[ty, tx] = a
-    sh_b[ty, tx] = b
-    cuda.syncthreads()
-    if ty == 0 and ch < c:
-        for k in range(1, TR):
-            a += sh_a[k, tx]
-            b += sh_b[k, tx]
-        part_a[cuda.blockIdx.y * c + ch] = a
-        part_b[cuda.blockIdx.y * c + ch] = b
+    _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty)
 
 
 @kernel

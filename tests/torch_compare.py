@@ -1,0 +1,38 @@
+"""Helpers for the tests that compare kernelgen.nn with PyTorch on the GPU (test_nn_gpu.py,
+test_nn_torch_parity.py): relative error, layout permutes, and a
+forward + gradient comparison on fresh random data."""
+import numpy as np
+
+
+def rel_err(got, want):
+    """max |got - want| / max |want|."""
+    want = np.asarray(want, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def nchw(t):
+    return t.permute(0, 3, 1, 2)
+
+
+def nhwc(t):
+    return t.permute(0, 2, 3, 1)
+
+
+def compare_with_torch(torch, ours, theirs, arrays, rng, tol, place, seed_grad, grad_of):
+    """ours(Tensors placed by `place`) against theirs(torch CUDA tensors, same NHWC layout): forward and
+    the gradients of sum(output * random projection).  seed_grad turns the projection into ours' seed
+    gradient; grad_of(tensor) gives an input's gradient on the host."""
+    tt = [torch.tensor(a, device="cuda", requires_grad=True) for a in arrays]
+    want = theirs(*tt)
+    # a scalar output's seed gradient is 1 (ours: seed_grad may return None for it)
+    proj = rng.standard_normal(tuple(want.shape)).astype(np.float32) if want.dim() else np.ones((), np.float32)
+    (want * torch.tensor(proj, device="cuda")).sum().backward()
+    mine = [place(a) for a in arrays]
+    got = ours(*mine)
+    got.backward(seed_grad(proj))
+    assert got.shape == tuple(want.shape)
+    err = rel_err(got.numpy(), want.detach().cpu().numpy())
+    assert err <= tol, f"forward: relative error {err:.3g}"
+    for i, (m, t) in enumerate(zip(mine, tt)):
+        err = rel_err(grad_of(m), t.grad.cpu().numpy())
+        assert err <= tol, f"gradient of input {i}: relative error {err:.3g}"
