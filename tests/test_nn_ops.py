@@ -181,3 +181,20 @@ def test_batch_norm_statistics_and_loss_are_accurate_in_float32(rng):
     loss32 = F.cross_entropy(logits.astype(np.float32), labels).data
     assert loss32.dtype == np.float32
     np.testing.assert_allclose(loss32, F.cross_entropy(logits, labels).data, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (3, 1, 1), (2, 2, 0)])
+def test_avg_pool_gradient_matches_finite_differences(kernel, stride, padding, rng):
+    """The padded case is the one a PyTorch CUDA kernel gets wrong for channels-last input (#188344)."""
+    x = rng.standard_normal((2, 7, 7, 3))
+    proj = rng.standard_normal(F.avg_pool2d(Tensor(x), kernel, stride, padding).shape)
+    t = Tensor(x.copy(), requires_grad=True)
+    F.avg_pool2d(t, kernel, stride, padding).backward(proj)
+    f = lambda a: float((F.avg_pool2d(Tensor(a), kernel, stride, padding).numpy() * proj).sum())
+    num, eps = np.zeros_like(x), 1e-6
+    for i in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[i] += eps
+        down[i] -= eps
+        num[i] = (f(up) - f(down)) / (2 * eps)
+    assert np.abs(t.grad - num).max() <= 1e-7 * max(1.0, np.abs(num).max())
