@@ -100,7 +100,11 @@ class CudaPrinter(SourcePrinter):
         k = self.kernel
         grid_loops, block = self.split_grid()
         args = ", ".join(b.name for b in k.params)
-        self.emit(0, "@cuda.jit(cache=_CACHE)")
+        if k.meta.get("min_blocks"):  # TileConfig.min_blocks: ptxas caps registers for that many blocks per SM
+            self.emit(0, f"LAUNCH_BOUNDS = ({k.threads}, {k.meta['min_blocks']})")
+            self.emit(0, "@cuda.jit(cache=_CACHE, **jit_launch_bounds(LAUNCH_BOUNDS))")
+        else:
+            self.emit(0, "@cuda.jit(cache=_CACHE)")
         self.emit(0, f"def {k.name}({args}):")
         self.docstring(1)
         for g in grid_loops:
@@ -133,5 +137,7 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         index32 = index32_enabled() and index32_safe(lowered)
     printer = CudaPrinter(lowered, index32)
     body = printer.render()
-    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "",
-                         mma=_MMA_IMPORT if printer.uses_tf32 else "") + body
+    mma = _MMA_IMPORT if printer.uses_tf32 else ""
+    if lowered.meta.get("min_blocks"):
+        mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
+    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body

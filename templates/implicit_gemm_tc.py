@@ -53,4 +53,4 @@ def default_config(p, backend) -> TileConfig:
     if p.direction == "bwd_weight":
         blocks = _cdiv(M, bm) * _cdiv(N, bn) * G
         split = max(1, min(64, _cdiv(K, CUDA_TC_DEFAULT.BK) // 8, _cdiv(2 * SM_COUNT, blocks)))
-    return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, smem_pad=8, stages=2, WM=wm, WN=wn)
+    return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, stages=2, WM=wm, WN=wn, swizzle=1)
