@@ -277,6 +277,17 @@ def test_default_is_fp32_and_global_setting_applies(rng, assert_close):
     assert_close(kernelgen.conv(x, w, backend="cpu", **kw), want, "float32")
 
 
+def test_cuda_bwd_weight_tile_by_issue_cost():
+    """Backward-weight's default tile: padded work x SASS instructions per MMA (split-K fills the GPU), so the
+    large 128 x 64 tile wherever it pads little (PERF_NOTES #18); the other directions keep their choice."""
+    from kernelgen.tuning.shapes import load_table
+    layers = {layer.name: layer for layer in load_table("gpu_md")[1]}
+    pick = lambda name, d: make_plan(layers[name].problem(d), "cuda", precision="tf32").config
+    assert str(pick("r50_3x3_28", "bwd_weight")) == "BM128_BN64_BK16_WM64_WN32_SK15_S2_SWZ"
+    assert str(pick("r18_c64_32", "bwd_weight")) == "BM64_BN64_BK16_WM32_WN32_SK30_S2_SWZ"  # M = 64: no 128-row tile
+    assert str(pick("r50_3x3_28", "fwd")) == str(CUDA_TC_DEFAULT)
+
+
 def test_plan_keys_differ_by_precision():
     p = make_problem("fwd", (2, 8, 8, 16), (16, 3, 3, 16), padding=1)
     cfg = TileConfig(BM=32, BN=16, BK=8, WM=16, WN=8)
@@ -387,6 +398,7 @@ GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
                TileConfig(128, 64, 8, WM=32, WN=32, stages=2, swizzle=1),
                TileConfig(64, 64, 32, WM=32, WN=32, swizzle=1),
                TileConfig(64, 32, 16, WM=32, WN=16, split_k=3, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, split_k=5, stages=2, swizzle=1),  # bwd-weight's new pick
                TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)]
 
 
