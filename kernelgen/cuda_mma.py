@@ -22,3 +22,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
                                   "cpu backend or a GPU")
 else:
     from ._cuda_mma_intrinsics import mma_m16n8k8_tf32, tf32  # noqa: F401
+
+
+def jit_launch_bounds(bounds):
+    """cuda.jit keyword arguments for launch bounds (max threads per block, min blocks per SM): ptxas then
+    keeps registers at or under 65536 / (threads x min blocks), rounded to its allocation granularity.
+    The simulator's jit takes no such option (and ignores registers): nothing there."""
+    return {} if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else {"launch_bounds": tuple(bounds)}

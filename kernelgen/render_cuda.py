@@ -100,13 +100,12 @@ class CudaPrinter(SourcePrinter):
         k = self.kernel
         grid_loops, block = self.split_grid()
         args = ", ".join(b.name for b in k.params)
-        bounds = k.meta.get("launch_bounds")  # (threads, min blocks per SM): caps registers at 64K / product
+        bounds = k.meta.get("launch_bounds")  # (threads, min blocks per SM): ptxas caps registers at 64K / product
         if bounds:
-            self.emit(0, "from numba.cuda.core import config as _numba_config")
-            self.emit(0, f"_BOUNDS = {{}} if _numba_config.ENABLE_CUDASIM else {{'launch_bounds': {tuple(bounds)!r}}}"
-                         "  # the simulator takes no launch bounds")
-            self.emit(0, "")
-        self.emit(0, "@cuda.jit(cache=_CACHE, **_BOUNDS)" if bounds else "@cuda.jit(cache=_CACHE)")
+            self.emit(0, f"LAUNCH_BOUNDS = {tuple(bounds)!r}")
+            self.emit(0, "@cuda.jit(cache=_CACHE, **jit_launch_bounds(LAUNCH_BOUNDS))")
+        else:
+            self.emit(0, "@cuda.jit(cache=_CACHE)")
         self.emit(0, f"def {k.name}({args}):")
         self.docstring(1)
         for g in grid_loops:
@@ -139,5 +138,7 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         index32 = index32_enabled() and index32_safe(lowered)
     printer = CudaPrinter(lowered, index32)
     body = printer.render()
-    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "",
-                         mma=_MMA_IMPORT if printer.uses_tf32 else "") + body
+    mma = _MMA_IMPORT if printer.uses_tf32 else ""
+    if lowered.meta.get("launch_bounds"):
+        mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
+    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body

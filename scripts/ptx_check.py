@@ -1,13 +1,18 @@
-"""Compile the TF32 tensor-core kernels for sm_90 without a GPU and report what ptxas says.
+"""Compile the TF32 tensor-core kernels for sm_90 without a GPU and report what ptxas and the SASS say.
 
-    NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--keep DIR]
+    NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--layers r50_3x3_28,r18_c64_32] [--config K=V,...]... [--keep DIR]
 
-For forward, backward-data and backward-weight of a ResNet-like 3x3 layer this renders the
-implicit_gemm_tc kernel (precision="tf32", the default CUDA tensor-core config), compiles it to PTX
-with numba (NVVM, cc 9.0), counts mma.sync / cvt.rna.tf32 in the PTX, then assembles it with
-`ptxas -arch=sm_90 -v` (registers, spill stores/loads, local memory, shared memory).  With
-cuobjdump or nvdisasm on the PATH it also counts HMMA instructions in the SASS.  Exit status 1 if a
-kernel spills, uses local memory or lacks mma.sync.
+For forward, backward-data and backward-weight of each layer (gpu_md table names) this renders the
+implicit_gemm_tc kernel (precision="tf32"; the variant's default CUDA config per direction, or each
+--config given), compiles it to PTX with numba (NVVM, cc 9.0), counts mma.sync / cvt.rna.tf32 in the PTX,
+then assembles it with `ptxas -arch=sm_90 -v` (registers, spill stores/loads, local memory, shared
+memory).  With cuobjdump or nvdisasm (pip nvidia-cuda-nvdisasm) it disassembles the cubin and counts
+HMMA and the shared loads/stores by width (LDS = 32-bit, LDS.64, LDS.128, LDSM = ldmatrix): shared load
+instructions per HMMA is the fragment-feed cost; all SASS instructions per HMMA (whole kernel) is the issue
+cost that the first H100 run tracked (PERF_NOTES #19).  Occupancy is predicted from registers (allocated per
+warp in units of 256, 64K per SM), shared memory (228 KB per SM, 1 KB reserved per block) and the
+limits of 64 warps / 32 blocks per SM.  Exit status 1 if a kernel spills, uses local memory or lacks
+mma.sync.
 """
 from __future__ import annotations
 
@@ -47,15 +52,22 @@ def _allow_missing_nvrtc():
             "include_dir": cp._get_include_dir()}
 
 
-LAYER = dict(x=(32, 28, 28, 128), w=(128, 3, 3, 128), padding=1)
+def problems(layers):
+    from kernelgen.tuning.shapes import load_table
+    _, table = load_table("gpu_md")
+    by_name = {layer.name: layer for layer in table}
+    for name in layers:
+        for direction in ("fwd", "bwd_data", "bwd_weight"):
+            yield name, by_name[name].problem(direction)
 
 
-def problems():
-    x, w, pad = LAYER["x"], LAYER["w"], LAYER["padding"]
-    y = (x[0], x[1], x[2], w[0])
-    yield make_problem("fwd", x, w, padding=pad)
-    yield make_problem("bwd_data", x, w, padding=pad, y_shape=y)
-    yield make_problem("bwd_weight", x, w, padding=pad, y_shape=y)
+def occupancy(regs, smem, threads):
+    """(blocks per SM, occupancy) on sm_90 from ptxas's registers and shared bytes."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    warp_slots = 4 * (16384 // regs_per_warp)  # 4 sub-partitions of 16K registers each
+    blocks = min(32, 64 // warps, warp_slots // warps, (228 * 1024) // (smem + 1024))
+    return blocks, round(blocks * warps / 64, 3)
 
 
 def compile_ptx(source, workdir, name):
@@ -65,7 +77,9 @@ def compile_ptx(source, workdir, name):
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(float32[::1] for _ in mod.PARAMS), cc=(9, 0))
+    bounds = getattr(mod, "LAUNCH_BOUNDS", None)  # TileConfig.min_blocks (py_func drops jit's options)
+    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(float32[::1] for _ in mod.PARAMS), cc=(9, 0),
+                              **({"launch_bounds": bounds} if bounds else {}))
     return ptx
 
 
@@ -98,45 +112,70 @@ def _disassembler():
     return None
 
 
-def sass_hmma(cubin_path):
+def sass_census(cubin_path):
+    """{HMMA, LDS, LDS.64, LDS.128, LDSM, STS, STS.64, STS.128} counts in the SASS, or None (no disassembler)."""
     tool = _disassembler()
     if tool is None:
         return None  # no disassembler here (pip install nvidia-cuda-nvdisasm); the GPU probe counts SASS
     sass = subprocess.run([*tool, cubin_path], capture_output=True, text=True).stdout
-    return len(re.findall(r"\bHMMA\.", sass))
+    out = {"HMMA": len(re.findall(r"\bHMMA\.", sass)),
+           "instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M))}
+    for op in ("LDS", "STS"):
+        for width in ("", ".64", ".128"):
+            out[op + width] = len(re.findall(rf"\b{op}(?:\.U)?{re.escape(width)}(?![.\w])", sass))
+    out["LDSM"] = len(re.findall(r"\bLDSM\b", sass))
+    return out
+
+
+def parse_config(text):
+    from kernelgen.templates.config import TileConfig
+    return TileConfig(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", help="write the .py/.ptx/.cubin files here")
-    ap.add_argument("--config", help="a TileConfig as keyword arguments, e.g. 'BM=128,BN=64,BK=8,WM=64,WN=32,"
-                    "smem_pad=8,stages=2' (default: the variant's default per direction)")
+    ap.add_argument("--layers", default="r50_3x3_28,r18_c64_32", help="gpu_md layer names, comma-separated")
+    ap.add_argument("--config", action="append", default=[],
+                    help="a TileConfig as keyword arguments, e.g. 'BM=128,BN=64,BK=16,WM=32,WN=32,stages=2,"
+                         "swizzle=1' (repeatable; default: the variant's default per direction)")
+    ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     args = ap.parse_args(argv)
     _allow_missing_nvrtc()
     workdir = args.keep or tempfile.mkdtemp(prefix="kg_ptx_")
     os.makedirs(workdir, exist_ok=True)
-    cfg = None
-    if args.config:
-        from kernelgen.templates.config import TileConfig
-        cfg = TileConfig(**{k: int(v) for k, v in (kv.split("=") for kv in args.config.split(","))})
+    configs = [parse_config(c) for c in args.config] or [None]
     ok = True
-    for p in problems():
-        plan = make_plan(p, "cuda", config=cfg, precision="tf32")
-        name = f"tc_{p.direction}"
-        ptx = compile_ptx(render_cuda(plan.kernel_ir()), workdir, name)
-        ptx_path, cubin = os.path.join(workdir, f"{name}.ptx"), os.path.join(workdir, f"{name}.cubin")
-        with open(ptx_path, "w") as f:
-            f.write(ptx)
-        _, res = ptxas(ptx_path, cubin)
-        n_mma = len(re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", ptx))
-        n_cvt = len(re.findall(r"cvt\.rna\.tf32\.f32", ptx))
-        n_local = len(re.findall(r"\b(?:ld|st)\.local", ptx))
-        hmma = sass_hmma(cubin)
-        print(f"{p.direction:10s} {plan.config}  threads {plan.kernel_ir().threads}: PTX mma.sync {n_mma}, "
-              f"cvt.rna.tf32 {n_cvt}, ld/st.local {n_local} | ptxas sm_90: {res['registers']} registers, "
-              f"{res['local_bytes']} B stack, spills {res['spill_stores']}/{res['spill_loads']} B, "
-              f"{res['smem_bytes']} B smem | SASS HMMA: {'n/a (no cuobjdump/nvdisasm)' if hmma is None else hmma}")
-        ok &= n_mma > 0 and not res["spill_stores"] and not res["local_bytes"] and n_local == 0 and hmma != 0
+    print("| layer | dir | config | threads | regs | local B | spills | smem B | blocks/SM | occupancy | HMMA | "
+          "LDS | LDS.64 | LDS.128 | LDSM | LDS per HMMA | STS | STS.64 | STS.128 | SASS instr per HMMA |")
+    print("|" + "---|" * 20)
+    for layer, p in problems(args.layers.split(",")):
+        if p.direction not in args.directions.split(","):
+            continue
+        for cfg in configs:
+            plan = make_plan(p, "cuda", config=cfg, precision="tf32")
+            kernel = plan.kernel_ir()
+            name = f"tc_{layer}_{p.direction}_{plan.config}"
+            ptx = compile_ptx(render_cuda(kernel), workdir, name)
+            ptx_path, cubin = os.path.join(workdir, f"{name}.ptx"), os.path.join(workdir, f"{name}.cubin")
+            with open(ptx_path, "w") as f:
+                f.write(ptx)
+            _, res = ptxas(ptx_path, cubin)
+            n_mma = len(re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", ptx))
+            n_local = len(re.findall(r"\b(?:ld|st)\.local", ptx))
+            sass = sass_census(cubin)
+            blocks, occ = occupancy(res["registers"], res["smem_bytes"] or 0, kernel.threads)
+            c = sass or {}
+            lds = sum(c.get(k, 0) for k in ("LDS", "LDS.64", "LDS.128", "LDSM"))
+            per = f"{lds / c['HMMA']:.2f}" if c.get("HMMA") else "n/a"
+            cells = [layer, p.direction, f"`{plan.config}`", kernel.threads, res["registers"], res["local_bytes"],
+                     f"{res['spill_stores']}/{res['spill_loads']}", res["smem_bytes"], blocks, occ,
+                     c.get("HMMA", "n/a"), *(c.get(k, "n/a") for k in ("LDS", "LDS.64", "LDS.128", "LDSM")), per,
+                     *(c.get(k, "n/a") for k in ("STS", "STS.64", "STS.128")),
+                     f"{c['instructions'] / c['HMMA']:.1f}" if c.get("HMMA") else "n/a"]
+            print("| " + " | ".join(str(x) for x in cells) + " |", flush=True)
+            ok &= n_mma > 0 and not res["spill_stores"] and not res["local_bytes"] and n_local == 0 \
+                and c.get("HMMA") != 0
     print("files in", workdir)
     return 0 if ok else 1
 

@@ -17,6 +17,13 @@ class TileConfig:
     sub-tile of the block tile with m16n8k8 MMAs; then TM/TN are unused and the block has
     32 * (BM / WM) * (BN / WN) threads.  0 (the default) is the fp32 per-thread register tile, and
     leaves every existing config's string, dict and key unchanged.
+
+    swizzle=1 (tensor-core only): shared tiles stored as rows along k (As[m][k], Bs[n][k]) with the
+    16-byte chunks of each row rotated per row group, so each lane reads its fragments of a whole BK
+    slice as 64/128-bit vectors (LDS.64/LDS.128) and both the fragment loads and the staging stores are
+    free of bank conflicts (templates/warp_mma.py).  Needs smem_pad=0 and BK in (8, 16, 32).
+    min_blocks > 0: CUDA launch bounds (threads, min_blocks): ptxas caps registers so that min_blocks
+    blocks fit on an SM.  Both 0 by default and then absent from the string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -29,6 +36,8 @@ class TileConfig:
     WM: int = 0
     WN: int = 0
     states: int = 0
+    swizzle: int = 0
+    min_blocks: int = 0
 
     @property
     def tensor_core(self):
@@ -50,6 +59,11 @@ class TileConfig:
             raise ValueError(f"TileConfig: BM/BN must be multiples of TM/TN, got {self}")
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"TileConfig: {self.threads} threads per block, expected 1..1024 ({self})")
+        if self.swizzle and (not self.tensor_core or self.smem_pad or self.BK not in (8, 16, 32)):
+            raise ValueError(f"TileConfig: swizzle needs a tensor-core tile, smem_pad=0 and BK in (8, 16, 32); "
+                             f"got {self}")
+        if self.min_blocks < 0 or self.swizzle not in (0, 1):
+            raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0 or 1, got {self}")
         if self.stages not in (1, 2):
             raise ValueError(f"TileConfig: stages must be 1 or 2, got {self.stages}")
         if self.split_k < 1:
@@ -60,8 +74,9 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        if not self.states:  # likewise for every non-Winograd config
-            del d["states"]
+        for k in ("states", "swizzle", "min_blocks"):  # newer fields: absent while unused (keys, entries unchanged)
+            if not d[k]:
+                del d[k]
         return d
 
     def __str__(self):
@@ -77,6 +92,10 @@ class TileConfig:
             s += f"_S{self.stages}"
         if self.states:
             s += f"_A{self.states}"
+        if self.swizzle:
+            s += "_SWZ"
+        if self.min_blocks:
+            s += f"_MB{self.min_blocks}"
         return s
 
 
@@ -84,7 +103,9 @@ class TileConfig:
 CUDA_DEFAULT = TileConfig(BM=128, BN=64, BK=8, TM=8, TN=4)
 CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)
 # Tensor-core (TF32) defaults: 4 warps of 64 x 32 (4 x 4 MMA tiles, 64 accumulators per lane) on the GPU;
-# 4 warps of 16 x 8 on the CPU (one MMA tile each: small emulation code).  smem_pad 8 makes a row
-# 8 banks apart (mod 32), so the fragment loads As[t][g] of the 32 lanes hit 32 distinct banks.
-CUDA_TC_DEFAULT = TileConfig(BM=128, BN=64, BK=16, WM=64, WN=32, smem_pad=8, stages=2)
+# 4 warps of 16 x 8 on the CPU (one MMA tile each: small emulation code).  In the k-major layout
+# (swizzle=0, as first shipped) smem_pad 8 makes a row 8 banks apart (mod 32), so the scalar fragment loads
+# As[t][g] of the 32 lanes hit 32 distinct banks; the swizzled layout needs no padding.
+# swizzle=1: shared rows along k, fragments read as LDS.128 (PERF_NOTES #19); the shared rows need no padding.
+CUDA_TC_DEFAULT = TileConfig(BM=128, BN=64, BK=16, WM=64, WN=32, stages=2, swizzle=1)
 CPU_TC_DEFAULT = TileConfig(BM=32, BN=16, BK=8, WM=16, WN=8)

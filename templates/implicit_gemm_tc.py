@@ -17,6 +17,10 @@ PRECISIONS = ("tf32",)
 # (BM, BN, WM, WN) of the CUDA tiles tried by default_config, widest first
 CUDA_TC_TILES = ((128, 64, 64, 32), (64, 64, 32, 32), (128, 32, 32, 32), (64, 32, 32, 16), (128, 16, 32, 16))
 SM_COUNT = 132
+# SASS instructions per HMMA of each tile relative to 128 x 64 (bwd-weight kernels of r18_c64_32 / r50_3x3_28,
+# scripts/ptx_check.py: 29.5-31.0, 37.5-45.5, 41.6-42.5, 44.3-62.9; 128 x 16 not measured, assumed worst).  The
+# first H100 run delivered TFLOP/s ~ 1350 / (instructions per HMMA) (PERF_NOTES #20).
+ISSUE_COST = {(128, 64): 1.0, (64, 64): 1.35, (128, 32): 1.4, (64, 32): 1.75, (128, 16): 2.0}
 
 
 def applies(p):
@@ -51,6 +55,10 @@ def default_config(p, backend) -> TileConfig:
     bm, bn, wm, wn = min(CUDA_TC_TILES, key=cost)
     split = 1
     if p.direction == "bwd_weight":
+        # split-K supplies the blocks here, so the tile is picked by padded work x issue cost per MMA
+        # (PERF_NOTES #21), not by waves
+        bm, bn, wm, wn = min(CUDA_TC_TILES, key=lambda t: _cdiv(M, t[0]) * t[0] * _cdiv(N, t[1]) * t[1]
+                             * ISSUE_COST[t[:2]])
         blocks = _cdiv(M, bm) * _cdiv(N, bn) * G
         split = max(1, min(64, _cdiv(K, CUDA_TC_DEFAULT.BK) // 8, _cdiv(2 * SM_COUNT, blocks)))
-    return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, smem_pad=8, stages=2, WM=wm, WN=wn)
+    return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, stages=2, WM=wm, WN=wn, swizzle=1)

@@ -13,7 +13,7 @@ from typing import Callable
 from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, all_of, select)
 
 from .config import TileConfig
-from .warp_mma import WarpMma
+from .warp_mma import WarpMma, swizzled_col
 
 
 @dataclass
@@ -74,11 +74,17 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     nkt = _cdiv(view.K, BK)
     kt_per_split = _cdiv(nkt, SK)
     EA, EB = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)
-    # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step
+    # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step; the swizzled
+    # tensor-core layout stores rows along k instead, so a lane reads its fragments as vectors
     S = cfg.stages
-    As = Buffer("As", (S, BK, BM + cfg.smem_pad), dt, "shared")
-    Bs = Buffer("Bs", (S, BK, BN + cfg.smem_pad), dt, "shared")
     wmma = WarpMma(cfg, dt) if cfg.tensor_core else None  # tensor cores: warps of m16n8k8 MMAs
+    swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
+    if swz:
+        As = Buffer("As", (S, BM, BK), dt, "shared")
+        Bs = Buffer("Bs", (S, BN, BK), dt, "shared")
+    else:
+        As = Buffer("As", (S, BK, BM + cfg.smem_pad), dt, "shared")
+        Bs = Buffer("Bs", (S, BK, BN + cfg.smem_pad), dt, "shared")
     acc = Buffer("acc", (TM, TN), dt, "register")
     a_frag = Buffer("a_frag", (TM,), dt, "register")
     b_frag = Buffer("b_frag", (TN,), dt, "register")
@@ -88,7 +94,19 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     ctx = BlockContext(g, m0, n0)
 
     # --- per-thread invariants of the lines (A rows / B columns) this thread loads ---------------
+    def chunked(operand, is_a):
+        lines = BM if is_a else BN
+        return swz and operand.fast != "k" and (lines * BK) % (4 * NT) == 0
+
     def line_of(operand, e, rows, cols, is_a):
+        lines = rows if is_a else cols  # the tile's m (A) or n (B) extent
+        if chunked(operand, is_a):
+            # swizzled layout, operand contiguous along m/n: lanes still walk m/n fastest (coalesced global
+            # loads) but each thread takes 4 consecutive k of one line, i.e. one 16-byte chunk of a shared row
+            # (one STS.128, and the rotation puts the 8 lanes of a store phase in 8 distinct chunks)
+            u = tid + (e // 4) * NT
+            line, k = u % lines, (u // lines) * 4 + e % 4
+            return (line, k, u < lines * BK // 4) if is_a else (k, line, u < lines * BK // 4)
         idx = tid + e * NT
         r, c = _tile_coords(idx, rows, cols, operand.fast == "k" if is_a else operand.fast != "k")
         return r, c, idx < rows * cols
@@ -138,15 +156,26 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     # the tensor-core path rounds to TF32 here, once per staged element, not once per fragment use
     staged = (lambda v: Call("tf32", (v,))) if wmma else (lambda v: v)
 
+    def shared_col(operand, e, line, k, is_a):
+        """Swizzled column of (line, k); for chunked operands from the chunk index directly (k = 4 q + e % 4),
+        so the four stores of a chunk are visibly `base + j` and NVVM merges them into one STS.128."""
+        if chunked(operand, is_a):
+            q = (tid + (e // 4) * NT) // (BM if is_a else BN)
+            C = BK // 4
+            return ((q + (line % 8) // (8 // C)) % C) * 4 + e % 4
+        return swizzled_col(line, k, BK)
+
     def commit(stage):
         out = []
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            st = As.store((stage, col, row), staged(ra[e]))
+            st = As.store((stage, row, shared_col(view.a, e, row, col, True)) if swz else (stage, col, row),
+                          staged(ra[e]))
             out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)
-            st = Bs.store((stage, row, col), staged(rb[e]))
+            st = Bs.store((stage, col, shared_col(view.b, e, col, row, False)) if swz else (stage, row, col),
+                          staged(rb[e]))
             out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
         return out
 
@@ -215,4 +244,6 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
         + tuple(inv_a.values()) + tuple(inv_b.values())
     meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": "tf32" if wmma else "fp32",
             "work": view.M * view.N * view.K * view.groups, **view.meta}
+    if cfg.min_blocks:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM)
+        meta["launch_bounds"] = (NT, cfg.min_blocks)
     return Kernel(name, view.params, locals_, body, grid, NT, meta)

@@ -9,10 +9,40 @@ its A fragments (4 per m-tile) and B fragments (2 per n-tile) from shared memory
 fragment MT times.  Fragment loads and MMAs are separate thread phases (no barrier between them:
 warps never read each other's registers) so the CPU, which runs the lanes of a warp one after
 another, sees every lane's fragments before any lane's MMA.
+
+Two shared layouts (TileConfig.swizzle): k-major As[k][m], Bs[k][n] with one scalar load per fragment
+register (the first version), or swizzled rows along k, As[m][k], Bs[n][k], where each lane reads the
+fragments of a whole slice as one 64/128-bit vector per row (compute_swizzled).
 """
 from __future__ import annotations
 
 from ..ir import Assign, Buffer, Const, For, If, Mma, Var, all_of
+
+
+def swizzled_col(line, k, BK):
+    """Column of element k of shared row `line` in the swizzled tile layout (TileConfig.swizzle): rows of BK
+    words along k, cut into C = BK / 4 chunks of 16 bytes; the chunks of row `line` are rotated by
+    f(line) = (line // (8 / C)) % C, which differs between the rows that share a 128-byte line of banks.
+    Rotation (not XOR) keeps it +, //, %; within a chunk the order is unchanged, so a lane's 2 or 4
+    consecutive k stay one aligned vector."""
+    C = BK // 4
+    # (line // (8 / C)) % C written through line % 8, so that the passes fold a row offset that is a multiple
+    # of 8 away ((x + 8 c) % 8 -> x % 8): for most staging stores the rotation is then a per-thread constant
+    return ((k // 4 + (line % 8) // (8 // C)) % C) * 4 + k % 4
+
+
+def lane_columns(g, t, V):
+    """(Assigns, col(w)): the swizzled column of k = V t + w in any fragment row g + 8 q, with the rotation
+    folded into per-lane constants (f(row) depends only on g there), so the V loads of a row are
+    `base + w` and NVVM can make them one vector load.  Equal to swizzled_col (checked in the tests)."""
+    if V == 4:
+        return [Assign("lcol", ((t + g // 2) % 4) * 4)], lambda w: Var("lcol") + w
+    if V == 2:
+        return [Assign("lcol", ((t // 2 + g // 4) % 2) * 4 + (t % 2) * 2)], lambda w: Var("lcol") + w
+    if V == 8:
+        return ([Assign("lcol0", ((t * 2 + g) % 8) * 4), Assign("lcol1", ((t * 2 + 1 + g) % 8) * 4)],
+                lambda w: Var(f"lcol{w // 4}") + w % 4)
+    raise ValueError(f"swizzled fragments: BK must be 8, 16 or 32, got {4 * V}")
 
 
 class WarpMma:
@@ -21,8 +51,14 @@ class WarpMma:
         self.MT, self.NT = cfg.WM // 16, cfg.WN // 8
         self.warps_n = cfg.BN // cfg.WN
         self.acc = Buffer("acc", (self.MT, self.NT, 4), dtype, "register")
-        self.a_frag = Buffer("a_frag", (self.MT, 4), dtype, "register")
-        self.b_frag = Buffer("b_frag", (self.NT, 2), dtype, "register")
+        self.swizzle = bool(cfg.swizzle)
+        if self.swizzle:  # a lane's words of the whole slice: V = BK / 4 consecutive k per row
+            V = cfg.BK // 4
+            self.a_frag = Buffer("a_frag", (self.MT, 2, V), dtype, "register")
+            self.b_frag = Buffer("b_frag", (self.NT, V), dtype, "register")
+        else:
+            self.a_frag = Buffer("a_frag", (self.MT, 4), dtype, "register")
+            self.b_frag = Buffer("b_frag", (self.NT, 2), dtype, "register")
         self.locals = (self.acc, self.a_frag, self.b_frag)
 
     def coords(self, tid):
@@ -37,6 +73,8 @@ class WarpMma:
 
     def compute(self, tid, NT_threads, As, Bs, stage):
         """Thread phases computing acc += As[stage] x Bs[stage] (one BK slice)."""
+        if self.swizzle:
+            return self.compute_swizzled(tid, NT_threads, As, Bs, stage)
         cfg, MT, NT = self.cfg, self.MT, self.NT
         wm, wn, g, t, ks, i, j = (Var(n) for n in ("wm", "wn", "lg", "lt", "ks", "mt", "nt"))
         k0 = ks * 8 + t
@@ -50,6 +88,33 @@ class WarpMma:
         steps = (For("tid", NT_threads, tuple(self.coords(tid) + loads), "thread"),
                  For("tid", NT_threads, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),), "unroll"),), "thread"))
         return [For("ks", cfg.BK // 8, steps, "unroll")]
+
+    def compute_swizzled(self, tid, NT_threads, As, Bs, stage):
+        """The swizzled layout: As[stage][m][k], Bs[stage][n][k].  k is a reduction index, so the MMA's k
+        slots may stand for any k as long as A and B agree: slot (t, h) of k-step ks (A register 2h + x,
+        B register h) is k = V t + 2 ks + h, V = BK / 4.  A lane's k for the whole slice are then the V
+        consecutive k = V t .. V t + V - 1 of each of its rows (A rows g, g + 8 of each m-tile, B row g of
+        each n-tile): one 64/128-bit load per row (BK 8/16; two 128-bit for BK 32), instead of one scalar
+        load per fragment register.  The rotation of the row's chunks is a per-lane constant here (rows
+        g + multiples of 8), so every load is `row base + lane constant + j`."""
+        cfg, MT, NT, V = self.cfg, self.MT, self.NT, self.cfg.BK // 4
+        wm, wn, g, t, i, j = (Var(n) for n in ("wm", "wn", "lg", "lt", "mt", "nt"))
+        ks = Var("ks")
+        setup, col = lane_columns(g, t, V)
+        loads = []
+        for i_ in range(MT):
+            for x in range(2):
+                row = wm * cfg.WM + (i_ * 16 + 8 * x) + g
+                loads += [self.a_frag.store((i_, x, w), As[stage, row, col(w)]) for w in range(V)]
+        for j_ in range(NT):
+            line = wn * cfg.WN + j_ * 8 + g
+            loads += [self.b_frag.store((j_, w), Bs[stage, line, col(w)]) for w in range(V)]
+        mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
+                  tuple(self.a_frag[i, r % 2, ks * 2 + r // 2] for r in range(4)),
+                  tuple(self.b_frag[j, ks * 2 + r] for r in range(2)))
+        return [For("tid", NT_threads, tuple(self.coords(tid) + setup + loads), "thread"),
+                For("tid", NT_threads, (For("ks", cfg.BK // 8, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),),
+                                                                       "unroll"),), "unroll"),), "thread")]
 
     def epilogue(self, tid, view, m0, n0, g_, atomic):
         """Guarded stores of the accumulators through the view: acc[i, j, r] is D[g + 8 (r // 2), 2 t + r % 2]

@@ -111,10 +111,89 @@ def test_mma_statement_validates():
 
 def test_tensor_core_config_strings_and_validation():
     assert str(TileConfig()) == "BM64_BN64_BK8_TM4_TN4" and "WM" not in TileConfig().as_dict()
-    assert str(CUDA_TC_DEFAULT) == "BM128_BN64_BK16_WM64_WN32_PAD8_S2" and CUDA_TC_DEFAULT.threads == 128
+    assert str(CUDA_TC_DEFAULT) == "BM128_BN64_BK16_WM64_WN32_S2_SWZ" and CUDA_TC_DEFAULT.threads == 128
     for bad in (dict(WM=24, WN=8), dict(WM=16, WN=12), dict(BK=12, WM=16, WN=8), dict(BM=48, WM=32, WN=8)):
         with pytest.raises(ValueError, match="tensor-core tile"):
             TileConfig(**bad).validate()
+    # the new fields: absent from fp32 (and unused tensor-core) strings and dicts, validated when used
+    assert "swizzle" not in TileConfig().as_dict() and "min_blocks" not in TileConfig(WM=16, WN=8).as_dict()
+    cfg = TileConfig(128, 64, 16, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2)
+    assert str(cfg) == "BM128_BN64_BK16_WM32_WN32_S2_SWZ_MB2" and cfg.as_dict()["min_blocks"] == 2
+    assert TileConfig(**cfg.as_dict()) == cfg
+    for bad in (dict(swizzle=1), dict(WM=16, WN=8, swizzle=1, smem_pad=4), dict(BK=24, WM=16, WN=8, swizzle=1)):
+        with pytest.raises(ValueError, match="swizzle"):
+            TileConfig(**bad).validate()
+
+
+def _eval(e, env):
+    import operator
+    from kernelgen.ir import BinOp, Const, Var
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Var):
+        return env[e.name]
+    assert isinstance(e, BinOp), e
+    ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod}
+    return ops[e.op](_eval(e.a, env), _eval(e.b, env))
+
+
+@pytest.mark.parametrize("BK", [8, 16, 32])
+def test_swizzled_layout(BK):
+    """The swizzled shared layout: each row's columns are a permutation of 0..BK-1; a lane's fragment words of
+    a row are contiguous and aligned; the per-lane columns equal the layout's; fragment loads (4 words per lane
+    of a 16-byte phase of 8 lanes, 2 per lane of an 8-byte phase of 16 lanes) and chunk stores (8 rows, same
+    chunk) hit distinct banks."""
+    from kernelgen.ir import Var
+    from kernelgen.templates.warp_mma import lane_columns, swizzled_col
+    V, C = BK // 4, BK // 4
+    for row in range(64):
+        assert sorted(swizzled_col(row, k, BK) for k in range(BK)) == list(range(BK))
+    setup, col = lane_columns(Var("lg"), Var("lt"), V)
+    word = {}  # (row base, lane) -> word addresses of its fragment loads in a tile of rows of BK words
+    for base in (0, 8, 16, 24, 40):
+        for lane in range(32):
+            env = {"lg": lane // 4, "lt": lane % 4}
+            for a in setup:
+                env[a.var] = _eval(a.value, env)
+            row = base + lane // 4
+            cols = [_eval(col(w), env) for w in range(V)]
+            assert cols == [swizzled_col(row, V * (lane % 4) + w, BK) for w in range(V)]
+            for c0 in range(0, V, 4):  # one vector per 4 words (2 for BK 8)
+                n = min(4, V)
+                assert cols[c0:c0 + n] == list(range(cols[c0], cols[c0] + n)) and cols[c0] % n == 0
+            word[base, lane] = [row * BK + c for c in cols]
+        n = min(4, V)
+        per_phase = 32 * 4 // (4 * n)  # lanes per 128-byte wavefront
+        for v in range(0, V, n):
+            for p0 in range(0, 32, per_phase):
+                banks = [(word[base, lane][v] + j) % 32 for lane in range(p0, p0 + per_phase) for j in range(n)]
+                assert len(set(banks)) == len(banks), (BK, base, v, p0)
+    for chunk in range(C):  # 8 lanes storing the same chunk of 8 consecutive rows (STS.128)
+        for r0 in (0, 8, 24):
+            starts = [((r * BK + swizzled_col(r, 4 * chunk, BK)) // 4) % 8 for r in range(r0, r0 + 8)]
+            assert len(set(starts)) == 8
+
+
+# swizzled tiles for the CPU (small code): BK 8 / 16 / 32, the chunked staging of m/n-contiguous operands
+SWIZZLED_CPU_TILES = [TileConfig(32, 16, 8, WM=16, WN=8, swizzle=1),
+                      TileConfig(32, 16, 16, WM=16, WN=8, stages=2, swizzle=1),
+                      TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1, min_blocks=2)]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", SWIZZLED_CPU_TILES, ids=str)
+def test_cpu_swizzled_tiles(config, direction, rng):
+    x_shape, w_shape, kw = CASES["ragged_groups"] if config.BK == 8 else CASES["c16_dilated"]
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    launcher = get_launcher(make_plan(p, "cpu", config=config, precision="tf32"))
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    args = {k: v.reshape(-1) for k, v in inputs.items()}
+    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    err = check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    assert err <= EMULATED_TOL
 
 
 def test_cuda_rendering_uses_the_intrinsics():
@@ -123,6 +202,10 @@ def test_cuda_rendering_uses_the_intrinsics():
     assert "from kernelgen.cuda_mma import mma_m16n8k8_tf32, tf32" in src
     # 4 x 4 MMA tiles per warp x 2 k-steps of BK=16 x 2 pipeline stages, accumulators as scalars
     assert src.count("= mma_m16n8k8_tf32(") == 64 and "cuda.local.array" not in src
+    assert "launch_bounds" not in src
+    cfg = TileConfig(128, 64, 16, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2)
+    src = render_cuda(make_plan(p, "cuda", config=cfg, precision="tf32").kernel_ir(), cache=False)
+    assert "LAUNCH_BOUNDS = (256, 2)" in src and "**jit_launch_bounds(LAUNCH_BOUNDS)" in src
     fp32 = render_cuda(make_plan(p, "cuda").kernel_ir(), cache=False)
     assert "tf32" not in fp32 and "mma" not in fp32
 
@@ -140,7 +223,7 @@ def test_cpu_tf32_directions(name, direction, rng):
 
 
 # the CUDA default, and the narrow tile small GEMMs get (each CPU compile of these costs ~1 min)
-SMALL_CUDA_TILE = TileConfig(64, 32, 16, WM=32, WN=16, smem_pad=8, stages=2)
+SMALL_CUDA_TILE = TileConfig(64, 32, 16, WM=32, WN=16, stages=2, swizzle=1)
 
 
 @pytest.mark.parametrize("direction, config", [(d, CUDA_TC_DEFAULT) for d in ("fwd", "bwd_data", "bwd_weight")]
@@ -192,6 +275,17 @@ def test_default_is_fp32_and_global_setting_applies(rng, assert_close):
     finally:
         kernelgen.set_precision(old)
     assert_close(kernelgen.conv(x, w, backend="cpu", **kw), want, "float32")
+
+
+def test_cuda_bwd_weight_tile_by_issue_cost():
+    """Backward-weight's default tile: padded work x SASS instructions per MMA (split-K fills the GPU), so the
+    large 128 x 64 tile wherever it pads little (PERF_NOTES #21); the other directions keep their choice."""
+    from kernelgen.tuning.shapes import load_table
+    layers = {layer.name: layer for layer in load_table("gpu_md")[1]}
+    pick = lambda name, d: make_plan(layers[name].problem(d), "cuda", precision="tf32").config
+    assert str(pick("r50_3x3_28", "bwd_weight")) == "BM128_BN64_BK16_WM64_WN32_SK15_S2_SWZ"
+    assert str(pick("r18_c64_32", "bwd_weight")) == "BM64_BN64_BK16_WM32_WN32_SK30_S2_SWZ"  # M = 64: no 128-row tile
+    assert str(pick("r50_3x3_28", "fwd")) == str(CUDA_TC_DEFAULT)
 
 
 def test_plan_keys_differ_by_precision():
@@ -295,6 +389,44 @@ def test_gpu_tf32_every_output_written_and_resources(direction, rng):
                direction)
     res = kernel_resources(launcher, launcher.threads)
     assert res.get("local_bytes") == 0, res
+
+
+# the fragment layouts and register caps a GPU run must cover: swizzled BK 8 / 16 / 32, the old k-major
+# layout (kept for the tuner), 8 warps of 32 x 32 under launch bounds, the narrow bwd-weight tile
+GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2),
+               TileConfig(128, 64, 8, WM=32, WN=32, stages=2, swizzle=1),
+               TileConfig(64, 64, 32, WM=32, WN=32, swizzle=1),
+               TileConfig(64, 32, 16, WM=32, WN=16, split_k=3, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, split_k=5, stages=2, swizzle=1),  # bwd-weight's new pick
+               TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
+def test_gpu_tf32_layouts(config, direction, rng):
+    from numba import cuda
+
+    from kernelgen.tuning.bench import kernel_resources
+    for x_shape, w_shape, kw in [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
+                                 ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]:
+        x, w, dy = tensors(rng, x_shape, w_shape, kw)
+        p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+        launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
+        inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+        args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
+        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+        args[launcher.outputs[0]] = out
+        launcher(args)
+        cuda.synchronize()
+        err = check_tf32(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw),
+                         x, w, dy, f"{direction} {config}")
+        assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-rounded reference"
+        res = kernel_resources(launcher, launcher.threads)
+        assert res.get("local_bytes") == 0, res
+        if config.min_blocks:
+            assert res["registers"] * launcher.threads * config.min_blocks <= 65536, res
 
 
 @pytest.mark.gpu
