@@ -30,8 +30,8 @@ class CpuPrinter(SourcePrinter):
                 raise ValueError(f"CPU Mma: fragment elements must be register-buffer elements, got {e!r}")
         tid = self.thread_var
         frag = lambda e, lane: f"{e.buf}[_wb + {lane}, {super(CpuPrinter, self).index(e.buf, e.index)}]"
-        self.emit(depth, f"# warp MMA m16n8k8 tf32, emulated per lane: A[row, k] is lane (row % 8) * 4 + k % 4's "
-                         f"a[row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's b[k // 4]")
+        self.emit(depth, "# warp MMA m16n8k8 tf32, emulated per lane: A[row, k] is lane (row % 8) * 4 + k % 4's "
+                         "a[row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's b[k // 4]")
         self.emit(depth, f"_wb = {tid} - {tid} % {WARP}")
         self.emit(depth, f"_g = ({tid} % {WARP}) // 4")
         self.emit(depth, f"_t = {tid} % 4")

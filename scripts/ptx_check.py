@@ -36,7 +36,6 @@ os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
 from numba import cuda, float32  # noqa: E402
 
 from kernelgen.api import make_plan  # noqa: E402
-from kernelgen.problem import make_problem  # noqa: E402
 from kernelgen.render_cuda import render_cuda  # noqa: E402
 
 def _allow_missing_nvrtc():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelgen.ir import (Assign, BinOp, Buffer, Call, Const, For, If, Kernel, Load, Select, Store, Var, minimum,
+from kernelgen.ir import (Assign, BinOp, Buffer, Call, Const, For, If, Kernel, Load, Select, Var, minimum,
                           select)
 from kernelgen.passes import (demote_unroll, flatten_buffers, fold_constants, fold_expr, lower,
                               scalarize_registers, unroll)
