@@ -98,6 +98,17 @@ def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
     assert len(entries2) == 2
 
 
+@pytest.mark.sim
+def test_candidate_with_local_memory_is_rejected(monkeypatch):
+    # a register tile that spilled (a min_blocks cap can force it) must never become a tuned pick; the
+    # simulator reports no resources, so the query is replaced by what ptxas said of such a kernel
+    from kernelgen.tuning import bench
+    monkeypatch.setattr(bench, "kernel_resources", lambda launcher, threads: {"registers": 128, "local_bytes": 96})
+    p = make_problem("fwd", (1, 4, 5, 4), (4, 3, 3, 4), padding=1)
+    with pytest.raises(ValueError, match="96 B of local memory"):
+        tuner.measure(p, "implicit_gemm", TileConfig(16, 16, 4, 4, 2), sets=[], ref=None)
+
+
 def test_candidates_keep_the_cheapest_per_variant():
     p = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
     every = tuner.candidates(p)

@@ -141,7 +141,11 @@ def measure(problem, variant, cfg, sets, ref, repeat=10):
     """(ms, rel_err) of one candidate, or raises if it fails to run or verify."""
     from numba import cuda
     from kernelgen.api import Plan, get_launcher
+    from kernelgen.tuning.bench import kernel_resources
     launcher = get_launcher(Plan(problem, variant, cfg, "cuda"))
+    local = kernel_resources(launcher, launcher.threads).get("local_bytes", 0)
+    if local:  # a register tile spilled (e.g. under a min_blocks register cap): never a tuned pick
+        raise ValueError(f"uses {local} B of local memory per thread")
     out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, np.float32))  # poisoned
     sets = [{**s, launcher.outputs[0]: out} for s in sets]
     launcher(sets[0])
