@@ -188,6 +188,27 @@ def test_fast_route_is_taken_and_outputs_are_pooled(rng):
 
 
 @pytest.mark.gpu
+def test_two_streams_ordered_by_an_event(rng, assert_close):
+    # two independent branches on their own streams; the join waits on an event, not on the device
+    from numba import cuda
+    x = rng.standard_normal((4, 12, 12, 16)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((16, 3, 3, 16)).astype(np.float32) for _ in range(2))
+    s1, s2 = cuda.stream(), cuda.stream()
+    dx, dw1, dw2 = cuda.to_device(x), cuda.to_device(w1), cuda.to_device(w2)
+    y1 = cuda.to_device(np.full(x.shape, np.nan, np.float32))
+    y2 = cuda.to_device(np.full(x.shape, np.nan, np.float32))
+    kernelgen.conv(dx, dw1, padding=1, stream=s1, out=y1)
+    kernelgen.conv(dx, dw2, padding=1, stream=s2, out=y2)
+    y1_done = cuda.event(timing=False)
+    y1_done.record(s1)
+    y1_done.wait(s2)
+    gw = kernelgen.conv_backward_weight(y1, y2, w1.shape, padding=1, stream=s2)  # reads both branches
+    s2.synchronize()
+    a, b = ref.conv_forward(x, w1, padding=(1, 1)), ref.conv_forward(x, w2, padding=(1, 1))
+    assert_close(gw.copy_to_host(), ref.conv_backward_weight(a, b, w1.shape, padding=(1, 1)))
+
+
+@pytest.mark.gpu
 def test_torch_stream_and_tensors(rng, assert_close):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
