@@ -139,3 +139,31 @@ def test_dropout_identity_cases(rng):
 def test_rel_err_sees_nan():
     # the poisoning relies on this: a NaN anywhere fails the comparison
     assert not rel_err(np.array([1.0, np.nan]), np.array([1.0, 1.0])) <= TOL
+
+
+@pytest.mark.parametrize("shapes,axis", [([(2, 3, 4), (2, 1, 4), (2, 2, 4)], 1), ([(1, 3, 2), (2, 3, 2)], 0),
+                                         ([(2, 3, 2), (2, 3, 3)], -1), ([(1, 2, 2, 3), (1, 2, 2, 1)], 3),
+                                         ([(3, 2)], 0)])
+def test_concat(shapes, axis, rng):
+    compare(lambda t, _: F.concat(t, axis=axis), [rng.standard_normal(s) for s in shapes], rng)
+
+
+def test_concat_gradient_only_where_needed_and_accumulated(rng):
+    a = Tensor(rng.standard_normal((2, 3)).astype(np.float32), requires_grad=True).cuda()
+    b = Tensor(rng.standard_normal((2, 2)).astype(np.float32)).cuda()
+    g = rng.standard_normal((2, 8)).astype(np.float32)
+    F.concat([a, b, a], axis=1).backward(Tensor(g).cuda().data)  # `a` twice: both slices reach its gradient
+    assert b.grad is None
+    np.testing.assert_allclose(a.grad.copy_to_host(), g[:, :3] + g[:, 5:], rtol=1e-6)
+
+
+def test_concat_rejects_bad_input_by_name(rng):
+    x = Tensor(rng.standard_normal((2, 3)).astype(np.float32)).cuda()
+    with pytest.raises(ValueError, match=r"tensors\[1\] has shape \(3, 3\)"):
+        F.concat([x, Tensor(rng.standard_normal((3, 3)).astype(np.float32)).cuda()], axis=1)
+    with pytest.raises(ValueError, match=r"tensors\[1\] has shape \(2, 3, 1\)"):
+        F.concat([x, Tensor(rng.standard_normal((2, 3, 1)).astype(np.float32)).cuda()], axis=0)
+    with pytest.raises(ValueError, match="axis must be in"):
+        F.concat([x, x], axis=2)
+    with pytest.raises(TypeError, match=r"tensors\[1\] is a cpu tensor"):
+        F.concat([x, Tensor(rng.standard_normal((2, 3)).astype(np.float32))], axis=0)

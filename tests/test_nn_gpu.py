@@ -53,6 +53,14 @@ def test_mul_broadcasting(torch, a_shape, b_shape, rng):
     compare(torch, F.mul, lambda x, y: x * y, [a, b], rng)
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1])
+def test_concat(torch, axis, rng):
+    shapes = [(2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5)]
+    shapes[1] = tuple(n + 2 if d == axis % 4 else n for d, n in enumerate(shapes[1]))  # a wider middle piece
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    compare(torch, lambda *t: F.concat(t, axis=axis), lambda *t: torch.cat(t, dim=axis), arrays, rng)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout(torch, p, rng):
     """torch draws its own masks: it applies ours (the host reference of the device hash) instead, which

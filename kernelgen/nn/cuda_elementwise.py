@@ -1,5 +1,5 @@
 """Device kernels for kernelgen.nn's element-wise ops beyond ReLU and add (cuda_ops has those): mul with
-broadcasting, leaky ReLU, sigmoid, tanh, GELU and dropout.  Same conventions as
+broadcasting, leaky ReLU, sigmoid, tanh, GELU, dropout, and concat / its split.  Same conventions as
 cuda_ops: C-contiguous float32 arrays seen flat, launched through cuda_launch.kernel, memory from the arena.
 
 The activations compute in float32 with the host's formulas (functional.py): sigmoid and GELU from
@@ -268,3 +268,67 @@ def dropout(x, p, seed):
     scale = 1.0 / (1.0 - p) if p < 1 else 0.0
     _dropout_k(_grid(x.size), BLOCK, x, y, x.size, int(seed) & _M32, dropout_threshold(p), float(scale))
     return y
+
+
+# ---- concat / split --------------------------------------------------------------------------------------
+
+@kernel
+def _slab_copy_k(part, whole, n, seg, row, base, into_whole):
+    # part seen as (outer, seg) rows, whole as (outer, row): part's columns are whole's [base, base + seg)
+    i = cuda.grid(1)
+    if i < n:
+        j = udiv32(i, seg) * row + base + umod32(i, seg)
+        if into_whole:
+            whole[j] = part[i]
+        else:
+            part[i] = whole[j]
+
+
+def concat_shape(shapes, axis):
+    """(output shape, axis in [0, ndim)) or ValueError naming `tensors`, before anything runs."""
+    shapes = [tuple(s) for s in shapes]
+    if not shapes:
+        raise ValueError("tensors must not be empty")
+    nd = len(shapes[0])
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis must be in [{-nd}, {nd}) for {nd}-dimensional tensors, got {axis}")
+    axis %= nd
+    for k, s in enumerate(shapes):
+        if len(s) != nd or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]:
+            raise ValueError(f"tensors[{k}] has shape {s}, which does not match tensors[0]'s {shapes[0]} "
+                             f"outside axis {axis}")
+    return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:], axis
+
+
+def _slabs(shapes, axis):
+    inner = int(math.prod(shapes[0][axis + 1:]))
+    total = sum(s[axis] for s in shapes)
+    base = 0
+    for s in shapes:
+        yield s, s[axis] * inner, total * inner, base * inner
+        base += s[axis]
+
+
+def concat(arrays, axis):
+    for k, a in enumerate(arrays):
+        check_float32(a, f"tensors[{k}]")
+    out_shape, axis = concat_shape([a.shape for a in arrays], axis)
+    y = empty(out_shape)
+    for a, (_, seg, row, base) in zip(arrays, _slabs([tuple(a.shape) for a in arrays], axis)):
+        if a.size:
+            _slab_copy_k(_grid(a.size), BLOCK, a, y, int(a.size), int(seg), int(row), int(base), 1)
+    return y
+
+
+def split(g, shapes, axis, need=None):
+    """concat's backward: g cut along axis into pieces of the given shapes (None where need[k] is false)."""
+    out = []
+    for k, (s, seg, row, base) in enumerate(_slabs([tuple(s) for s in shapes], axis % len(shapes[0]))):
+        if need is not None and not need[k]:
+            out.append(None)
+            continue
+        part = empty(s)
+        if part.size:
+            _slab_copy_k(_grid(part.size), BLOCK, part, g, int(part.size), int(seg), int(row), int(base), 0)
+        out.append(part)
+    return out

@@ -1,7 +1,7 @@
 """Differentiable ops on channels-last Tensors. Every convolution, forward and backward, is a kernelgen
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
 numba.cuda kernels for device data (cuda_ops: the ops a ResNet trains with, fused where it saves passes
-over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops); the
+over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat); the
 others raise TypeError for device data.
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
@@ -312,7 +312,12 @@ def cross_entropy(logits, labels):
 
 def concat(tensors, axis=0):
     tensors = [_as_tensor(t) for t in tensors]
-    _host_only(tensors[0], "concat")
+    if tensors and _dev(*tensors, names=[f"tensors[{k}]" for k in range(len(tensors))]):
+        from . import cuda_elementwise as ew
+        y = ew.concat([t.data for t in tensors], axis)
+        shapes = [t.shape for t in tensors]
+        return Tensor.from_op(y, tuple(tensors), lambda g: tuple(
+            ew.split(g, shapes, axis, [t.requires_grad for t in tensors])))
     ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
     return Tensor.from_op(np.concatenate([t.data for t in tensors], axis=axis), tuple(tensors),
                           lambda g: tuple(np.split(g, ends, axis=axis)))
