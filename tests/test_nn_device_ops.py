@@ -1,4 +1,4 @@
-"""The device ops beyond a ResNet's (cuda_elementwise): each op's forward and gradients in numba's CUDA
+"""The device ops beyond a ResNet's (cuda_elementwise, cuda_pool): each op's forward and gradients in numba's CUDA
 simulator against the host implementation run in float64 on the same fresh random data (the host ops are
 checked against finite differences in test_nn_ops.py).  Every device buffer an op allocates starts as NaN
 (the `poisoned` fixture), so an element a kernel never writes fails the comparison.  Tiny shapes: the
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.sim
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
     """Device allocations of the modules under test come back NaN-filled instead of zeroed."""
-    from kernelgen.nn import cuda_elementwise
+    from kernelgen.nn import cuda_elementwise, cuda_pool
 
     def poison(module):
         real = module.empty
@@ -29,6 +29,7 @@ def poisoned(monkeypatch):
             return a
         monkeypatch.setattr(module, "empty", empty)
     poison(cuda_elementwise)
+    poison(cuda_pool)
     return poison
 
 
@@ -167,3 +168,48 @@ def test_concat_rejects_bad_input_by_name(rng):
         F.concat([x, x], axis=2)
     with pytest.raises(TypeError, match=r"tensors\[1\] is a cpu tensor"):
         F.concat([x, Tensor(rng.standard_normal((2, 3)).astype(np.float32))], axis=0)
+
+
+POOL_GEOMETRY = [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 0), ((3, 2), (1, 2), (1, 0))]
+
+
+@pytest.mark.parametrize("kernel,stride,padding", POOL_GEOMETRY)
+def test_max_pool(kernel, stride, padding, rng):
+    compare(lambda t, _: F.max_pool2d(t[0], kernel, stride, padding), [rng.standard_normal((1, 4, 5, 2))], rng)
+
+
+def test_max_pool_ties_go_to_the_first_offset(rng):
+    """Overlapping windows over tied values: each output's gradient lands on the first maximum of its
+    window in row-major order, as the host routes it (and the sums of overlapping routes agree)."""
+    x = rng.integers(0, 2, (1, 5, 5, 2)).astype(np.float64)  # 0s and 1s: ties everywhere
+    x[x == 0] = -1.0  # the data is never 0
+    compare(lambda t, _: F.max_pool2d(t[0], 3, 1, 1), [x], rng, tol=1e-6)  # a misrouted gradient is off by O(1)
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("kernel,stride,padding", POOL_GEOMETRY)
+def test_avg_pool(kernel, stride, padding, count_include_pad, rng):
+    compare(lambda t, _: F.avg_pool2d(t[0], kernel, stride, padding, count_include_pad),
+            [rng.standard_normal((1, 4, 5, 2))], rng)
+
+
+@pytest.mark.parametrize("out", [1, (2, 3), (3, 2), (4, 6)])
+def test_adaptive_avg_pool(out, rng):
+    # 3x5 input: (2, 3) and (3, 2) give overlapping bins, (4, 6) more bins than rows and columns
+    compare(lambda t, _: F.adaptive_avg_pool2d(t[0], out), [rng.standard_normal((2, 3, 5, 2))], rng)
+
+
+def test_pools_reject_bad_input_by_name(rng):
+    x = Tensor(rng.standard_normal((1, 4, 4, 2)).astype(np.float32)).cuda()
+    with pytest.raises(ValueError, match="channels-last"):
+        F.avg_pool2d(Tensor(rng.standard_normal((4, 4, 2)).astype(np.float32)).cuda(), 2)
+    with pytest.raises(ValueError, match="padding must be at most half"):
+        F.max_pool2d(x, 2, 2, 2)
+    with pytest.raises(ValueError, match="stride must be integers"):
+        F.max_pool2d(x, 2, 0)
+    with pytest.raises(ValueError, match="kernel must be integers"):
+        F.avg_pool2d(x, 1.5)
+    with pytest.raises(ValueError, match="empty output"):
+        F.avg_pool2d(x, 5)
+    with pytest.raises(ValueError, match="output_size"):
+        F.adaptive_avg_pool2d(x, (0, 2))

@@ -73,6 +73,27 @@ def test_dropout(torch, p, rng):
     assert abs(keep.mean() - (1 - p)) <= 5 * np.sqrt(p * (1 - p) / keep.size)
 
 
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 1), ((3, 2), (1, 2), (1, 0))])
+def test_pools(torch, kernel, stride, padding, rng):
+    x = rng.standard_normal((2, 9, 9, 6)).astype(np.float32)
+    tf = torch.nn.functional
+    compare(torch, lambda a: F.max_pool2d(a, kernel, stride, padding),
+            lambda a: nhwc(tf.max_pool2d(nchw(a), kernel, stride, padding)), [x], rng)
+    # torch's avg_pool2d CUDA backward on channels_last input with padding > 0 returns wrong gradients
+    # (pytorch/pytorch#188344, see test_nn_torch_parity.py): compare with its NCHW-contiguous kernel
+    for include in (True, False):
+        compare(torch, lambda a: F.avg_pool2d(a, kernel, stride, padding, count_include_pad=include),
+                lambda a: nhwc(tf.avg_pool2d(nchw(a).contiguous(), kernel, stride, padding,
+                                             count_include_pad=include)), [x], rng)
+
+
+@pytest.mark.parametrize("out", [1, 3, (2, 4), (9, 11)])
+def test_adaptive_avg_pool(torch, out, rng):
+    x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
+    compare(torch, lambda a: F.adaptive_avg_pool2d(a, out),
+            lambda a: nhwc(torch.nn.functional.adaptive_avg_pool2d(nchw(a).contiguous(), out)), [x], rng)
+
+
 @pytest.mark.parametrize("training,relu", [(True, False), (True, True), (False, False), (False, True)])
 def test_batch_norm(torch, training, relu, rng):
     c = 16

@@ -1,8 +1,8 @@
 """Differentiable ops on channels-last Tensors. Every convolution, forward and backward, is a kernelgen
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
 numba.cuda kernels for device data (cuda_ops: the ops a ResNet trains with, fused where it saves passes
-over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat); the
-others raise TypeError for device data.
+over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat; cuda_pool: the
+windowed pools).
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
@@ -31,11 +31,6 @@ def _dev(*tensors, names=None):
                                 f"others are cuda ones")
         return cuda_ops
     return None
-
-
-def _host_only(x, name):
-    if x.is_cuda:
-        raise TypeError(f"{name} has no device implementation yet: x must be a cpu tensor, got a cuda one")
 
 
 def _sum_to(g, shape):
@@ -388,14 +383,29 @@ def _pair(v):
     return (v, v) if np.isscalar(v) else tuple(v)
 
 
-def _pool_windows(x_shape, kernel, stride, padding):
-    """Output size and, per kernel offset, the strided slices of the padded input that it reads."""
+def _check_nhwc(x):
+    if len(x.shape) != 4:
+        raise ValueError(f"x must be channels-last (N, H, W, C), got shape {x.shape}")
+
+
+def _pool_geometry(x_shape, kernel, stride, padding):
+    """((kh, kw), (sh, sw), (ph, pw), (p, q)) as Python ints, or ValueError naming the bad argument."""
     (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(kernel if stride is None else stride), _pair(padding)
+    for name, pair, low in (("kernel", (kh, kw), 1), ("stride", (sh, sw), 1), ("padding", (ph, pw), 0)):
+        if any(int(v) != v or v < low for v in pair):
+            raise ValueError(f"{name} must be integers >= {low}, got {pair}")
+    (kh, kw), (sh, sw), (ph, pw) = (int(kh), int(kw)), (int(sh), int(sw)), (int(ph), int(pw))
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"padding must be at most half the kernel, got padding {padding} for kernel {kernel}")
     p, q = (x_shape[1] + 2 * ph - kh) // sh + 1, (x_shape[2] + 2 * pw - kw) // sw + 1
     if p < 1 or q < 1:
         raise ValueError(f"pooling a {x_shape[1:3]} input with kernel {kernel} leaves an empty output")
+    return (kh, kw), (sh, sw), (ph, pw), (p, q)
+
+
+def _pool_windows(x_shape, kernel, stride, padding):
+    """Padding and, per kernel offset, the strided slices of the padded input that it reads."""
+    (kh, kw), (sh, sw), (ph, pw), (p, q) = _pool_geometry(x_shape, kernel, stride, padding)
     offsets = [(slice(i, i + sh * (p - 1) + 1, sh), slice(j, j + sw * (q - 1) + 1, sw))
                for i in range(kh) for j in range(kw)]
     return (ph, pw), offsets
@@ -408,7 +418,12 @@ def _pad_hw(a, ph, pw, value):
 def max_pool2d(x, kernel, stride=None, padding=0):
     """(N, H, W, C) -> (N, P, Q, C); padding counts as -inf, ties go to the first offset (as PyTorch)."""
     x = _as_tensor(x)
-    _host_only(x, "max_pool2d")
+    _check_nhwc(x)
+    if _dev(x):
+        from . import cuda_pool
+        k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
+        y, arg = cuda_pool.max_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad)
+        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.max_pool2d_backward(g, arg, x.shape, k, s, pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, -np.inf)
     best = xp[:, offsets[0][0], offsets[0][1]].copy()
@@ -429,7 +444,13 @@ def max_pool2d(x, kernel, stride=None, padding=0):
 def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     """(N, H, W, C) -> (N, P, Q, C); count_include_pad=False divides by the number of real elements."""
     x = _as_tensor(x)
-    _host_only(x, "avg_pool2d")
+    _check_nhwc(x)
+    if _dev(x):
+        from . import cuda_pool
+        k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
+        y = cuda_pool.avg_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad, count_include_pad)
+        return Tensor.from_op(y, (x,), lambda g: (
+            cuda_pool.avg_pool2d_backward(g, x.shape, k, s, pad, count_include_pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, 0)
     if count_include_pad:
@@ -455,8 +476,15 @@ def _adaptive_bins(n, out):
 def adaptive_avg_pool2d(x, output_size):
     """(N, H, W, C) -> (N, oh, ow, C), each output the mean of its bin."""
     x = _as_tensor(x)
-    _host_only(x, "adaptive_avg_pool2d")
+    _check_nhwc(x)
     oh, ow = _pair(output_size)
+    if int(oh) != oh or int(ow) != ow or oh < 1 or ow < 1:
+        raise ValueError(f"output_size must be positive integers, got {output_size}")
+    oh, ow = int(oh), int(ow)
+    if _dev(x):
+        from . import cuda_pool
+        y = cuda_pool.adaptive_avg_pool2d(x.data, (oh, ow))
+        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.adaptive_avg_pool2d_backward(g, x.shape),))
     cells = [(i, j, hb, wb) for i, hb in enumerate(_adaptive_bins(x.shape[1], oh))
              for j, wb in enumerate(_adaptive_bins(x.shape[2], ow))]
     y = np.empty((x.shape[0], oh, ow, x.shape[3]), x.dtype)
