@@ -7,6 +7,7 @@ import pytest
 from kernelgen.nn import SGD, Adam, ResNet, Tensor
 from kernelgen.nn import functional as F
 
+from nn_reference import dropout_keep, dropout_seed
 from torch_compare import compare_with_torch, nchw, nhwc, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -25,6 +26,72 @@ def test_elementwise(torch, rng):
     a, b = rng.standard_normal((2, 4, 4, 8)).astype(np.float32), rng.standard_normal((2, 4, 4, 8)).astype(np.float32)
     compare(torch, F.relu, torch.relu, [a], rng)
     compare(torch, lambda x, y: F.add_relu(F.add(x, y), x), lambda x, y: torch.relu(x + y + x), [a, b], rng)
+
+
+# ours, and torch's (built from the fixture's module)
+ACTIVATIONS = {"leaky_relu": (lambda a: F.leaky_relu(a, 0.1), lambda t: lambda a: t.nn.functional.leaky_relu(a, 0.1)),
+               "sigmoid": (F.sigmoid, lambda t: t.sigmoid),
+               "tanh": (F.tanh, lambda t: t.tanh),
+               "gelu": (F.gelu, lambda t: lambda a: t.nn.functional.gelu(a, approximate="tanh"))}
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_activations(torch, name, rng):
+    ours, theirs = ACTIVATIONS[name][0], ACTIVATIONS[name][1](torch)
+    compare(torch, ours, theirs, [(3 * rng.standard_normal((3, 5, 5, 8))).astype(np.float32)], rng)
+    # far tails apart (relative errors are against the largest value): saturated, finite, no NaN gradient
+    tails = np.array([-1e4, -3e3, -200, -89, -60, -30, -12, 12, 30, 60, 89, 200, 3e3, 1e4], np.float32)
+    compare(torch, ours, theirs, [tails * rng.choice([1, 1.01], tails.shape).astype(np.float32)], rng)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((4, 3, 3, 5), (4, 3, 3, 5)), ((4, 3, 3, 5), (5,)),
+                                             ((4, 3, 3, 5), (4, 1, 1, 5)), ((3, 1, 5), (4, 1, 1, 1)),
+                                             ((5,), (4, 3, 3, 5)), ((4, 3, 3, 5), ())])
+def test_mul_broadcasting(torch, a_shape, b_shape, rng):
+    a = np.asarray(rng.standard_normal(a_shape), np.float32)
+    b = np.asarray(rng.standard_normal(b_shape), np.float32)
+    compare(torch, F.mul, lambda x, y: x * y, [a, b], rng)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1])
+def test_concat(torch, axis, rng):
+    shapes = [(2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5)]
+    shapes[1] = tuple(n + 2 if d == axis % 4 else n for d, n in enumerate(shapes[1]))  # a wider middle piece
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    compare(torch, lambda *t: F.concat(t, axis=axis), lambda *t: torch.cat(t, dim=axis), arrays, rng)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout(torch, p, rng):
+    """torch draws its own masks: it applies ours (the host reference of the device hash) instead, which
+    checks the device mask bit for bit, the inverted scaling and the backward's reuse of the mask."""
+    x = rng.standard_normal((4, 6, 6, 8)).astype(np.float32)
+    gen_seed = int(rng.integers(2 ** 63))
+    keep = dropout_keep(dropout_seed(gen_seed), x.shape, p)
+    mask = torch.tensor(keep / (1 - p), dtype=torch.float32, device="cuda")
+    compare(torch, lambda t: F.dropout(t, p, generator=np.random.default_rng(gen_seed)), lambda t: t * mask, [x], rng)
+    assert abs(keep.mean() - (1 - p)) <= 5 * np.sqrt(p * (1 - p) / keep.size)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, 2, 0), (3, 2, 1), (3, 1, 1), ((3, 2), (1, 2), (1, 0))])
+def test_pools(torch, kernel, stride, padding, rng):
+    x = rng.standard_normal((2, 9, 9, 6)).astype(np.float32)
+    tf = torch.nn.functional
+    compare(torch, lambda a: F.max_pool2d(a, kernel, stride, padding),
+            lambda a: nhwc(tf.max_pool2d(nchw(a), kernel, stride, padding)), [x], rng)
+    # torch's avg_pool2d CUDA backward on channels_last input with padding > 0 returns wrong gradients
+    # (pytorch/pytorch#188344, see test_nn_torch_parity.py): compare with its NCHW-contiguous kernel
+    for include in (True, False):
+        compare(torch, lambda a: F.avg_pool2d(a, kernel, stride, padding, count_include_pad=include),
+                lambda a: nhwc(tf.avg_pool2d(nchw(a).contiguous(), kernel, stride, padding,
+                                             count_include_pad=include)), [x], rng)
+
+
+@pytest.mark.parametrize("out", [1, 3, (2, 4), (9, 11)])
+def test_adaptive_avg_pool(torch, out, rng):
+    x = rng.standard_normal((2, 7, 9, 5)).astype(np.float32)
+    compare(torch, lambda a: F.adaptive_avg_pool2d(a, out),
+            lambda a: nhwc(torch.nn.functional.adaptive_avg_pool2d(nchw(a).contiguous(), out)), [x], rng)
 
 
 @pytest.mark.parametrize("training,relu", [(True, False), (True, True), (False, False), (False, True)])

@@ -1,6 +1,7 @@
-"""kernelgen.nn's host-only ops (those without a device kernel yet) against PyTorch on the GPU machine.
+"""The host (NumPy) implementations of kernelgen.nn's activations, pools, mul, concat and dropout against
+PyTorch on the GPU machine.
 
-test_nn_gpu.py covers every op that runs on the device; these run on NumPy arrays, and are compared
+test_nn_gpu.py covers the device kernels of the same ops; these run on NumPy arrays, and are compared
 here with torch's CUDA implementation (fp32, TF32 off) on the same fresh random data: forward values and
 the gradient of every input for sum(output * random projection).  Marker `gpu`; skipped without torch.
 """

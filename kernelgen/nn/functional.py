@@ -1,7 +1,8 @@
 """Differentiable ops on channels-last Tensors. Every convolution, forward and backward, is a kernelgen
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
-numba.cuda kernels (cuda_ops) for device data - the ops a ResNet trains with, fused where it saves passes
-over memory (batch_norm_relu, add_relu); the others raise TypeError for device data.
+numba.cuda kernels for device data (cuda_ops: the ops a ResNet trains with, fused where it saves passes
+over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat; cuda_pool: the
+windowed pools).
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
@@ -17,20 +18,19 @@ def _as_tensor(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def _dev(*tensors):
-    """The device ops module when the (first) tensor's data is on the GPU, else None."""
-    if tensors[0].is_cuda:
+def _dev(*tensors, names=None):
+    """The device ops module when any tensor's data is on the GPU (then all must be), else None.
+    names: the tensors' argument names, for the error."""
+    present = [(k, t) for k, t in enumerate(tensors) if t is not None]
+    if any(t.is_cuda for _, t in present):
         from . import cuda_ops
-        for t in tensors[1:]:
-            if t is not None and not t.is_cuda:
-                raise TypeError(f"all tensors must be on the same device, got a {t.device} tensor with cuda ones")
+        for k, t in present:
+            if not t.is_cuda:
+                what = names[k] if names else f"argument {k}"
+                raise TypeError(f"all tensors must be on the same device: {what} is a {t.device} tensor, "
+                                f"others are cuda ones")
         return cuda_ops
     return None
-
-
-def _host_only(x, name):
-    if x.is_cuda:
-        raise TypeError(f"{name} has no device implementation yet: x must be a cpu tensor, got a cuda one")
 
 
 def _sum_to(g, shape):
@@ -110,8 +110,14 @@ def add_relu(a, b, inplace=False):
 
 
 def mul(a, b):
+    """a * b with numpy broadcasting, on the device too (its backward sums over the broadcast dimensions)."""
     a, b = _as_tensor(a), _as_tensor(b)
-    _host_only(a, "mul")
+    if _dev(a, b, names=("a", "b")):
+        from . import cuda_elementwise as ew
+        y = ew.mul(a.data, b.data)
+        return Tensor.from_op(y, (a, b), lambda g: (
+            ew.mul_backward(g, a.shape, b.data) if a.requires_grad else None,
+            ew.mul_backward(g, b.shape, a.data) if b.requires_grad else None))
     return Tensor.from_op(a.data * b.data, (a, b),
                           lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
@@ -301,7 +307,12 @@ def cross_entropy(logits, labels):
 
 def concat(tensors, axis=0):
     tensors = [_as_tensor(t) for t in tensors]
-    _host_only(tensors[0], "concat")
+    if tensors and _dev(*tensors, names=[f"tensors[{k}]" for k in range(len(tensors))]):
+        from . import cuda_elementwise as ew
+        y = ew.concat([t.data for t in tensors], axis)
+        shapes = [t.shape for t in tensors]
+        return Tensor.from_op(y, tuple(tensors), lambda g: tuple(
+            ew.split(g, shapes, axis, [t.requires_grad for t in tensors])))
     ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
     return Tensor.from_op(np.concatenate([t.data for t in tensors], axis=axis), tuple(tensors),
                           lambda g: tuple(np.split(g, ends, axis=axis)))
@@ -309,9 +320,17 @@ def concat(tensors, axis=0):
 
 # ---- activations ----
 
+def _activation_device(x, name, slope=0.0, keep_output=False):
+    """keep_output: the backward reads the output (tanh), else the input."""
+    from . import cuda_elementwise as ew
+    y = ew.activation(x.data, name, slope)
+    return Tensor.from_op(y, (x,), lambda g: (ew.activation_backward(g, y if keep_output else x.data, name, slope),))
+
+
 def leaky_relu(x, negative_slope=0.01):
     x = _as_tensor(x)
-    _host_only(x, "leaky_relu")
+    if _dev(x):
+        return _activation_device(x, "leaky_relu", negative_slope)
     slope = np.where(x.data > 0, 1, negative_slope).astype(x.dtype)
     return Tensor.from_op(x.data * slope, (x,), lambda g: (g * slope,))
 
@@ -326,14 +345,16 @@ def _sigmoid_parts(u):
 
 def sigmoid(x):
     x = _as_tensor(x)
-    _host_only(x, "sigmoid")
+    if _dev(x):
+        return _activation_device(x, "sigmoid")
     s, ds = _sigmoid_parts(x.data)
     return Tensor.from_op(s, (x,), lambda g: (g * ds,))
 
 
 def tanh(x):
     x = _as_tensor(x)
-    _host_only(x, "tanh")
+    if _dev(x):
+        return _activation_device(x, "tanh", keep_output=True)
     y = np.tanh(x.data)
     return Tensor.from_op(y, (x,), lambda g: (g * (1 - y * y),))
 
@@ -348,7 +369,8 @@ def gelu(x):
     """GELU, tanh form: x sigmoid(u), u = A x + B x^3.  The derivative s + x s(1-s) (A + 3B x^2) is computed
     from exp(-|u|) (Alpha §5.6): the textbook form's exp(u) overflows for x << 0 and gives inf/inf = NaN."""
     x = _as_tensor(x)
-    _host_only(x, "gelu")
+    if _dev(x):
+        return _activation_device(x, "gelu")
     xc = np.clip(x.data, -_GELU_CLIP, _GELU_CLIP)
     s, ds = _sigmoid_parts(xc * (_GELU_A + _GELU_B * xc * xc))
     dy = (s + xc * ds * (_GELU_A + 3 * _GELU_B * xc * xc)).astype(x.dtype)
@@ -361,14 +383,29 @@ def _pair(v):
     return (v, v) if np.isscalar(v) else tuple(v)
 
 
-def _pool_windows(x_shape, kernel, stride, padding):
-    """Output size and, per kernel offset, the strided slices of the padded input that it reads."""
+def _check_nhwc(x):
+    if len(x.shape) != 4:
+        raise ValueError(f"x must be channels-last (N, H, W, C), got shape {x.shape}")
+
+
+def _pool_geometry(x_shape, kernel, stride, padding):
+    """((kh, kw), (sh, sw), (ph, pw), (p, q)) as Python ints, or ValueError naming the bad argument."""
     (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(kernel if stride is None else stride), _pair(padding)
+    for name, pair, low in (("kernel", (kh, kw), 1), ("stride", (sh, sw), 1), ("padding", (ph, pw), 0)):
+        if any(int(v) != v or v < low for v in pair):
+            raise ValueError(f"{name} must be integers >= {low}, got {pair}")
+    (kh, kw), (sh, sw), (ph, pw) = (int(kh), int(kw)), (int(sh), int(sw)), (int(ph), int(pw))
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"padding must be at most half the kernel, got padding {padding} for kernel {kernel}")
     p, q = (x_shape[1] + 2 * ph - kh) // sh + 1, (x_shape[2] + 2 * pw - kw) // sw + 1
     if p < 1 or q < 1:
         raise ValueError(f"pooling a {x_shape[1:3]} input with kernel {kernel} leaves an empty output")
+    return (kh, kw), (sh, sw), (ph, pw), (p, q)
+
+
+def _pool_windows(x_shape, kernel, stride, padding):
+    """Padding and, per kernel offset, the strided slices of the padded input that it reads."""
+    (kh, kw), (sh, sw), (ph, pw), (p, q) = _pool_geometry(x_shape, kernel, stride, padding)
     offsets = [(slice(i, i + sh * (p - 1) + 1, sh), slice(j, j + sw * (q - 1) + 1, sw))
                for i in range(kh) for j in range(kw)]
     return (ph, pw), offsets
@@ -381,7 +418,12 @@ def _pad_hw(a, ph, pw, value):
 def max_pool2d(x, kernel, stride=None, padding=0):
     """(N, H, W, C) -> (N, P, Q, C); padding counts as -inf, ties go to the first offset (as PyTorch)."""
     x = _as_tensor(x)
-    _host_only(x, "max_pool2d")
+    _check_nhwc(x)
+    if _dev(x):
+        from . import cuda_pool
+        k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
+        y, arg = cuda_pool.max_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad)
+        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.max_pool2d_backward(g, arg, x.shape, k, s, pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, -np.inf)
     best = xp[:, offsets[0][0], offsets[0][1]].copy()
@@ -402,7 +444,13 @@ def max_pool2d(x, kernel, stride=None, padding=0):
 def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     """(N, H, W, C) -> (N, P, Q, C); count_include_pad=False divides by the number of real elements."""
     x = _as_tensor(x)
-    _host_only(x, "avg_pool2d")
+    _check_nhwc(x)
+    if _dev(x):
+        from . import cuda_pool
+        k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
+        y = cuda_pool.avg_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad, count_include_pad)
+        return Tensor.from_op(y, (x,), lambda g: (
+            cuda_pool.avg_pool2d_backward(g, x.shape, k, s, pad, count_include_pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, 0)
     if count_include_pad:
@@ -428,8 +476,15 @@ def _adaptive_bins(n, out):
 def adaptive_avg_pool2d(x, output_size):
     """(N, H, W, C) -> (N, oh, ow, C), each output the mean of its bin."""
     x = _as_tensor(x)
-    _host_only(x, "adaptive_avg_pool2d")
+    _check_nhwc(x)
     oh, ow = _pair(output_size)
+    if int(oh) != oh or int(ow) != ow or oh < 1 or ow < 1:
+        raise ValueError(f"output_size must be positive integers, got {output_size}")
+    oh, ow = int(oh), int(ow)
+    if _dev(x):
+        from . import cuda_pool
+        y = cuda_pool.adaptive_avg_pool2d(x.data, (oh, ow))
+        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.adaptive_avg_pool2d_backward(g, x.shape),))
     cells = [(i, j, hb, wb) for i, hb in enumerate(_adaptive_bins(x.shape[1], oh))
              for j, wb in enumerate(_adaptive_bins(x.shape[2], ow))]
     y = np.empty((x.shape[0], oh, ow, x.shape[3]), x.dtype)
@@ -446,13 +501,18 @@ def adaptive_avg_pool2d(x, output_size):
 
 def dropout(x, p=0.5, training=True, generator=None):
     """Zero each element with probability p and scale the rest by 1 / (1 - p) (inverted dropout), so
-    evaluation is the identity.  generator: a numpy Generator, for reproducible masks."""
+    evaluation is the identity.  generator: a numpy Generator, for reproducible masks.  On the device the
+    mask is a hash of (seed, element index), the seed drawn from the generator: one integer per call
+    instead of a host-drawn mask copied over, and the backward regenerates the very same mask."""
     if not 0 <= p <= 1:
         raise ValueError(f"p must be in [0, 1], got {p}")
     x = _as_tensor(x)
-    _host_only(x, "dropout")
     if not training or p == 0:
         return x
+    if _dev(x):
+        from . import cuda_elementwise as ew
+        seed = int((generator if generator is not None else np.random.default_rng()).integers(2 ** 32))
+        return Tensor.from_op(ew.dropout(x.data, p, seed), (x,), lambda g: (ew.dropout(g, p, seed),))
     rng = generator if generator is not None else np.random.default_rng()
     keep = rng.random(x.shape) >= p
     mask = (keep / (1 - p) if p < 1 else keep).astype(x.dtype)
