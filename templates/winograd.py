@@ -68,7 +68,7 @@ MAX_SHARED = 48 * 1024  # numba's static shared arrays
 def config_ok(p, cfg):
     alpha = states_for(p, cfg)
     itemsize = 8 if p.dtype == "float64" else 4
-    return (alpha is not None and cfg.split_k == 1 and cfg.stages == 1 and cfg.BM % cfg.TM == 0
+    return (alpha is not None and cfg.split_k == 1 and cfg.BM % cfg.TM == 0
             and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= 1024
             and shared_bytes(cfg, alpha, itemsize) <= MAX_SHARED)
 
@@ -88,6 +88,12 @@ CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident bloc
 }
 SM_COUNT = 132
 CPU_TILE = (8, 8, 4, 2, 2)  # small: CPU compile time, and channel counts of tests
+# The 2-stage pipeline (stages=2) holds a step's raw gathers (EV alpha + EU S values) across the
+# products.  ptxas (sm_90, 128-register cap of 2 blocks/SM) spills 8-208 B with it on most table layers
+# with alpha * TM * TN = 64 accumulators, even at BK 4 (9 staged values); 32 accumulators leave room
+# (no spills, PERF_NOTES #22).  The default pipelines only those; the tuner tries stages=2 everywhere
+# (it rejects kernels with local memory).
+PIPELINE_MAX_ACC = 32
 # Cost per state count beyond its multiplies (transforms ~ nnz(BT) / (alpha BN), smaller register
 # tiles): a guess until the tuner measures it.
 STATE_OVERHEAD = {4: 1.0, 8: 1.25, 16: 1.6}
@@ -118,7 +124,7 @@ def model_time(p, alpha, tile):
 def default_config(p, backend):
     """CPU: a small tile, states by choose_states.  CUDA: the (state count, tile) of least
     model_time, shared rows padded (the transposed V/U stores from channel-fastest threads would
-    otherwise hit one bank 8 ways)."""
+    otherwise hit one bank 8 ways), pipelined where preferred_stages says the registers allow."""
     if choose_states(p.filter_size[2]) is None:
         raise ValueError(f"winograd: no enabled state count for {p.key()}")
     if backend != "cuda":
@@ -131,18 +137,25 @@ def default_config(p, backend):
 
 def candidate_configs(p, states=None):
     """What the tuner tries, cheapest under model_time first: every enabled state count for the width
-    x its tiles x shared padding."""
+    x its tiles x shared padding x pipeline stages (the preferred_stages variant of a tile first)."""
     out = []
     for alpha in states or STATES:
         if not enabled(alpha, p.filter_size[2]):
             continue
         for t in CUDA_TILES[alpha]:
             for pad in (4, 0):
-                cfg = TileConfig(*t, smem_pad=pad, states=alpha)
-                if config_ok(p, cfg):
-                    out.append(cfg)
-    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.smem_pad == 0)
+                for stages in (1, 2):
+                    cfg = TileConfig(*t, smem_pad=pad, stages=stages, states=alpha)
+                    if config_ok(p, cfg):
+                        out.append(cfg)
+    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.smem_pad == 0,
+                     c.stages != preferred_stages(c))
     return sorted(out, key=key)
+
+
+def preferred_stages(cfg):
+    """2 (pipelined) where the staging registers fit beside the accumulators (PIPELINE_MAX_ACC)."""
+    return 2 if cfg.states * cfg.TM * cfg.TN <= PIPELINE_MAX_ACC else 1
 
 
 def build(p, cfg: TileConfig, alpha=None):

@@ -18,6 +18,14 @@ Compared with implicit GEMM, the multiply count per output is S * alpha / n inst
 (3x3: F(2,3) 1.5x fewer, F(6,3) 2.25x; 5x5: F(4,5) 2.5x; 7x7: F(2,7) 1.75x; 9x9: F(8,9) 4.5x).
 The transforms cost nnz(BT) / (alpha BN) and S / BM of the GEMM work per step: ~10 %.
 
+With cfg.stages == 2 the reduction steps are software-pipelined as in tiled_gemm: the raw gathers
+of step i+1 (alpha input items per (tile, channel), S taps per (channel, k)) are issued into staging
+registers before the outer products of step i, and transformed into the other half of double-buffered
+V and U after them, so their global latency hides behind the FMA loop; one barrier per step.  The
+staging holds the untransformed items (EV alpha + EU S registers, fewer than the transformed
+alpha (EV + EU)).  Steps are flattened over (t, r, cb) and unrolled by two, so each half has a
+constant stage index in its shared addresses.
+
 Backward-data is the forward schedule on dy with the 180-degree rotated, channel-transposed filter,
 read in place.  Stride 1, dilation 1.
 """
@@ -60,7 +68,7 @@ def conv_geometry(p):
 
 
 def shared_bytes(cfg, alpha, itemsize=4):
-    return itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
+    return cfg.stages * itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
 
 
 def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
@@ -77,13 +85,17 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     dt = p.dtype
     EV, EU = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)  # (tile, channel) / (channel, k) pairs per thread
 
-    V = Buffer("V", (alpha, BK, BM + pad), dt, "shared")
-    U = Buffer("U", (alpha, BK, BN + pad), dt, "shared")
+    SP = cfg.stages
+    lead = (SP,) if SP > 1 else ()  # a stage axis only when pipelined: stages=1 renders as it always did
+    V = Buffer("V", lead + (alpha, BK, BM + pad), dt, "shared")
+    U = Buffer("U", lead + (alpha, BK, BN + pad), dt, "shared")
     acc = Buffer("acc", (alpha, TM, TN), dt, "register")
     vf = Buffer("vf", (TM,), dt, "register")
     uf = Buffer("uf", (TN,), dt, "register")
     d = Buffer("d", (alpha,), dt, "register")
     gw = Buffer("gw", (S,), dt, "register")
+    dv = Buffer("dv", (EV, alpha), dt, "register")  # stages=2: a whole step's raw gathers stay in flight
+    gv = Buffer("gv", (EU, S), dt, "register")
     # per-thread invariants of the tiles this thread gathers (index math hoisted out of the k loop)
     iv = {nm: Buffer(f"iv_{nm}", (EV,), "int64", "register") for nm in ("base", "d", "h", "w")}
     iu = Buffer("iu_base", (EU,), "int64", "register")
@@ -131,8 +143,7 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     need_lo = [pads[0] > 0, pads[1] > 0, pads[2] > 0]
     # the last width tile may read past the row when OW is not a multiple of n
     need_hi = [pads[0] > 0, pads[1] > 0, (TW - 1) * n + alpha - 1 - pads[2] > IW - 1]
-    stage = [Comment(f"V = BT d: {alpha} input items per (tile, channel); U = G g per (channel, k)")]
-    c, row, in_tile = v_pair(ev)
+    c, row, v_in = v_pair(ev)
     ch = cb * BK + c
     rd, rh, rw = iv["d"][ev] + t, iv["h"][ev] + r, iv["w"][ev]
     row_ok = [x >= 0 for x, nd in zip((rd, rh), need_lo[:2]) if nd] + \
@@ -141,29 +152,55 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     row_ok += [ch < Cin] if Cin % BK else []
     ok = row_ok + ([rw + av >= 0] if need_lo[2] else []) + ([rw + av < IW] if need_hi[2] else [])
     addr = iv["base"][ev] + ((t * IH + r) * IW + av) * CS + ch
-    body = [unroll("a", alpha, [d.store(av, select(all_of(ok), _load(src, addr), Const(0.0)))])]
-    body += [V.store((a, c, row), _combo(BT[a], [d[j] for j in range(alpha)])) for a in range(alpha)]
-    stage.append(unroll("e", EV, guarded(body, in_tile, BM * BK)))
-    c, col, in_tile = u_pair(eu)
+    v_item = select(all_of(ok), _load(src, addr), Const(0.0))
+    v_at = (c, row)
+    c, col, u_in = u_pair(eu)
     ch = cb * BK + c
     ok = ([n0 + col < Kout] if Kout % BN else []) + ([ch < Cin] if Cin % BK else [])
     if bwd:  # w[g*Cin + ch, T-1-t, R-1-r, S-1-s, k]: rotated, channel-transposed, in place
         waddr = iu[eu] + (((ch * T + (T - 1) - t) * R + (R - 1) - r) * S + (S - 1) - sv) * p.Cg
     else:    # w[g*Kout + k, t, r, s, ch]
         waddr = iu[eu] + ((t * R + r) * S + sv) * p.Cg + ch
-    body = [unroll("s", S, [gw.store(sv, select(all_of(ok), _load("w", waddr), Const(0.0)))])]
-    body += [U.store((a, c, col), _combo(G[a], [gw[s] for s in range(S)])) for a in range(alpha)]
-    stage.append(unroll("eu", EU, guarded(body, in_tile, BK * BN)))
+    u_item = select(all_of(ok), _load("w", waddr), Const(0.0))
+    u_at = (c, col)
+
+    def v_loop(body):
+        return unroll("e", EV, guarded(body, v_in, BM * BK))
+
+    def u_loop(body):
+        return unroll("eu", EU, guarded(body, u_in, BK * BN))
+
+    def v_commit(st, items):
+        return [V.store(st + (a, *v_at), _combo(BT[a], items)) for a in range(alpha)]
+
+    def u_commit(st, items):
+        return [U.store(st + (a, *u_at), _combo(G[a], items)) for a in range(alpha)]
+
+    header = Comment(f"V = BT d: {alpha} input items per (tile, channel); U = G g per (channel, k)")
+    if SP == 1:
+        stage = [header,
+                 v_loop([unroll("a", alpha, [d.store(av, v_item)]), *v_commit((), [d[j] for j in range(alpha)])]),
+                 u_loop([unroll("s", S, [gw.store(sv, u_item)]), *u_commit((), [gw[s] for s in range(S)])])]
+    else:
+        # fetch: the global loads of a step, into staging registers; commit: their transforms into stage st
+        fetch = [header, v_loop([unroll("a", alpha, [dv.store((ev, av), v_item)])]),
+                 u_loop([unroll("s", S, [gv.store((eu, sv), u_item)])])]
+
+        def commit(st):
+            return [v_loop(v_commit((st,), [dv[ev, j] for j in range(alpha)])),
+                    u_loop(u_commit((st,), [gv[eu, s] for s in range(S)]))]
 
     # --- alpha register-tiled outer products per channel of the chunk -----------------------------
     ty, tx = Var("ty"), Var("tx")
     thread_xy = [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
                  *[_assign("ty", tid // (BN // TN)), _assign("tx", tid % (BN // TN))]]
     kc = Var("kc")
-    products = [unroll("i", TM, [vf.store(iv_, V[av, kc, ty * TM + iv_])]),
-                unroll("j", TN, [uf.store(jv, U[av, kc, tx * TN + jv])]),
-                unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), vf[iv_] * uf[jv], accumulate=True)])])]
-    compute = thread_xy + [unroll("kc", BK, [unroll("a", alpha, products)])]
+
+    def products(st):
+        return [unroll("kc", BK, [unroll("a", alpha, [
+            unroll("i", TM, [vf.store(iv_, V[st + (av, kc, ty * TM + iv_)])]),
+            unroll("j", TN, [uf.store(jv, U[st + (av, kc, tx * TN + jv)])]),
+            unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), vf[iv_] * uf[jv], accumulate=True)])])])])]
 
     # --- epilogue: y = AT M per (tile, channel), n outputs, trimmed at the row end ------------------
     m = m0 + ty * TM + iv_
@@ -182,9 +219,36 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     stores = [If(all_of(guard), tuple(stores))] if guard else stores
     epilogue = list(thread_xy) + [unroll("i", TM, [unroll("j", TN, stores)])]
 
-    step = (For("tid", NT, tuple(stage), "thread"), Barrier(), For("tid", NT, tuple(compute), "thread"), Barrier())
-    kloop = For("t", T, (For("r", R, (For("cb", nkc, step, "serial"),), "serial"),), "serial")
-    block = (For("tid", NT, tuple(prologue), "thread"), kloop, For("tid", NT, tuple(epilogue), "thread"))
+    if SP == 1:
+        step = (For("tid", NT, tuple(stage), "thread"), Barrier(),
+                For("tid", NT, tuple(thread_xy + products(())), "thread"), Barrier())
+        kloop = (For("t", T, (For("r", R, (For("cb", nkc, step, "serial"),), "serial"),), "serial"),)
+        block = (For("tid", NT, tuple(prologue), "thread"),) + kloop
+    else:
+        nsteps = T * R * nkc
+
+        def position(ks):  # (t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops
+            return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
+                    _assign("r", ((ks // nkc) % R if nkc > 1 else ks % R) if R > 1 else Const(0)),
+                    _assign("cb", ks % nkc if nkc > 1 else Const(0))]
+
+        def one_step(ks, st, last_possible):
+            # step ks computes from stage st while step ks + 1 fills the other; its loads are in flight
+            # during the products, the barrier after the commit orders both halves of the next step
+            nxt = ks + 1
+            guard = (lambda b: [If(nxt < nsteps, tuple(b))]) if last_possible else list
+            phase = thread_xy + guard(position(nxt) + fetch) + products((st,)) + guard(commit(1 - st))
+            return (For("tid", NT, tuple(phase), "thread"), Barrier())
+
+        kp = Var("kp")
+        # pairs of steps: a constant stage per half; only the second half of an even count can be the last
+        kloop = (For("kp", nsteps // 2, one_step(kp * 2, 0, False) + one_step(kp * 2 + 1, 1, nsteps % 2 == 0),
+                     "serial"),)
+        if nsteps % 2:
+            kloop += one_step(Const(nsteps - 1), 0, True)
+        first = [Comment("first step: global -> shared"), *position(Const(0)), *fetch, *commit(0)]
+        block = (For("tid", NT, tuple(prologue + first), "thread"), Barrier()) + kloop
+    block += (For("tid", NT, tuple(epilogue), "thread"),)
     grid = (_cdiv(M, BM), _cdiv(Kout, BN), p.groups)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
@@ -192,7 +256,8 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     if p.has_bias and not bwd:
         params.append(Buffer("bias", (p.K,), dt))
     params.append(Buffer(dst, (p.N * OD * OH * OW * KS,), dt, role="out"))
-    locals_ = (V, U, acc, vf, uf, d, gw, iu) + tuple(iv.values())
+    staging = (d, gw) if SP == 1 else (dv, gv)
+    locals_ = (V, U, acc, vf, uf) + staging + (iu,) + tuple(iv.values())
     meta = {"doc": f"im2col-winograd F({n},{S}), {alpha} states, {p.direction}: {alpha} GEMMs "
                    f"[{M} tiles x {Kout}] reduced over {T * R} filter rows x {Cin} channels",
             "config": str(cfg), "zero_output": False,

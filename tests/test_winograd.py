@@ -99,21 +99,21 @@ def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu"
 
 
 def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C=5, K=6, bias=False,
-          cfg=CPU_CFG, backend="cpu"):
+          cfg=CPU_CFG, backend="cpu", fh=2):
     """C = 5 and K = 6 are not multiples of the CPU tile's BK = 4 / BN = 8; the output width is not
-    a multiple of n; filter height 2 with padding makes rows fall off the top and bottom."""
+    a multiple of n; filter height fh = 2 with padding makes rows fall off the top and bottom."""
     n = alpha - r + 1
     W = n + r + 1
     pad = (r // 2) if pad is None else pad
     x_shape = (2, H, W, C * groups)
-    w = rng.standard_normal((K * groups, 2, r, C)).astype(dtype)
+    w = rng.standard_normal((K * groups, fh, r, C)).astype(dtype)
     b = rng.standard_normal(K * groups).astype(dtype) if bias else None
     if direction == "fwd":
         x = rng.standard_normal(x_shape).astype(dtype)
         got = _run_alpha("fwd", alpha, x, w, x_shape, pad, groups, backend, b, cfg)
         want = R.conv_forward(x.astype(np.float64), w.astype(np.float64), b, padding=pad, groups=groups)
     else:
-        oh, ow = H + 2 * pad - 1, W + 2 * pad - r + 1
+        oh, ow = H + 2 * pad - fh + 1, W + 2 * pad - r + 1
         dy = rng.standard_normal((2, oh, ow, K * groups)).astype(dtype)
         got = _run_alpha("bwd_data", alpha, dy, w, x_shape, pad, groups, backend, cfg=cfg)
         want = R.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x_shape, padding=pad,
@@ -144,6 +144,30 @@ def test_many_blocks_every_axis(direction):
     C = 5 over BK = 2, with the tiny simulator config run on the CPU."""
     rng = np.random.default_rng()
     got, want = _case(rng, 8, 3, direction, groups=2, C=5, K=10, H=4, bias=direction == "fwd", cfg=TINY)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+# 2-stage pipeline: reduction steps = filter rows x channel chunks, even (fh 2 x 2 chunks of C = 5 over
+# BK = 4) and odd (fh 3 x 1 chunk of C = 3: the unrolled pair loop plus its tail step); widths ragged
+@pytest.mark.parametrize("alpha,r,direction,fh,C,pad", [
+    (4, 3, "fwd", 2, 5, None), (4, 2, "fwd", 3, 3, None), (8, 2, "fwd", 2, 5, 0), (8, 5, "fwd", 3, 3, None),
+    (8, 7, "fwd", 2, 5, None), (16, 9, "fwd", 3, 3, None),
+    (4, 3, "bwd_data", 3, 3, 2), (8, 4, "bwd_data", 2, 5, 3), (8, 6, "bwd_data", 3, 5, 1),
+    (16, 3, "bwd_data", 2, 5, 1)])
+def test_two_stage_pipeline_float64(alpha, r, direction, fh, C, pad):
+    rng = np.random.default_rng()
+    cfg = TileConfig(*winograd.CPU_TILE, stages=2)
+    got, want = _case(rng, alpha, r, direction, groups=2 if r % 2 else 1, pad=pad, C=C, fh=fh, cfg=cfg,
+                      bias=direction == "fwd" and r == 3)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_two_stage_many_blocks_every_axis(direction):
+    """Several blocks along every axis with 2 pipeline stages: 3 channel chunks x 3 filter rows = 9 steps."""
+    rng = np.random.default_rng()
+    cfg = TileConfig(**{**TINY.as_dict(), "stages": 2})
+    got, want = _case(rng, 8, 3, direction, groups=2, C=5, K=10, H=4, bias=direction == "fwd", cfg=cfg, fh=3)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
 
 
@@ -207,10 +231,16 @@ def test_configs(monkeypatch):
         cands = tune_candidates(p, ["winograd"])
         assert cands and all(v == "winograd" and winograd.config_ok(p, c) for v, c in cands)
         assert {c.states for _, c in cands} == ({4, 8} if S == 3 else {8})  # 3x3 tries F(2,3) and F(6,3)
-        assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, stages=2, states=cfg.states))
+        assert cfg.stages == winograd.preferred_stages(cfg)  # pipelined where the registers allow
+        assert {c.stages for _, c in cands} == {1, 2}
+        assert winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, stages=2, states=cfg.states))
         assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=2, states=cfg.states))
     p = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), padding=1)
     assert not winograd.config_ok(p, TileConfig(128, 128, 16, 8, 8, states=8))      # 64 KiB of shared memory
+    assert winograd.config_ok(p, TileConfig(64, 32, 8, 4, 2, stages=2, states=8))  # 2 x 24 KiB: just fits
+    assert not winograd.config_ok(p, TileConfig(64, 32, 8, 4, 2, smem_pad=4, stages=2, states=8))  # 52 KiB
+    p14 = make_problem("fwd", (32, 14, 14, 256), (256, 3, 3, 256), padding=1)
+    assert winograd.default_config(p14, "cuda") == TileConfig(64, 32, 8, 4, 2, smem_pad=4, stages=2, states=4)
     assert not winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))        # 16 states not allowed
     monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
     assert winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))
@@ -224,7 +254,35 @@ def test_cuda_render_scalarizes_registers():
     ex = kernelgen.explain(kernelgen.conv, x, w, padding=1, backend="cuda", algo="winograd")
     src = ex.source
     assert "local.array" not in src and "winograd" in src and "cuda.shared.array" in src
-    assert src.count("cuda.syncthreads()") == 2  # one step: stage V and U | outer products
+    # the default here is pipelined (4 states, 32 accumulators): the first step's barrier, one per step of
+    # the unrolled pair, one for the tail (3 filter rows x 1 channel chunk = 3 steps)
+    assert src.count("cuda.syncthreads()") == 4
+    from kernelgen.render_cuda import render_cuda
+    p = make_problem("fwd", x.shape, w.shape, padding=1)
+    one = TileConfig(**{**winograd.default_config(p, "cuda").as_dict(), "stages": 1})
+    src = render_cuda(winograd.build(p, one), cache=False)
+    assert "local.array" not in src and src.count("cuda.syncthreads()") == 2  # stage V and U | outer products
+
+
+def test_cuda_render_two_stages():
+    """One barrier per step plus the first step's; constant stage indices; registers still scalarised."""
+    from kernelgen.render_cuda import render_cuda
+    for fh, C in ((2, 16), (3, 8)):  # 4 steps (pairs only) and 3 steps (a pair and the tail)
+        p = make_problem("fwd", (1, 6, 13, C), (8, fh, 3, C), padding=1)
+        cfg = TileConfig(64, 32, 8, 4, 2, smem_pad=4, stages=2, states=4)
+        src = render_cuda(winograd.build(p, cfg), cache=False)
+        steps = fh * (C // 8)
+        assert "local.array" not in src and src.count("cuda.syncthreads()") == 1 + 2 + steps % 2, src
+
+
+@pytest.mark.sim
+def test_simulator_two_stages():
+    rng = np.random.default_rng()
+    cfg = TileConfig(**{**TINY.as_dict(), "stages": 2})
+    for direction in ("fwd", "bwd_data"):
+        got, want = _case(rng, 4, 3, direction, dtype=np.float32, H=2, C=3, K=3, pad=1, cfg=cfg, backend="cuda",
+                          bias=direction == "fwd")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.sim
@@ -305,12 +363,16 @@ def test_gpu_table_shapes(name, direction, rng, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("states", [4, 8])
-def test_gpu_every_output_written_ragged(states, rng):
-    """NaN-poisoned output; tiles, channels and widths ragged against the default tile."""
-    got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True,
-                      cfg=TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, states=states), backend="cuda")
+def test_gpu_every_output_written_ragged(states, stages, rng):
+    """NaN-poisoned output; tiles, channels and widths ragged against the default tile; C = 37 over BK 8 x
+    3 filter rows = 15 steps (odd: the 2-stage tail step runs)."""
+    cfg = TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, stages=stages, states=states)
+    if winograd.shared_bytes(cfg, states) > winograd.MAX_SHARED:  # 8 states, 2 stages: unpadded rows
+        cfg = TileConfig(**{**cfg.as_dict(), "smem_pad": 0})
+    got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True, cfg=cfg, backend="cuda",
+                      fh=3)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
-    got, want = _case(rng, states, 3, "bwd_data", dtype=np.float32, H=9, C=37, K=45,
-                      cfg=TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, states=states), backend="cuda")
+    got, want = _case(rng, states, 3, "bwd_data", dtype=np.float32, H=9, C=37, K=45, cfg=cfg, backend="cuda")
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
