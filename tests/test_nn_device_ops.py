@@ -42,6 +42,13 @@ def test_activation(name, rng):
     compare(lambda t, _: op(t[0]), [3 * rng.standard_normal((2, 3, 4))], rng)
 
 
+def test_tanh_gradient_keeps_its_precision():
+    x = np.array([-12.0, -9.0, -5.0, -0.5, 0.5, 5.0, 9.0, 12.0], np.float32)
+    dev = Tensor(x, requires_grad=True).cuda()
+    F.tanh(dev).backward(Tensor(np.ones(x.shape, np.float32)).cuda().data)
+    np.testing.assert_allclose(dev.grad.copy_to_host(), 1 / np.cosh(x.astype(np.float64)) ** 2, rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("name", ["sigmoid", "gelu"])
 def test_activation_tails_stay_finite(name):
     """exp(-|u|) never overflows: far tails give the host's saturated values and gradients, no NaN."""

@@ -70,6 +70,15 @@ def test_gelu_sigmoid_saturate_without_overflow(dtype):
         np.testing.assert_allclose(t.grad[len(big):], 1.0 if op is F.gelu else 0.0, atol=1e-12)
 
 
+def test_tanh_gradient_keeps_its_precision_in_float32():
+    # 1 - tanh^2 from a float32 output is exactly 0 from |x| ~ 9 on; sech^2 from the input is not
+    x = np.array([-12.0, -9.0, -5.0, -0.5, 0.5, 5.0, 9.0, 12.0], np.float32)
+    t = Tensor(x.copy(), requires_grad=True)
+    F.tanh(t).backward(np.ones_like(x))
+    assert t.grad.dtype == np.float32
+    np.testing.assert_allclose(t.grad, 1 / np.cosh(x.astype(np.float64)) ** 2, rtol=1e-5, atol=0)
+
+
 def pool_reference(x, kernel, stride, padding, reduce):
     """Window by window: padding as -inf for max, as 0 for the mean (count_include_pad)."""
     n, h, w, c = x.shape
