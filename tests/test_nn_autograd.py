@@ -42,6 +42,36 @@ def test_conv2d_grad(stride, padding, groups):
           (2, 5, 5, 4), (4, 3, 3, 4 // groups), (4,))
 
 
+@pytest.mark.parametrize("x_shape,w_shape,kw", [
+    ((2, 7, 4), (4, 3, 2), dict(stride=2, padding=1, dilation=1, groups=2)),              # 1D, grouped
+    ((1, 4, 3, 5, 2), (3, 2, 3, 2, 2), dict(stride=(1, 2, 1), padding=1, dilation=(1, 1, 2))),  # 3D, dilated
+])
+def test_conv_1d_3d_grad(x_shape, w_shape, kw):
+    check(lambda x, w, b: F.conv(x, w, b, **kw), x_shape, w_shape, (w_shape[0],))
+
+
+@pytest.mark.parametrize("x_shape,w_shape,kw", [
+    ((2, 4, 3, 4), (4, 3, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    ((1, 3, 4, 4), (4, 3, 3, 1), dict(stride=2, padding=1, groups=2)),
+    ((2, 5, 2), (2, 3, 3), dict(stride=2, padding=0, output_padding=2, dilation=3)),  # output_padding >= stride
+    ((1, 2, 2, 3, 2), (2, 2, 2, 2, 3), dict(stride=(2, 1, 2))),                       # 3D
+])
+def test_conv_transpose_grad(x_shape, w_shape, kw):
+    check(lambda x, w, b: F.conv_transpose(x, w, b, **kw), x_shape, w_shape, (w_shape[-1] * kw.get("groups", 1),))
+
+
+def test_conv_modules_shapes():
+    from kernelgen.nn import Conv1d, Conv3d, ConvTranspose2d
+    rng = np.random.default_rng(0)
+    x1 = Tensor(rng.standard_normal((2, 9, 4)).astype(np.float32))
+    assert Conv1d(4, 6, 3, padding=1, rng=rng)(x1).shape == (2, 9, 6)
+    x3 = Tensor(rng.standard_normal((1, 4, 4, 4, 2)).astype(np.float32))
+    assert Conv3d(2, 3, 3, stride=2, padding=1, rng=rng)(x3).shape == (1, 2, 2, 2, 3)
+    x2 = Tensor(rng.standard_normal((1, 5, 5, 4)).astype(np.float32))
+    up = ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1, rng=rng)
+    assert up.weight.shape == (4, 3, 3, 2) and up(x2).shape == (1, 10, 10, 2)
+
+
 def test_linear_relu_add_mul_grad():
     check(lambda x, w, b: F.relu(F.linear(x, w, b)), (3, 5), (4, 5), (4,))
     check(lambda a, b: F.mul(F.add(a, b), a), (3, 4), (4,))

@@ -114,6 +114,15 @@ def test_conv_with_bias_and_flatten(rng):
             host_dtype=np.float32)
 
 
+def test_conv1d_and_conv_transpose_on_the_device(rng):
+    compare(lambda t, _: F.conv1d(t[0], t[1], t[2], stride=2, padding=1, backend="cuda"),
+            [rng.standard_normal((2, 5, 2)), rng.standard_normal((3, 3, 2)), rng.standard_normal(3)], rng,
+            host_dtype=np.float32)
+    compare(lambda t, _: F.conv_transpose2d(t[0], t[1], t[2], stride=2, padding=1, output_padding=1, backend="cuda"),
+            [rng.standard_normal((1, 2, 2, 2)), rng.standard_normal((2, 3, 3, 3)), rng.standard_normal(3)], rng,
+            host_dtype=np.float32)
+
+
 @pytest.mark.parametrize("make", [lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
                                   lambda p: Adam(p, lr=0.01, weight_decay=0.1),
                                   lambda p: Adam(p, lr=0.01, weight_decay=0.1, decoupled=True)],

@@ -200,3 +200,30 @@ def test_resnet_training_step_matches_pytorch(torch, rng):
     topt.step()
     for i, (o, t, conv) in enumerate(pairs):
         assert rel_err(o.numpy(), as_ours(t, conv)) <= 1e-4, f"parameter {i} after the step"
+
+
+def _last_to_second(t):   # (N, *spatial, C) -> (N, C, *spatial)
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+
+
+def _second_to_last(t):
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def test_conv1d_conv3d_conv_transpose(torch, rng):
+    fn = torch.nn.functional
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+    compare(torch, lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, groups=2),
+            lambda x, w, b: _second_to_last(fn.conv1d(_last_to_second(x), _last_to_second(w), b, stride=2, padding=1,
+                                                       groups=2)),
+            [f32(2, 11, 4), f32(6, 3, 2), f32(6)], rng)
+    compare(torch, lambda x, w, b: F.conv3d(x, w, b, padding=1, dilation=(1, 2, 1)),
+            lambda x, w, b: _second_to_last(fn.conv3d(_last_to_second(x), _last_to_second(w), b, padding=1,
+                                                       dilation=(1, 2, 1))),
+            [f32(2, 4, 5, 6, 3), f32(4, 3, 3, 3, 3), f32(4)], rng)
+    # PyTorch's transposed weight is (C_in, C_out // groups, *filter); ours keeps C_out // groups last
+    compare(torch, lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
+            lambda x, w, b: nhwc(fn.conv_transpose2d(nchw(x), nchw(w), b, stride=2, padding=1, output_padding=1,
+                                                     groups=2)),
+            [f32(2, 5, 6, 4), f32(4, 3, 3, 3), f32(6)], rng)
+

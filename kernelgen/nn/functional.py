@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernelgen
+from kernelgen.problem import make_problem
 
 from .tensor import Tensor
 
@@ -122,41 +123,71 @@ def mul(a, b):
                           lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
 
-def conv2d(x, w, bias=None, *, stride=1, padding=0, groups=1, backend="cpu"):
-    """x (N, H, W, C), w (K, R, S, C//groups), bias (K,) -> (N, P, Q, K)."""
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend="cpu"):
+    """x (N, *spatial, C), w (K, *filter, C // groups), bias (K,) -> (N, *out, K); 1, 2 or 3 spatial dims."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     if ops := _dev(x, w, bias):
-        return _conv2d_device(ops, x, w, bias, dict(stride=stride, padding=padding, groups=groups, backend="cuda"))
-    kw = dict(stride=stride, padding=padding, groups=groups, backend=backend)
-    y = kernelgen.conv(x.data, w.data, **kw)
-    parents = (x, w)
-    if bias is not None:
-        bias = _as_tensor(bias)
-        y = y + bias.data
-        parents = (x, w, bias)
+        kw["backend"] = "cuda"
+        y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, **kw)  # bias in the epilogue
+    else:
+        kw["backend"] = backend
+        y = kernelgen.conv(x.data, w.data, **kw)
+        y = y if bias is None else y + bias.data
 
     def backward(g):
-        g = np.ascontiguousarray(g, dtype=x.data.dtype)
+        g = g if ops else np.ascontiguousarray(g, dtype=x.data.dtype)
         dx = kernelgen.conv_backward_data(g, w.data, x.shape, **kw) if x.requires_grad else None
         dw = kernelgen.conv_backward_weight(x.data, g, w.shape, **kw) if w.requires_grad else None
-        if bias is None:
-            return dx, dw
-        return dx, dw, g.reshape(-1, g.shape[-1]).sum(axis=0)
-    return Tensor.from_op(y, parents, backward)
-
-
-def _conv2d_device(ops, x, w, bias, kw):
-    """Everything stays on the device; the bias is added in the convolution's epilogue."""
-    y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, **kw)
-
-    def backward(g):
-        dx = kernelgen.conv_backward_data(g, w.data, x.shape, **kw) if x.requires_grad else None
-        dw = kernelgen.conv_backward_weight(x.data, g, w.shape, **kw) if w.requires_grad else None
-        if bias is None:
-            return dx, dw
-        return dx, dw, ops.channel_sums(g)[0]
+        return (dx, dw) if bias is None else (dx, dw, _bias_grad(ops, g))
     return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
+
+
+conv1d = conv2d = conv3d = conv
+
+
+def _bias_grad(ops, g):
+    return ops.channel_sums(g)[0] if ops else g.reshape(-1, g.shape[-1]).sum(axis=0)
+
+
+def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
+                   backend="cpu"):
+    """PyTorch's conv_transpose, channels-last: x (N, *spatial, C_in), w (C_in, *filter, C_out // groups).
+    It is the backward-data pass of the convolution with weight w, so its gradients are that convolution's
+    forward (for x) and its backward-weight with the roles of input and output gradient swapped (for w)."""
+    x, w = _as_tensor(x), _as_tensor(w)
+    bias = None if bias is None else _as_tensor(bias)
+    ops = _dev(x, w, bias)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend="cuda" if ops else backend)
+    y = kernelgen.deconv(x.data, w.data, None if bias is None else bias.data, output_padding=output_padding, **kw)
+
+    def backward(g):
+        g = g if ops else np.ascontiguousarray(g, dtype=x.data.dtype)
+        # x as the transposed convolution sees it: an output_padding past the stride adds trailing outputs
+        # that no element of x feeds, i.e. zero rows after x (api._zero_extend)
+        seen = make_problem("fwd", tuple(g.shape), tuple(w.shape), **{k: v for k, v in kw.items()
+                                                                        if k != "backend"}).output_shape
+        dx = dw = None
+        if x.requires_grad:
+            dx = kernelgen.conv(g, w.data, **kw)
+            dx = dx if seen == x.shape else _resized(dx, x.shape, ops)
+        if w.requires_grad:
+            dw = kernelgen.conv_backward_weight(g, x.data if seen == x.shape else _resized(x.data, seen, ops),
+                                                w.shape, **kw)
+        return (dx, dw) if bias is None else (dx, dw, _bias_grad(ops, g))
+    return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
+
+
+conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
+
+
+def _resized(a, shape, ops):
+    """a cropped or zero-extended to shape (the rare output_padding >= stride case: a host round trip)."""
+    host = a.copy_to_host() if ops else a
+    host = np.pad(host, [(0, max(n - m, 0)) for n, m in zip(shape, host.shape)])[tuple(slice(0, n) for n in shape)]
+    host = np.ascontiguousarray(host)
+    return ops.to_device(host) if ops else host
 
 
 def linear(x, w, bias=None):

@@ -95,17 +95,62 @@ def kaiming_uniform(shape, fan_in, rng, dtype):
     return rng.uniform(-bound, bound, shape).astype(dtype)
 
 
-class Conv2d(Module):
-    def __init__(self, c_in, c_out, k, *, stride=1, padding=0, groups=1, bias=True, rng=None, dtype="float32",
-                 backend="cpu"):
+class _ConvNd(Module):
+    NDIM = 2
+
+    def __init__(self, c_in, c_out, k, *, stride=1, padding=0, dilation=1, groups=1, bias=True, rng=None,
+                 dtype="float32", backend="cpu"):
         rng = rng or np.random.default_rng()
-        fan_in = c_in // groups * k * k
-        self.weight = Tensor(kaiming_uniform((c_out, k, k, c_in // groups), fan_in, rng, dtype), True)
+        ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
+        fan_in = c_in // groups * int(np.prod(ks))
+        self.weight = Tensor(kaiming_uniform((c_out, *ks, c_in // groups), fan_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
-        self.kw = dict(stride=stride, padding=padding, groups=groups, backend=backend)
+        self.kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend=backend)
 
     def forward(self, x):
-        return F.conv2d(x, self.weight, self.bias, **self.kw)
+        return F.conv(x, self.weight, self.bias, **self.kw)
+
+
+class Conv1d(_ConvNd):
+    NDIM = 1
+
+
+class Conv2d(_ConvNd):
+    NDIM = 2
+
+
+class Conv3d(_ConvNd):
+    NDIM = 3
+
+
+class _ConvTransposeNd(Module):
+    """Weight (c_in, *filter, c_out // groups), as F.conv_transpose (PyTorch's layout, channels-last)."""
+    NDIM = 2
+
+    def __init__(self, c_in, c_out, k, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, bias=True,
+                 rng=None, dtype="float32", backend="cpu"):
+        rng = rng or np.random.default_rng()
+        ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
+        fan_in = c_out // groups * int(np.prod(ks))  # PyTorch's fan-in for a transposed weight
+        self.weight = Tensor(kaiming_uniform((c_in, *ks, c_out // groups), fan_in, rng, dtype), True)
+        self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
+        self.kw = dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation,
+                       groups=groups, backend=backend)
+
+    def forward(self, x):
+        return F.conv_transpose(x, self.weight, self.bias, **self.kw)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    NDIM = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    NDIM = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    NDIM = 3
 
 
 class Linear(Module):
