@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernelgen
+from kernelgen.api import _zero_extend
 from kernelgen.problem import make_problem
 
 from .tensor import Tensor
@@ -162,19 +163,20 @@ def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, di
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend="cuda" if ops else backend)
     y = kernelgen.deconv(x.data, w.data, None if bias is None else bias.data, output_padding=output_padding, **kw)
 
+    # x as the convolution that deconv transposes sees it: an output_padding past the stride adds trailing
+    # outputs that no element of x feeds, i.e. zero rows after x (what deconv itself pads with)
+    seen = make_problem("fwd", tuple(y.shape), tuple(w.shape), stride=stride, padding=padding, dilation=dilation,
+                        groups=groups).output_shape
+
     def backward(g):
         g = g if ops else np.ascontiguousarray(g, dtype=x.data.dtype)
-        # x as the transposed convolution sees it: an output_padding past the stride adds trailing outputs
-        # that no element of x feeds, i.e. zero rows after x (api._zero_extend)
-        seen = make_problem("fwd", tuple(g.shape), tuple(w.shape), **{k: v for k, v in kw.items()
-                                                                        if k != "backend"}).output_shape
         dx = dw = None
         if x.requires_grad:
             dx = kernelgen.conv(g, w.data, **kw)
-            dx = dx if seen == x.shape else _resized(dx, x.shape, ops)
+            dx = dx if seen == x.shape else _cropped(dx, x.shape, ops)
         if w.requires_grad:
-            dw = kernelgen.conv_backward_weight(g, x.data if seen == x.shape else _resized(x.data, seen, ops),
-                                                w.shape, **kw)
+            dw = kernelgen.conv_backward_weight(g, x.data if seen == x.shape else _zero_extend(x.data, seen), w.shape,
+                                                **kw)
         return (dx, dw) if bias is None else (dx, dw, _bias_grad(ops, g))
     return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
 
@@ -182,11 +184,10 @@ def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, di
 conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
 
 
-def _resized(a, shape, ops):
-    """a cropped or zero-extended to shape (the rare output_padding >= stride case: a host round trip)."""
+def _cropped(a, shape, ops):
+    """a's leading corner of `shape`, contiguous (only when output_padding >= stride: a host round trip)."""
     host = a.copy_to_host() if ops else a
-    host = np.pad(host, [(0, max(n - m, 0)) for n, m in zip(shape, host.shape)])[tuple(slice(0, n) for n in shape)]
-    host = np.ascontiguousarray(host)
+    host = np.ascontiguousarray(host[tuple(slice(0, n) for n in shape)])
     return ops.to_device(host) if ops else host
 
 
