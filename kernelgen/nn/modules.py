@@ -102,10 +102,14 @@ class _ConvNd(Module):
                  dtype="float32", backend="cpu"):
         rng = rng or np.random.default_rng()
         ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
-        fan_in = c_in // groups * int(np.prod(ks))
-        self.weight = Tensor(kaiming_uniform((c_out, *ks, c_in // groups), fan_in, rng, dtype), True)
+        shape, fan_in = self._weight(c_in, c_out, ks, groups)
+        self.weight = Tensor(kaiming_uniform(shape, fan_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
         self.kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend=backend)
+
+    @staticmethod
+    def _weight(c_in, c_out, ks, groups):
+        return (c_out, *ks, c_in // groups), c_in // groups * int(np.prod(ks))
 
     def forward(self, x):
         return F.conv(x, self.weight, self.bias, **self.kw)
@@ -123,19 +127,16 @@ class Conv3d(_ConvNd):
     NDIM = 3
 
 
-class _ConvTransposeNd(Module):
+class _ConvTransposeNd(_ConvNd):
     """Weight (c_in, *filter, c_out // groups), as F.conv_transpose (PyTorch's layout, channels-last)."""
-    NDIM = 2
 
-    def __init__(self, c_in, c_out, k, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, bias=True,
-                 rng=None, dtype="float32", backend="cpu"):
-        rng = rng or np.random.default_rng()
-        ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
-        fan_in = c_out // groups * int(np.prod(ks))  # PyTorch's fan-in for a transposed weight
-        self.weight = Tensor(kaiming_uniform((c_in, *ks, c_out // groups), fan_in, rng, dtype), True)
-        self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
-        self.kw = dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation,
-                       groups=groups, backend=backend)
+    def __init__(self, c_in, c_out, k, *, output_padding=0, **kw):
+        super().__init__(c_in, c_out, k, **kw)
+        self.kw["output_padding"] = output_padding
+
+    @staticmethod
+    def _weight(c_in, c_out, ks, groups):  # PyTorch's fan-in for a transposed weight
+        return (c_in, *ks, c_out // groups), c_out // groups * int(np.prod(ks))
 
     def forward(self, x):
         return F.conv_transpose(x, self.weight, self.bias, **self.kw)
