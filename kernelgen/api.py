@@ -88,13 +88,24 @@ def tuned_device():
     return device_name()
 
 
-def tuned_choice(problem, preferred=None):
-    """(variant name, TileConfig) from the tuned database for this GPU, or None."""
+def _tuned_db():
     if not gpu_present() or os.environ.get("KERNELGEN_NO_TUNED") == "1":
         return None  # databases are per GPU: rendering for CUDA on a GPU-less machine uses the heuristics
     from .tuning import database
-    hit = database.lookup(problem, tuned_device(), preferred)
+    return database
+
+
+def tuned_choice(problem, preferred=None):
+    """(variant name, TileConfig) from the tuned database for this GPU, or None."""
+    db = _tuned_db()
+    hit = None if db is None else db.lookup(problem, tuned_device(), preferred)
     return None if hit is None else hit[:2]
+
+
+def tuned_variant_config(problem, variant):
+    """The tuned database's fastest config of a forced variant on exactly this problem, or None."""
+    db = _tuned_db()
+    return None if db is None else db.tuned_config(problem, tuned_device(), variant)
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,8 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
         if getattr(variant, "PRECISIONS", ("fp32",)) != ("fp32",):
             raise ValueError(f"algo {algo!r} computes in {variant.PRECISIONS[0]}: ask for it with "
                              f"precision={variant.PRECISIONS[0]!r}")
+        if config is None and backend == "cuda":
+            config = tuned_variant_config(problem, variant.NAME)
     else:
         variant = candidates(problem)[0]
         if config is None and backend == "cuda":

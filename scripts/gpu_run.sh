@@ -12,7 +12,7 @@
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
-#   with the tuned database; the database is copied to $OUT.
+#   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd").
 #
 # The device machine's numba-cuda 0.30.4 breaks with its numpy 2.5.2 (np.row_stack is gone), so numpy 2.4.6
 # travels as a wheel in .whl/ (git-ignored) with platformdirs, which that image lacks.  Results go to $OUT.
@@ -88,7 +88,7 @@ if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/
 fi
 if has tune-bench || has tune; then
   for t in ${TUNE_TABLES:-gpu_md}; do
-    python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:\|Warning\|warn(" || true
+    python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:\|Warning\|warn(" || true
   done
   cp "$KERNELGEN_CACHE_DIR"/tuned/*.json "$OUT/" || true
 fi

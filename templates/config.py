@@ -1,6 +1,7 @@
 """Tuneable schedule parameters, as data (the tuner enumerates these; templates only read them)."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 
@@ -97,6 +98,23 @@ class TileConfig:
         if self.min_blocks:
             s += f"_MB{self.min_blocks}"
         return s
+
+    @classmethod
+    def parse(cls, text):
+        """The inverse of str(): "BM64_BN32_BK8_TM4_TN2_PAD4_S2_A8" -> TileConfig (tuning records name
+        their candidates this way)."""
+        fields = {"BM": "BM", "BN": "BN", "BK": "BK", "TM": "TM", "TN": "TN", "WM": "WM", "WN": "WN",
+                  "SK": "split_k", "PAD": "smem_pad", "S": "stages", "A": "states", "MB": "min_blocks"}
+        kw = {}
+        for part in str(text).split("_"):
+            m = re.fullmatch(r"([A-Z]+)(\d*)", part)
+            if m and m.group(1) == "SWZ" and not m.group(2):
+                kw["swizzle"] = 1
+            elif m and m.group(1) in fields and m.group(2):
+                kw[fields[m.group(1)]] = int(m.group(2))
+            else:
+                raise ValueError(f"TileConfig.parse: cannot read {part!r} of {text!r}")
+        return cls(**kw)
 
 
 # Defaults per target: the GPU wants large register tiles; the CPU wants small code (compile time).

@@ -73,6 +73,40 @@ def test_database_roundtrip_and_nearest_fallback(tmp_path, monkeypatch):
     database.entries_for.cache_clear()
 
 
+def test_lookup_skips_candidates_the_settings_forbid(tmp_path, monkeypatch):
+    """A tune run with 16-state Winograd allowed may record a 16-state winner; a caller who did not
+    allow it gets the fastest measured candidate it may run, and a forced variant its own best."""
+    from kernelgen.templates import winograd
+    monkeypatch.setattr(database, "SHIPPED", tmp_path / "none")
+    monkeypatch.setattr(database, "user_db_dir", lambda: tmp_path)
+    database.entries_for.cache_clear()
+    p = make_problem("fwd", (8, 28, 28, 32), (32, 3, 3, 32), padding=1)
+    a16, a4 = TileConfig(32, 32, 4, 2, 2, smem_pad=4, states=16), TileConfig(64, 32, 8, 4, 2, smem_pad=4, states=4)
+    gemm = TileConfig(128, 64, 8, 8, 4, smem_pad=4, stages=2)
+    tried = [{"variant": "winograd", "config": str(a16), "ms": 0.1}, {"variant": "winograd", "config": str(a4), "ms": 0.3},
+             {"variant": "implicit_gemm", "config": str(gemm), "ms": 0.2},
+             {"variant": "winograd", "config": "BM64_BN32_BK8_TM4_TN2_A8", "error": "compile: boom"}]
+    database.save(tmp_path / database.db_name("sm_90_test"),
+                  {p.key(): database.entry(p, "winograd", a16, 0.1, tried)}, "sm_90_test")
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    assert database.lookup(p, "sm_90_test", "implicit_gemm") == ("winograd", a16, "tuned")
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm") == gemm
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", False)
+    assert database.lookup(p, "sm_90_test", "implicit_gemm") == ("implicit_gemm", gemm, "tuned")
+    assert database.tuned_config(p, "sm_90_test", "winograd") == a4
+    assert database.tuned_config(p, "sm_90_test", "conv_v2") is None
+    database.entries_for.cache_clear()
+
+
+def test_tile_config_names_parse_back():
+    from kernelgen.templates.config import CUDA_TC_DEFAULT
+    for cfg in (TileConfig(), TileConfig(64, 32, 8, 4, 2, smem_pad=4, stages=2, states=8), CUDA_TC_DEFAULT,
+                TileConfig(128, 64, 16, WM=64, WN=32, split_k=4, min_blocks=2, swizzle=1)):
+        assert TileConfig.parse(str(cfg)) == cfg
+    with pytest.raises(ValueError, match="BQ7"):
+        TileConfig.parse("BM64_BQ7")
+
+
 @pytest.mark.sim
 def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
     db = tmp_path / "db.json"

@@ -78,6 +78,43 @@ def _considered(entry, variant):
     return variant is None or any(t.get("variant") == variant for t in entry.get("tried", ()))
 
 
+def _ranked(entry):
+    """(variant, TileConfig) of every candidate the entry's tune measured, the winner first, then the
+    rest fastest first."""
+    from kernelgen.templates.config import TileConfig
+    yield entry["variant"], config_from(entry)
+    for t in sorted((t for t in entry.get("tried", ()) if "ms" in t), key=lambda t: t["ms"]):
+        try:
+            yield t["variant"], TileConfig.parse(t["config"])
+        except (KeyError, ValueError):
+            continue
+
+
+def _usable(problem, variant, cfg):
+    """Can this measured candidate run now?  Settings change what a variant may run (Winograd's
+    16-state kernels are off unless the caller allows them), so a tune's winner may not be."""
+    from kernelgen.templates import config_ok, get_variant
+    try:
+        v = get_variant(variant)
+    except ValueError:
+        return False
+    return problem.direction in v.DIRECTIONS and v.applies(problem) and config_ok(v, problem, cfg)
+
+
+def _pick(problem, entry, variant=None):
+    """The fastest candidate of the entry (of `variant`, if given) usable under the current settings."""
+    for v, cfg in _ranked(entry):
+        if (variant is None or v == variant) and _usable(problem, v, cfg):
+            return v, cfg
+    return None
+
+
+def _problem_of(entry):
+    from kernelgen.problem import ConvProblem
+    p = entry["problem"]
+    return ConvProblem(**{**p, **{k: tuple(v) for k, v in p.items() if isinstance(v, list)}})
+
+
 def lookup(problem, device_key: str, preferred=None):
     """(variant, TileConfig, how) for a problem, or None when the database has nothing near that
     measured the `preferred` variant (the one the heuristic would run)."""
@@ -86,24 +123,32 @@ def lookup(problem, device_key: str, preferred=None):
         return None
     e = table.get(problem.key())
     if e is not None and _considered(e, preferred):
-        return e["variant"], config_from(e), "tuned"
+        hit = _pick(problem, e)
+        if hit is not None:
+            return (*hit, "tuned")
     best, best_d = None, None
     for e in table.values():
         if not _considered(e, preferred):
             continue
-        from kernelgen.problem import ConvProblem
-        other = ConvProblem(**{**e["problem"], **{k: tuple(v) for k, v in e["problem"].items() if isinstance(v, list)}})
-        d = _distance(problem, other)
+        d = _distance(problem, _problem_of(e))
         if d is not None and (best_d is None or d < best_d):
             best, best_d = e, d
     # measured on the H100 (BENCHMARKS.md): a neighbour further than ~2x in one size hurt more often than
     # it helped, so beyond that the cost-model default decides
     if best is None or best_d > NEAREST_MAX_DISTANCE:
         return None
-    cfg = config_from(best)
-    if problem.direction != "bwd_weight" and cfg.split_k > 1:
+    hit = _pick(problem, best)
+    if hit is None or (problem.direction != "bwd_weight" and hit[1].split_k > 1):
         return None
-    return best["variant"], cfg, "nearest"
+    return (*hit, "nearest")
+
+
+def tuned_config(problem, device_key: str, variant):
+    """The fastest measured config of one variant for exactly this problem (a call that forces the
+    variant with algo=), or None."""
+    e = entries_for(device_key).get(problem.key())
+    hit = None if e is None else _pick(problem, e, variant)
+    return None if hit is None else hit[1]
 
 
 def entry(problem, variant, config, ms, candidates_tried):
