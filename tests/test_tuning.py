@@ -134,10 +134,14 @@ def test_tune_resume_and_failing_candidate(tiny_table, tmp_path, monkeypatch):
 
 @pytest.mark.sim
 def test_candidate_with_local_memory_is_rejected(monkeypatch):
-    # a register tile that spilled (a min_blocks cap can force it) must never become a tuned pick; the
-    # simulator reports no resources, so the query is replaced by what ptxas said of such a kernel
+    # a register tile that spilled much (a min_blocks cap can force it) must never become a tuned pick; the
+    # simulator reports no resources, so the query is replaced by what ptxas said of such a kernel - and it
+    # is made after the kernel is compiled (before, numba has no overload to report on)
     from kernelgen.tuning import bench
-    monkeypatch.setattr(bench, "kernel_resources", lambda launcher, threads: {"registers": 128, "local_bytes": 96})
+    compiled = []
+    monkeypatch.setattr(tuner, "_compile", lambda launcher: compiled.append(launcher))
+    monkeypatch.setattr(bench, "kernel_resources",
+                        lambda launcher, threads: {"registers": 128, "local_bytes": 96 if compiled else 0})
     p = make_problem("fwd", (1, 4, 5, 4), (4, 3, 3, 4), padding=1)
     with pytest.raises(ValueError, match="96 B of local memory"):
         tuner.measure(p, "implicit_gemm", TileConfig(16, 16, 4, 4, 2), sets=[], ref=None)

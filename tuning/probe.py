@@ -56,7 +56,7 @@ def main(argv=None):
             for cfg in cfgs:
                 row = {"layer": layer.name, "direction": d, "config": str(cfg)}
                 try:
-                    ms, err = measure(p, "implicit_gemm", cfg, sets, ref)
+                    ms, err, _ = measure(p, "implicit_gemm", cfg, sets, ref)
                     launcher = get_launcher(Plan(p, "implicit_gemm", cfg, "cuda"))
                     row |= {"ms": ms, "tflops": p.flops / ms / 1e9, "rel_err": err,
                             "regs": next(iter(launcher.kernel.get_regs_per_thread().values())), "sass": sass_histogram(launcher)}
