@@ -20,22 +20,21 @@ BACKENDS = ("cuda", "cpu")
 
 # --- precision: the caller's choice, never silent ----------------------------------------------------
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-SUPPORTED_PRECISIONS = ("fp32", "tf32")  # fp16 / bf16 tensor-core paths: not yet
 _precision = "fp32"
 
 
 def check_precision(precision, name="precision"):
     if precision not in PRECISIONS:
         raise ValueError(f"{name} must be one of {PRECISIONS}, got {precision!r}")
-    if precision not in SUPPORTED_PRECISIONS:
-        raise ValueError(f"{name}={precision!r} is not yet supported (supported: {SUPPORTED_PRECISIONS})")
     return precision
 
 
 def set_precision(precision):
     """The default precision of every later call that passes no precision= (like PyTorch's
-    allow_tf32): "fp32" (the default) or "tf32" (tensor cores: operands rounded to 10 mantissa bits,
-    fp32 accumulation; about 1e-4 relative error).  Returns the previous setting."""
+    allow_tf32): "fp32" (the default), or a tensor-core precision with fp32 accumulation and float32
+    inputs and outputs: "tf32" (operands rounded to 10 mantissa bits; about 1e-4 relative error),
+    "fp16" (10 bits, fp16's range: large inputs overflow) or "bf16" (7 bits; about 1e-3 to 1e-2).
+    Returns the previous setting."""
     global _precision
     old, _precision = _precision, check_precision(precision)
     return old
@@ -134,6 +133,8 @@ class Plan:
 
     def kernel_ir(self):
         from .templates import get_variant
+        if self.precision != "fp32":  # a tensor-core variant: the operand format is a build argument
+            return get_variant(self.variant).build(self.problem, self.config, self.precision)
         return get_variant(self.variant).build(self.problem, self.config)
 
     def render(self):
@@ -149,18 +150,19 @@ def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
     if not implicit_gemm_tc.applies(problem):
         raise ValueError(f"precision={precision!r} needs float32 tensors, got {problem.dtype}")
     if config is None:
-        config = implicit_gemm_tc.default_config(problem, backend)
+        config = implicit_gemm_tc.default_config(problem, backend, precision)
     if not config.tensor_core:
         raise ValueError(f"config must be a tensor-core TileConfig (WM, WN > 0) for precision={precision!r}, "
                          f"got {config}")
     config.validate()
+    implicit_gemm_tc.check_config(config, precision)
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
     return Plan(problem, implicit_gemm_tc.NAME, config, backend, precision)
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
-    """precision: "fp32" (the fp32 variants) or "tf32" (the tensor-core implicit GEMM); never the global
+    """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
     from .templates import candidates, default_config, get_variant
     if check_precision(precision) != "fp32":
@@ -288,7 +290,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=
     x: (N, *spatial, C) with 1-3 spatial dims; w: (K, *filter, C // groups); bias: (K,) or None.
     Returns y: (N, *out, K), a NumPy array for NumPy inputs, a CUDA array for CUDA inputs (written
     into `out` when given).  `stream`: a numba/torch/CuPy CUDA stream to run on (default stream if None).
-    `precision`: "fp32" or "tf32" (tensor cores; "fp16"/"bf16" not yet); None: kernelgen.set_precision's
+    `precision`: "fp32", or "tf32" / "fp16" / "bf16" (tensor cores); None: kernelgen.set_precision's
     setting, "fp32" unless changed.
     """
     def build():

@@ -12,16 +12,25 @@ import os
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     import numpy as np
 
-    from .mma_layout import tf32_round
+    from .mma_layout import bf16_round, fp16_round, tf32_round
 
     def tf32(x):
         return tf32_round(np.array([x], np.float32))[0]
 
+    def fp16(x):
+        return fp16_round(np.array([x], np.float32))[0]
+
+    def bf16(x):
+        return bf16_round(np.array([x], np.float32))[0]
+
     def mma_m16n8k8_tf32(*args):
         raise NotImplementedError("mma.sync has no CUDA-simulator stand-in: run tensor-core kernels on the "
                                   "cpu backend or a GPU")
+
+    mma_m16n8k16_f16 = mma_m16n8k16_bf16 = mma_m16n8k8_tf32
 else:
-    from ._cuda_mma_intrinsics import mma_m16n8k8_tf32, tf32  # noqa: F401
+    from ._cuda_mma_intrinsics import (bf16, fp16, mma_m16n8k8_tf32, mma_m16n8k16_bf16,  # noqa: F401
+                                       mma_m16n8k16_f16, tf32)
 
 
 def jit_launch_bounds(bounds):

@@ -177,22 +177,31 @@ class Comment(Stmt):
     text: str
 
 
+# (shape, dtype) -> fragment elements per lane (accumulator, A, B)
+MMA_SHAPES = {("m16n8k8", "tf32"): (4, 4, 2), ("m16n8k16", "fp16"): (4, 8, 4), ("m16n8k16", "bf16"): (4, 8, 4)}
+
+
 @dataclass(frozen=True)
 class Mma(Stmt):
-    """Warp-level matrix multiply-accumulate on one tile: D[16 x 8] += A[16 x 8] @ B[8 x 8].
+    """Warp-level matrix multiply-accumulate on one tile: D[16 x 8] += A[16 x K] @ B[K x 8].
 
     A warp-collective statement: all 32 lanes of a warp execute it together, each contributing the
     fragment elements it holds and receiving its own four accumulator elements.  `acc` (4 locations,
-    read and written), `a` (4 values) and `b` (2 values) are register-buffer elements (Loads; after
-    register scalarisation, Vars) in the PTX ISA's m16n8k8 fragment layout (kernelgen/mma_layout.py):
-    with g = lane // 4 and t = lane % 4,
+    read and written), `a` and `b` are register-buffer elements (Loads; after register scalarisation,
+    Vars) in the PTX ISA's m16n8k8 fragment layout (kernelgen/mma_layout.py): with g = lane // 4 and
+    t = lane % 4,
 
         a[r] = A[g + 8 * (r % 2), t + 4 * (r // 2)]      b[r] = B[t + 4 * r, g]
         acc[r] = D[g + 8 * (r // 2), 2 * t + r % 2]
 
-    dtype "tf32": operands are used as TF32 (rounded to nearest, ties away, to 10 mantissa bits; a
-    template normally rounds them once when staging, Call("tf32", ...), which makes this exact),
-    products are accumulated in float32.  Every lane of the warp must reach the statement, and the
+    shape "m16n8k8", dtype "tf32": K = 8, 4 A and 2 B values; operands are used as TF32 (rounded to
+    nearest, ties away, to 10 mantissa bits; a template normally rounds them once when staging,
+    Call("tf32", ...), which makes this exact).
+    shape "m16n8k16", dtype "fp16" / "bf16": K = 16 as two consecutive 8-deep steps, each in the m16n8k8
+    layout above: a = step 0's 4 values then step 1's 4, b = step 0's 2 then step 1's 2 (targets map
+    them onto the 16-bit MMA's own register layout, mma_layout.pack16); operands are used as fp16 /
+    bf16 (round to nearest even; Call("fp16"/"bf16", ...) when staging makes that exact).
+    Products are accumulated in float32.  Every lane of the warp must reach the statement, and the
     fragments of all lanes must be written before it (targets that run the lanes of a warp one after
     another, the CPU, need the fragment stores in an earlier thread phase than the Mma).
     """
@@ -203,11 +212,13 @@ class Mma(Stmt):
     dtype: str = "tf32"
 
     def __post_init__(self):
-        if (self.shape, self.dtype) != ("m16n8k8", "tf32"):
-            raise ValueError(f"Mma: only shape 'm16n8k8' with dtype 'tf32' is implemented, got "
+        counts = MMA_SHAPES.get((self.shape, self.dtype))
+        if counts is None:
+            raise ValueError(f"Mma: shape/dtype must be one of {sorted(MMA_SHAPES)}, got "
                              f"{self.shape!r}/{self.dtype!r}")
-        if (len(self.acc), len(self.a), len(self.b)) != (4, 4, 2):
-            raise ValueError("Mma m16n8k8: expected 4 accumulator, 4 A and 2 B fragment elements")
+        if (len(self.acc), len(self.a), len(self.b)) != counts:
+            raise ValueError(f"Mma {self.shape} {self.dtype}: expected {counts[0]} accumulator, {counts[1]} A and "
+                             f"{counts[2]} B fragment elements")
 
 
 BINDINGS = ("grid", "thread", "serial", "unroll")

@@ -11,7 +11,9 @@ from .ir import Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, L
 _PY_OPS = {"and": "and", "or": "or"}
 MATH_FNS = {"min": "min", "max": "max", "exp": "math.exp", "tanh": "math.tanh", "sqrt": "math.sqrt",
             "log": "math.log", "erf": "math.erf",
-            "tf32": "tf32"}  # round to TF32 (cvt.rna): kernelgen.cuda_mma / kernelgen.cpu_tf32
+            # operand rounding (cvt.rna.tf32 / cvt.rn.f16 / cvt.rn.bf16): kernelgen.cuda_mma / kernelgen.cpu_round
+            "tf32": "tf32", "fp16": "fp16", "bf16": "bf16"}
+ROUNDINGS = ("tf32", "fp16", "bf16")
 
 
 class SourcePrinter:
@@ -23,7 +25,7 @@ class SourcePrinter:
         self.lines: list[str] = []
         self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
         self.thread_var = None  # innermost enclosing thread-loop variable
-        self.uses_tf32 = False  # the module must import the TF32 helpers (set while printing)
+        self.helpers = set()  # tensor-core helpers the module must import (filled while printing)
 
     # --- expressions -------------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -40,7 +42,8 @@ class SourcePrinter:
             op = _PY_OPS.get(e.op, e.op)
             return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
         if isinstance(e, Call):
-            self.uses_tf32 |= e.fn == "tf32"
+            if e.fn in ROUNDINGS:
+                self.helpers.add(e.fn)
             return f"{MATH_FNS[e.fn]}({', '.join(self.expr(a) for a in e.args)})"
         if isinstance(e, Select):
             return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
@@ -82,7 +85,7 @@ class SourcePrinter:
         elif isinstance(s, Comment):
             self.emit(depth, f"# {s.text}")
         elif isinstance(s, Mma):
-            self.uses_tf32 = True
+            self.helpers.add(s.dtype)  # the operands' rounding (the CPU emulation applies it)
             self.mma(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")

@@ -24,14 +24,21 @@ class CpuPrinter(SourcePrinter):
     def mma(self, s, depth):
         """The warp MMA as plain loops: lane `tid` gathers the A and B elements its four outputs need
         from the fragment registers of the other lanes of its warp (kernelgen/mma_layout.py), which
-        an earlier thread phase filled, and accumulates their TF32-rounded products in float32."""
+        an earlier thread phase filled, and accumulates the products of the rounded operands in float32
+        (exact products: 11 + 11 significant bits at most).  m16n8k16 is two m16n8k8 steps, s = 0, 1,
+        whose fragments follow each other in a and b (ir.Mma)."""
         for e in s.acc + s.a + s.b:
             if not (isinstance(e, Load) and self.scopes.get(e.buf) == "register"):
                 raise ValueError(f"CPU Mma: fragment elements must be register-buffer elements, got {e!r}")
-        tid = self.thread_var
+        tid, rnd, steps = self.thread_var, s.dtype, len(s.b) // 2
         frag = lambda e, lane: f"{e.buf}[_wb + {lane}, {super(CpuPrinter, self).index(e.buf, e.index)}]"
-        self.emit(depth, "# warp MMA m16n8k8 tf32, emulated per lane: A[row, k] is lane (row % 8) * 4 + k % 4's "
-                         "a[row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's b[k // 4]")
+        if steps == 1:
+            self.emit(depth, "# warp MMA m16n8k8 tf32, emulated per lane: A[row, k] is lane (row % 8) * 4 + k % 4's "
+                             "a[row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's b[k // 4]")
+        else:
+            self.emit(depth, f"# warp MMA {s.shape} {s.dtype}, emulated per lane: A[row, k] of 8-deep step s is lane "
+                             "(row % 8) * 4 + k % 4's a[4 s + row // 8 + 2 * (k // 4)], B[k, n] lane n * 4 + k % 4's "
+                             "b[2 s + k // 4]")
         self.emit(depth, f"_wb = {tid} - {tid} % {WARP}")
         self.emit(depth, f"_g = ({tid} % {WARP}) // 4")
         self.emit(depth, f"_t = {tid} % 4")
@@ -39,9 +46,10 @@ class CpuPrinter(SourcePrinter):
             h, col = r // 2, f"(2 * _t + {r % 2})"
             self.emit(depth, "_s = float32(0.0)")
             self.emit(depth, "for _k in range(4):")
-            for half in range(2):  # k = _k + 4 * half
-                self.emit(depth + 1, f"_s += tf32({frag(s.a[h + 2 * half], '_g * 4 + _k')}) * "
-                                     f"tf32({frag(s.b[half], col + ' * 4 + _k')})")
+            for st in range(steps):
+                for half in range(2):  # k = _k + 4 * half
+                    self.emit(depth + 1, f"_s += {rnd}({frag(s.a[4 * st + h + 2 * half], '_g * 4 + _k')}) * "
+                                         f"{rnd}({frag(s.b[2 * st + half], col + ' * 4 + _k')})")
             self.emit(depth, f"{acc.buf}[{self.index(acc.buf, acc.index)}] += _s")
 
     def thread_loop(self, s, depth):
@@ -82,7 +90,7 @@ HEADER = """\
 import math
 import numpy as np
 from numba import njit, prange, float32, float64, int32
-{tf32}_CACHE = {cache}
+{helpers}_CACHE = {cache}
 _PARALLEL = {parallel}
 
 """
@@ -103,5 +111,5 @@ def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = No
     lowered = lower(kernel, "cpu")
     printer = CpuPrinter(lowered)
     body = printer.render()
-    tf32 = "from kernelgen.cpu_tf32 import tf32\n" if printer.uses_tf32 else ""
-    return HEADER.format(cache=cache, parallel=parallel, tf32=tf32) + body
+    helpers = f"from kernelgen.cpu_round import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
+    return HEADER.format(cache=cache, parallel=parallel, helpers=helpers) + body

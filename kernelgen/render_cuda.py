@@ -83,7 +83,9 @@ class CudaPrinter(SourcePrinter):
         # one mma.sync per statement: the four accumulator scalars are rebound from its result tuple
         acc = ", ".join(self.expr(e) for e in s.acc)
         ops = ", ".join(self.expr(e) for e in s.acc + s.a + s.b)
-        self.emit(depth, f"{acc} = mma_m16n8k8_tf32({ops})")
+        fn = MMA_INTRINSICS[s.shape, s.dtype]
+        self.helpers.add(fn)
+        self.emit(depth, f"{acc} = {fn}({ops})")
 
     def thread_loop(self, s, depth):
         # every thread runs the phase once: the loop disappears
@@ -126,7 +128,8 @@ from numba import cuda, float32, float64, int32
 {index32}{mma}_CACHE = {cache}
 
 """
-_MMA_IMPORT = "from kernelgen.cuda_mma import mma_m16n8k8_tf32, tf32\n"
+MMA_INTRINSICS = {("m16n8k8", "tf32"): "mma_m16n8k8_tf32", ("m16n8k16", "fp16"): "mma_m16n8k16_f16",
+                  ("m16n8k16", "bf16"): "mma_m16n8k16_bf16"}  # kernelgen.cuda_mma
 _INDEX32_IMPORT = "from kernelgen.cuda_index import add32, sub32, mul32, floordiv32, mod32, udiv32, umod32, uidx\n"
 
 
@@ -138,7 +141,7 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         index32 = index32_enabled() and index32_safe(lowered)
     printer = CudaPrinter(lowered, index32)
     body = printer.render()
-    mma = _MMA_IMPORT if printer.uses_tf32 else ""
+    mma = f"from kernelgen.cuda_mma import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
     if lowered.meta.get("launch_bounds"):
         mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
     return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body

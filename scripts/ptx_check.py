@@ -1,10 +1,11 @@
-"""Compile the TF32 tensor-core kernels for sm_90 without a GPU and report what ptxas and the SASS say.
+"""Compile the tensor-core kernels for sm_90 without a GPU and report what ptxas and the SASS say.
 
-    NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--layers r50_3x3_28,r18_c64_32] [--config K=V,...]... [--keep DIR]
+    NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--layers r50_3x3_28,r18_c64_32] [--config K=V,...]...
+        [--precision tf32|fp16|bf16] [--keep DIR]
 
 For forward, backward-data and backward-weight of each layer (gpu_md table names) this renders the
-implicit_gemm_tc kernel (precision="tf32"; the variant's default CUDA config per direction, or each
---config given), compiles it to PTX with numba (NVVM, cc 9.0), counts mma.sync / cvt.rna.tf32 in the PTX,
+implicit_gemm_tc kernel (--precision, default "tf32"; the variant's default CUDA config per direction, or each
+--config given), compiles it to PTX with numba (NVVM, cc 9.0), counts mma.sync in the PTX,
 then assembles it with `ptxas -arch=sm_90 -v` (registers, spill stores/loads, local memory, shared
 memory).  With cuobjdump or nvdisasm (pip nvidia-cuda-nvdisasm) it disassembles the cubin and counts
 HMMA and the shared loads/stores by width (LDS = 32-bit, LDS.64, LDS.128, LDSM = ldmatrix): shared load
@@ -126,6 +127,11 @@ def sass_census(cubin_path):
     return out
 
 
+MMA_PTX = {"tf32": r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32",
+           "fp16": r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32",
+           "bf16": r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"}
+
+
 def parse_config(text):
     from kernelgen.templates.config import TileConfig
     return TileConfig(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
@@ -139,6 +145,7 @@ def main(argv=None):
                     help="a TileConfig as keyword arguments, e.g. 'BM=128,BN=64,BK=16,WM=32,WN=32,stages=2,"
                          "swizzle=1' (repeatable; default: the variant's default per direction)")
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
+    ap.add_argument("--precision", default="tf32", choices=("tf32", "fp16", "bf16"))
     args = ap.parse_args(argv)
     _allow_missing_nvrtc()
     workdir = args.keep or tempfile.mkdtemp(prefix="kg_ptx_")
@@ -152,15 +159,15 @@ def main(argv=None):
         if p.direction not in args.directions.split(","):
             continue
         for cfg in configs:
-            plan = make_plan(p, "cuda", config=cfg, precision="tf32")
+            plan = make_plan(p, "cuda", config=cfg, precision=args.precision)
             kernel = plan.kernel_ir()
-            name = f"tc_{layer}_{p.direction}_{plan.config}"
+            name = f"tc_{args.precision}_{layer}_{p.direction}_{plan.config}"
             ptx = compile_ptx(render_cuda(kernel), workdir, name)
             ptx_path, cubin = os.path.join(workdir, f"{name}.ptx"), os.path.join(workdir, f"{name}.cubin")
             with open(ptx_path, "w") as f:
                 f.write(ptx)
             _, res = ptxas(ptx_path, cubin)
-            n_mma = len(re.findall(r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.tf32\.tf32\.f32", ptx))
+            n_mma = len(re.findall(MMA_PTX[args.precision], ptx))
             n_local = len(re.findall(r"\b(?:ld|st)\.local", ptx))
             sass = sass_census(cubin)
             blocks, occ = occupancy(res["registers"], res["smem_bytes"] or 0, kernel.threads)

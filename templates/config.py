@@ -127,3 +127,5 @@ CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)
 # swizzle=1: shared rows along k, fragments read as LDS.128 (PERF_NOTES #19); the shared rows need no padding.
 CUDA_TC_DEFAULT = TileConfig(BM=128, BN=64, BK=16, WM=64, WN=32, stages=2, swizzle=1)
 CPU_TC_DEFAULT = TileConfig(BM=32, BN=16, BK=8, WM=16, WN=8)
+# fp16 / bf16 (m16n8k16 MMAs) need BK a multiple of 16; the CUDA default already is
+CPU_TC16_DEFAULT = TileConfig(BM=32, BN=16, BK=16, WM=16, WN=8)

@@ -1,18 +1,21 @@
-"""Implicit-GEMM convolution on tensor cores (TF32): the views of implicit_gemm.py, with the block
-tile's inner product done by warps of m16n8k8 MMAs (warp_mma.py).
+"""Implicit-GEMM convolution on tensor cores: the views of implicit_gemm.py, with the block tile's inner
+product done by warps of m16n8k8 TF32 MMAs or m16n8k16 fp16 / bf16 MMAs (warp_mma.py).
 
-Never chosen automatically: it computes in TF32 (10-bit mantissa operands, fp32 accumulation), so
-it runs only when the caller asks for precision="tf32" (kernelgen.api.make_plan).
+Never chosen automatically: it computes with rounded operands (TF32: 10 mantissa bits; fp16: 10 bits
+and fp16's range; bf16: 7 bits) and fp32 accumulation, so it runs only when the caller asks for
+precision="tf32", "fp16" or "bf16" (kernelgen.api.make_plan).  Inputs and outputs stay float32 arrays:
+the rounding happens when a slice is staged in shared memory.  (bfloat16 arrays are not accepted: NumPy
+has no bfloat16, and torch does not export bfloat16 tensors through __cuda_array_interface__.)
 """
 from __future__ import annotations
 
 from . import implicit_gemm
-from .config import CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
+from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
 from .tiled_gemm import _cdiv, tiled_gemm
 
 NAME = "implicit_gemm_tc"
 DIRECTIONS = implicit_gemm.DIRECTIONS
-PRECISIONS = ("tf32",)
+PRECISIONS = ("tf32", "fp16", "bf16")
 
 # (BM, BN, WM, WN) of the CUDA tiles tried by default_config, widest first
 CUDA_TC_TILES = ((128, 64, 64, 32), (64, 64, 32, 32), (128, 32, 32, 32), (64, 32, 32, 16), (128, 16, 32, 16))
@@ -31,21 +34,29 @@ def config_ok(p, cfg):
     return cfg.tensor_core
 
 
-def build(p, cfg: TileConfig):
-    """(ConvProblem, TileConfig with WM, WN) -> Kernel."""
+def check_config(cfg, precision):
     if not cfg.tensor_core:
         raise ValueError(f"config: {NAME} needs a tensor-core TileConfig (WM, WN > 0), got {cfg}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} for {NAME}, got {precision!r}")
+    if precision != "tf32" and cfg.BK % 16:  # one m16n8k16 per two 8-deep steps
+        raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
+
+
+def build(p, cfg: TileConfig, precision="tf32"):
+    """(ConvProblem, TileConfig with WM, WN, precision) -> Kernel."""
+    check_config(cfg, precision)
     view = implicit_gemm.VIEWS[p.direction](p, cfg)
-    k = tiled_gemm(f"conv_{p.direction}_tf32", view, cfg)
+    k = tiled_gemm(f"conv_{p.direction}_{precision}", view, cfg, precision)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})
 
 
-def default_config(p, backend) -> TileConfig:
-    """The CPU default, or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
+def default_config(p, backend, precision="tf32") -> TileConfig:
+    """The CPU default (BK 16 for the 16-bit MMAs), or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
     few columns); backward-weight splits its long reduction until the grid fills two waves."""
     if backend != "cuda":
-        return CPU_TC_DEFAULT
+        return CPU_TC_DEFAULT if precision == "tf32" else CPU_TC16_DEFAULT
     from . import gemm_shape
     M, N, K, G = gemm_shape(p)
 

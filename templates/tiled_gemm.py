@@ -66,7 +66,8 @@ def _tile_coords(idx, rows, cols, fast_is_col):
     return idx % rows, idx // rows
 
 
-def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
+def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf32") -> Kernel:
+    """precision: the tensor-core operand format ("tf32", "fp16", "bf16"); fp32 configs ignore it."""
     cfg.validate()
     BM, BN, BK, TM, TN, NT = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads
     SK = cfg.split_k
@@ -77,7 +78,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
     # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step; the swizzled
     # tensor-core layout stores rows along k instead, so a lane reads its fragments as vectors
     S = cfg.stages
-    wmma = WarpMma(cfg, dt) if cfg.tensor_core else None  # tensor cores: warps of m16n8k8 MMAs
+    wmma = WarpMma(cfg, dt, precision) if cfg.tensor_core else None  # tensor cores: warps of MMAs
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
     if swz:
         As = Buffer("As", (S, BM, BK), dt, "shared")
@@ -153,8 +154,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
             out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
         return out
 
-    # the tensor-core path rounds to TF32 here, once per staged element, not once per fragment use
-    staged = (lambda v: Call("tf32", (v,))) if wmma else (lambda v: v)
+    # the tensor-core path rounds to TF32 / fp16 / bf16 here, once per staged element, not once per fragment use
+    staged = (lambda v: Call(precision, (v,))) if wmma else (lambda v: v)
 
     def shared_col(operand, e, line, k, is_a):
         """Swizzled column of (line, k); for chunked operands from the chunk index directly (k = 4 q + e % 4),
@@ -242,7 +243,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig) -> Kernel:
                 "grid", axis=0),)
     locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + (ra, rb) \
         + tuple(inv_a.values()) + tuple(inv_b.values())
-    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": "tf32" if wmma else "fp32",
+    meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": precision if wmma else "fp32",
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     if cfg.min_blocks:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM)
         meta["launch_bounds"] = (NT, cfg.min_blocks)

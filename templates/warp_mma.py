@@ -1,14 +1,19 @@
-"""The tensor-core inner product of the tiled-GEMM schedule: warps of m16n8k8 TF32 MMAs.
+"""The tensor-core inner product of the tiled-GEMM schedule: warps of m16n8k8 TF32 MMAs, or of
+m16n8k16 fp16 / bf16 MMAs.
 
 tiled_gemm stages each BK-deep slice of A and B in shared memory (k-major, values already rounded
-to TF32 there, once per element).  Here the block tile is split among warps: warp (wm, wn) owns the
-WM x WN sub-tile at (wm * WM, wn * WN), i.e. MT x NT = (WM / 16) x (WN / 8) MMA tiles, and keeps
-their accumulators in registers, 4 per MMA tile per lane.  Per 8-deep step of the slice a lane loads
+to TF32 / fp16 / bf16 there, once per element, kept as float32).  Here the block tile is split among
+warps: warp (wm, wn) owns the WM x WN sub-tile at (wm * WM, wn * WN), i.e. MT x NT = (WM / 16) x (WN / 8)
+MMA tiles, and keeps their accumulators in registers, 4 per MMA tile per lane.  Per 8-deep step of the slice a lane loads
 its A fragments (4 per m-tile) and B fragments (2 per n-tile) from shared memory in the PTX layout
 (kernelgen/mma_layout.py) and issues MT x NT MMAs; every A fragment is reused NT times, every B
 fragment MT times.  Fragment loads and MMAs are separate thread phases (no barrier between them:
 warps never read each other's registers) so the CPU, which runs the lanes of a warp one after
 another, sees every lane's fragments before any lane's MMA.
+
+fp16 / bf16: the fragments are loaded exactly as for TF32, two 8-deep steps at a time, and one m16n8k16
+MMA consumes the fragments of both steps (mma_layout.py explains why the TF32 layout feeds it unchanged);
+BK must then be a multiple of 16.
 
 Two shared layouts (TileConfig.swizzle): k-major As[k][m], Bs[k][n] with one scalar load per fragment
 register (the first version), or swizzled rows along k, As[m][k], Bs[n][k], where each lane reads the
@@ -46,13 +51,19 @@ def lane_columns(g, t, V):
 
 
 class WarpMma:
-    def __init__(self, cfg, dtype):
-        self.cfg = cfg
+    def __init__(self, cfg, dtype, precision="tf32"):
+        if precision != "tf32" and cfg.BK % 16:
+            raise ValueError(f"config: precision={precision!r} (m16n8k16 MMAs) needs BK a multiple of 16, got {cfg}")
+        self.cfg, self.precision = cfg, precision
+        self.pair = precision != "tf32"  # one m16n8k16 per two 8-deep steps
         self.MT, self.NT = cfg.WM // 16, cfg.WN // 8
         self.warps_n = cfg.BN // cfg.WN
         self.acc = Buffer("acc", (self.MT, self.NT, 4), dtype, "register")
         self.swizzle = bool(cfg.swizzle)
-        if self.swizzle:  # a lane's words of the whole slice: V = BK / 4 consecutive k per row
+        if self.pair and not self.swizzle:  # both steps' fragments, [.., step, register]
+            self.a_frag = Buffer("a_frag", (self.MT, 2, 4), dtype, "register")
+            self.b_frag = Buffer("b_frag", (self.NT, 2, 2), dtype, "register")
+        elif self.swizzle:  # a lane's words of the whole slice: V = BK / 4 consecutive k per row
             V = cfg.BK // 4
             self.a_frag = Buffer("a_frag", (self.MT, 2, V), dtype, "register")
             self.b_frag = Buffer("b_frag", (self.NT, V), dtype, "register")
@@ -75,6 +86,8 @@ class WarpMma:
         """Thread phases computing acc += As[stage] x Bs[stage] (one BK slice)."""
         if self.swizzle:
             return self.compute_swizzled(tid, NT_threads, As, Bs, stage)
+        if self.pair:
+            return self.compute_pairs(tid, NT_threads, As, Bs, stage)
         cfg, MT, NT = self.cfg, self.MT, self.NT
         wm, wn, g, t, ks, i, j = (Var(n) for n in ("wm", "wn", "lg", "lt", "ks", "mt", "nt"))
         k0 = ks * 8 + t
@@ -88,6 +101,24 @@ class WarpMma:
         steps = (For("tid", NT_threads, tuple(self.coords(tid) + loads), "thread"),
                  For("tid", NT_threads, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),), "unroll"),), "thread"))
         return [For("ks", cfg.BK // 8, steps, "unroll")]
+
+    def compute_pairs(self, tid, NT_threads, As, Bs, stage):
+        """The k-major layout for fp16 / bf16: per 16-deep step ks, the TF32 fragments of its 8-deep steps
+        2 ks + s (s = 0, 1), then one m16n8k16 per MMA tile."""
+        cfg, MT, NT = self.cfg, self.MT, self.NT
+        wm, wn, g, t, ks, i, j = (Var(n) for n in ("wm", "wn", "lg", "lt", "ks", "mt", "nt"))
+        row0, col0 = wm * cfg.WM + i * 16 + g, wn * cfg.WN + j * 8 + g
+        k0 = lambda s: ks * 16 + s * 8 + t
+        loads = [For("mt", MT, tuple(self.a_frag.store((i, s, r), As[stage, k0(s) + 4 * (r // 2), row0 + 8 * (r % 2)])
+                                     for s in range(2) for r in range(4)), "unroll"),
+                 For("nt", NT, tuple(self.b_frag.store((j, s, r), Bs[stage, k0(s) + 4 * r, col0])
+                                     for s in range(2) for r in range(2)), "unroll")]
+        mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
+                  tuple(self.a_frag[i, s, r] for s in range(2) for r in range(4)),
+                  tuple(self.b_frag[j, s, r] for s in range(2) for r in range(2)), "m16n8k16", self.precision)
+        steps = (For("tid", NT_threads, tuple(self.coords(tid) + loads), "thread"),
+                 For("tid", NT_threads, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),), "unroll"),), "thread"))
+        return [For("ks", cfg.BK // 16, steps, "unroll")]
 
     def compute_swizzled(self, tid, NT_threads, As, Bs, stage):
         """The swizzled layout: As[stage][m][k], Bs[stage][n][k].  k is a reduction index, so the MMA's k
@@ -109,11 +140,18 @@ class WarpMma:
         for j_ in range(NT):
             line = wn * cfg.WN + j_ * 8 + g
             loads += [self.b_frag.store((j_, w), Bs[stage, line, col(w)]) for w in range(V)]
-        mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
-                  tuple(self.a_frag[i, r % 2, ks * 2 + r // 2] for r in range(4)),
-                  tuple(self.b_frag[j, ks * 2 + r] for r in range(2)))
+        if self.pair:  # 16-bit: one MMA per two steps, 2 ks and 2 ks + 1
+            mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
+                      tuple(self.a_frag[i, r % 2, ks * 4 + s * 2 + r // 2] for s in range(2) for r in range(4)),
+                      tuple(self.b_frag[j, ks * 4 + s * 2 + r] for s in range(2) for r in range(2)),
+                      "m16n8k16", self.precision)
+        else:
+            mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
+                      tuple(self.a_frag[i, r % 2, ks * 2 + r // 2] for r in range(4)),
+                      tuple(self.b_frag[j, ks * 2 + r] for r in range(2)))
+        steps = cfg.BK // (16 if self.pair else 8)
         return [For("tid", NT_threads, tuple(self.coords(tid) + setup + loads), "thread"),
-                For("tid", NT_threads, (For("ks", cfg.BK // 8, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),),
+                For("tid", NT_threads, (For("ks", steps, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),),
                                                                        "unroll"),), "unroll"),), "thread")]
 
     def epilogue(self, tid, view, m0, n0, g_, atomic):

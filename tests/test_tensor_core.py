@@ -76,7 +76,7 @@ def check_tf32(got, reference, x, w, dy, what):
 # --- the pieces ------------------------------------------------------------------------------------
 
 def test_tf32_rounding_is_cvt_rna(rng):
-    from kernelgen.cpu_tf32 import tf32
+    from kernelgen.cpu_round import tf32
     one = np.float32(1.0)
     cases = {1 + 2 ** -11: 1 + 2 ** -10, -(1 + 2 ** -11): -(1 + 2 ** -10),   # ties away from zero
              1 + 2 ** -12: 1.0, 1 + 3 * 2 ** -12: 1 + 2 ** -10, 0.0: 0.0, 3.0: 3.0}
@@ -103,10 +103,13 @@ def test_fragment_layout_covers_each_element_once():
 def test_mma_statement_validates():
     frag = lambda n: tuple(Load("f", (i,)) for i in range(n))
     Mma(frag(4), frag(4), frag(2))
-    with pytest.raises(ValueError, match="m16n8k8"):
-        Mma(frag(4), frag(4), frag(2), shape="m16n8k16", dtype="fp16")
-    with pytest.raises(ValueError, match="4 accumulator"):
+    Mma(frag(4), frag(8), frag(4), shape="m16n8k16", dtype="bf16")
+    with pytest.raises(ValueError, match="shape/dtype must be one of"):
+        Mma(frag(4), frag(4), frag(2), shape="m16n8k8", dtype="fp16")
+    with pytest.raises(ValueError, match="4 accumulator, 4 A and 2 B"):
         Mma(frag(4), frag(4), frag(4))
+    with pytest.raises(ValueError, match="4 accumulator, 8 A and 4 B"):
+        Mma(frag(4), frag(4), frag(2), shape="m16n8k16", dtype="fp16")
 
 
 def test_tensor_core_config_strings_and_validation():
@@ -299,8 +302,8 @@ def test_plan_keys_differ_by_precision():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(precision="fp64"), r"precision must be one of \('fp32', 'tf32', 'fp16', 'bf16'\), got 'fp64'"),
-    (dict(precision="fp16"), "precision='fp16' is not yet supported"),
-    (dict(precision="bf16"), "precision='bf16' is not yet supported"),
+    (dict(precision="fp16", config=TileConfig(32, 16, 8, WM=16, WN=8)), "config: precision='fp16' needs BK a multiple"),
+    (dict(precision="bf16", config=TileConfig(32, 16, 24, WM=16, WN=8)), "config: precision='bf16' needs BK a multiple"),
     (dict(precision="tf32", algo="winograd"), "implemented by algo='implicit_gemm' only"),
     (dict(algo="implicit_gemm_tc"), "ask for it with precision='tf32'"),
     (dict(precision="tf32", config=TileConfig()), "tensor-core TileConfig"),
@@ -319,8 +322,8 @@ def test_bad_precision_arguments(kwargs, message, rng):
 def test_bad_global_precision_and_float64():
     with pytest.raises(ValueError, match="precision must be one of"):
         kernelgen.set_precision("half")
-    with pytest.raises(ValueError, match="not yet supported"):
-        kernelgen.set_precision("bf16")
+    with pytest.raises(ValueError, match=r"\('fp32', 'tf32', 'fp16', 'bf16'\)"):
+        kernelgen.set_precision("float16")
     assert kernelgen.get_precision() == "fp32"
     x, w = np.ones((1, 4, 4, 8)), np.ones((8, 1, 1, 8))
     with pytest.raises(ValueError, match="needs float32 tensors"):
