@@ -26,7 +26,8 @@ from .timing import Rotation, time_cuda
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
 TF32_PEAK = 396e12    # H100 SXM dense TF32 tensor-core peak (shared/GPU.md)
-PEAKS = {"fp32": FP32_PEAK, "tf32": TF32_PEAK}
+FP16_PEAK = 2 * TF32_PEAK  # dense FP16 / BF16 tensor-core peak: twice TF32's (NVIDIA's H100 SXM datasheet)
+PEAKS = {"fp32": FP32_PEAK, "tf32": TF32_PEAK, "fp16": FP16_PEAK, "bf16": FP16_PEAK}
 HBM_BW = 3.0e12       # measured device-to-device copy, read + write
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
@@ -68,20 +69,23 @@ def kernel_resources(launcher, threads):
 # --- torch/cuDNN side -------------------------------------------------------------------------------
 
 class TorchConv:
-    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off unless tf32=True."""
+    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off unless tf32=True.
+    dtype "float16" / "bfloat16": cuDNN runs on 16-bit copies of the inputs (its own fp16/bf16 kernels,
+    16-bit inputs and outputs), while kernelgen's fp16/bf16 precisions read and write float32."""
 
-    def __init__(self, tf32=False):
+    def __init__(self, tf32=False, dtype=None):
         import torch
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         self.tf32 = tf32
+        self.dtype = getattr(torch, dtype) if dtype else None
         torch.backends.cudnn.benchmark = True
         self.torch = torch
 
     def nhwc(self, shape, gen):
         """A random NHWC tensor of `shape` and its NCHW channels_last view (same memory)."""
         t = self.torch.randn(shape, device="cuda", generator=gen)
-        return t, t.permute(0, 3, 1, 2)
+        return t, (t if self.dtype is None else t.to(self.dtype)).permute(0, 3, 1, 2)
 
     def op(self, layer, direction, x, w, dy):
         """A zero-argument callable running cuDNN for this direction (inputs as NCHW views)."""
@@ -126,7 +130,7 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     ref = ref_fn()
     if isinstance(ref, tuple):
         ref = ref[0] if direction in ("bwd_data",) else ref[1]
-    ref_nhwc = ref.permute(0, 2, 3, 1)
+    ref_nhwc = ref.permute(0, 2, 3, 1).float()
     rel = float((out - ref_nhwc).norm() / ref_nhwc.norm())
     rot = Rotation(sets)
     kg_ms = time_cuda(lambda: launcher(rot()), repeat=repeat)
@@ -198,8 +202,9 @@ def markdown(rows, summ):
                      f"{r['rel_err_vs_cudnn']:.1e} |")
     lines.append("")
     precision = rows[0].get("precision", "fp32") if rows else "fp32"
-    lines.append(f"precision {precision}: % peak is of {PEAKS[precision] / 1e12:.0f} TFLOP/s; cuDNN with TF32 "
-                 f"{'on' if precision == 'tf32' else 'off'}")
+    cudnn = {"fp16": "cuDNN in float16", "bf16": "cuDNN in bfloat16"}.get(
+        precision, f"cuDNN with TF32 {'on' if precision == 'tf32' else 'off'}")
+    lines.append(f"precision {precision}: % peak is of {PEAKS[precision] / 1e12:.0f} TFLOP/s; {cudnn}")
     for d, s in summ.items():
         lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
     return "\n".join(lines)
@@ -231,8 +236,9 @@ def main(argv=None):
     ap.add_argument("--algo", default=None, help="force a variant; several, comma-separated, are benched "
                     "side by side on the problems each applies to")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"],
-                    help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
+                    help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN, fp16/bf16 run "
+                         "cuDNN on float16/bfloat16 channels-last copies")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
@@ -244,7 +250,8 @@ def main(argv=None):
         keep = set(args.layers.split(","))
         layers = [l for l in layers if l.name in keep]
     dirs = args.directions.split(",")
-    tc = TorchConv(tf32=args.precision == "tf32")
+    tc = TorchConv(tf32=args.precision == "tf32",
+                   dtype={"fp16": "float16", "bf16": "bfloat16"}.get(args.precision))
     from tqdm import tqdm
     rows = []
     algos = args.algo.split(",") if args.algo else [None]
