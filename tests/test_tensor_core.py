@@ -408,31 +408,40 @@ GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
                TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
-def test_gpu_tf32_layouts(config, direction, rng):
+LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
+                 ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]
+
+
+def gpu_layout_runs(config, direction, precision, rng):
+    """Run one tensor-core config on the GPU over LAYOUT_SHAPES (fresh data, poisoned output); yields
+    (got, reference, x, w, dy, kernel resources, threads) per shape."""
     from numba import cuda
 
     from kernelgen.tuning.bench import kernel_resources
-    for x_shape, w_shape, kw in [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
-                                 ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]:
+    for x_shape, w_shape, kw in LAYOUT_SHAPES:
         x, w, dy = tensors(rng, x_shape, w_shape, kw)
         p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-        launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
+        launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
         inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
         args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
         out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
         args[launcher.outputs[0]] = out
         launcher(args)
         cuda.synchronize()
-        err = check_tf32(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw),
-                         x, w, dy, f"{direction} {config}")
+        yield (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+               kernel_resources(launcher, launcher.threads), launcher.threads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
+def test_gpu_tf32_layouts(config, direction, rng):
+    for got, reference, x, w, dy, res, threads in gpu_layout_runs(config, direction, "tf32", rng):
+        err = check_tf32(got, reference, x, w, dy, f"{direction} {config}")
         assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-rounded reference"
-        res = kernel_resources(launcher, launcher.threads)
         assert res.get("local_bytes") == 0, res
         if config.min_blocks:
-            assert res["registers"] * launcher.threads * config.min_blocks <= 65536, res
+            assert res["registers"] * threads * config.min_blocks <= 65536, res
 
 
 @pytest.mark.gpu

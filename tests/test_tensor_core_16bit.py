@@ -17,7 +17,8 @@ from kernelgen.mma_layout import ROUND, a_coord, b_coord, bf16_round, d_coord, f
 from kernelgen.problem import make_problem
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates.config import CPU_TC16_DEFAULT, CUDA_TC_DEFAULT, TileConfig
-from test_tensor_core import CASES, GPU_CASES, GPU_CONFIGS, _gpu_run, reference_fn, rel_err, run, tensors
+from test_tensor_core import (CASES, GPU_CASES, GPU_CONFIGS, _gpu_run, gpu_layout_runs, reference_fn, rel_err, run,
+                              tensors)
 
 HALF_TOL = 1e-2        # issue 9: fp16 / bf16 against float64, relative
 EMULATED_TOL = 1e-5    # CPU emulation against the float64 GEMM of rounded inputs (fp32 accumulation only)
@@ -203,24 +204,9 @@ def test_gpu_16bit(precision, name, direction, rng):
 @pytest.mark.parametrize("config", [c for c in GPU_CONFIGS if c.BK % 16 == 0], ids=str)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_gpu_16bit_layouts(precision, config, direction, rng):
-    from numba import cuda
-
-    from kernelgen.tuning.bench import kernel_resources
-    for x_shape, w_shape, kw in [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
-                                 ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]:
-        x, w, dy = tensors(rng, x_shape, w_shape, kw)
-        p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-        launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
-        inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-        args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
-        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
-        args[launcher.outputs[0]] = out
-        launcher(args)
-        cuda.synchronize()
-        err = check_16bit(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw),
-                          x, w, dy, precision, f"{precision} {direction} {config}")
+    for got, reference, x, w, dy, res, _ in gpu_layout_runs(config, direction, precision, rng):
+        err = check_16bit(got, reference, x, w, dy, precision, f"{precision} {direction} {config}")
         assert err <= GPU_ROUNDED_TOL, f"{precision} {direction} {config}: {err:.3g} from the rounded reference"
-        res = kernel_resources(launcher, launcher.threads)
         assert res.get("local_bytes") == 0, res
 
 

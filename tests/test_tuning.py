@@ -169,3 +169,12 @@ def test_bench_forces_variants_only_where_they_apply_and_summarises_each():
     s = bench.summary(rows)
     assert s["fwd"] == {"geomean_ratio": 0.5, "n": 1}
     assert abs(s["fwd [conv_v2]"]["geomean_ratio"] - 4.0) < 1e-12
+
+
+def test_compile_job_carries_the_precision():
+    # the bench's precompile must build the plan it will time: an fp16 tensor-core plan, not the variant's TF32
+    from kernelgen.templates.config import CUDA_TC_DEFAULT
+    p = make_problem("fwd", (2, 6, 6, 16), (16, 3, 3, 16), padding=1)
+    err, _ = tuner._compile_one((p, "implicit_gemm", TileConfig(16, 16, 4, 4, 2), "fp16"))
+    assert err is not None and "precision='fp16'" in err
+    assert tuner._compile_one((p, "implicit_gemm_tc", CUDA_TC_DEFAULT, "fp16"))[0] is None

@@ -166,7 +166,9 @@ def precompile(plans, workers=None):
     from kernelgen.runtime.cache import cache_dir
     os.environ.setdefault("KERNELGEN_CACHE_DIR", str(cache_dir()))
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
-        errors = [e for e, _ in pool.map(_compile_one, [(p.problem, p.variant, p.config) for p in plans]) if e]
+        # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel
+        jobs = [(p.problem, p.variant, p.config, p.precision) for p in plans]
+        errors = [e for e, _ in pool.map(_compile_one, jobs) if e]
     for e in errors:
         print("precompile:", e)
 

@@ -96,11 +96,11 @@ def candidates(problem, variants=None, tiles=TILES, keep=None):
 
 def _compile_one(args):
     """Worker: render + compile one candidate into the shared disk cache (no launch)."""
-    problem, variant, cfg = args
+    problem, variant, cfg, *precision = args  # precision: a tensor-core plan's ("fp16", ...); else the variant's own
     from kernelgen.api import Plan, get_launcher
     t = time.perf_counter()
     try:
-        _compile(get_launcher(Plan(problem, variant, cfg, "cuda")))
+        _compile(get_launcher(Plan(problem, variant, cfg, "cuda", *precision)))
         return None, time.perf_counter() - t
     except Exception as e:  # recorded by the parent; the tune goes on
         return f"compile: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t

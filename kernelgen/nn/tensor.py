@@ -134,3 +134,22 @@ class Tensor:
     def reshape(self, *shape):
         from .functional import reshape
         return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+
+
+def as_tensor(x):
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def device_ops(*tensors, names=None):
+    """The device ops module when any tensor's data is on the GPU (then all must be), else None.
+    names: the tensors' argument names, for the error."""
+    present = [(k, t) for k, t in enumerate(tensors) if t is not None]
+    if any(t.is_cuda for _, t in present):
+        from . import cuda_ops
+        for k, t in present:
+            if not t.is_cuda:
+                what = names[k] if names else f"argument {k}"
+                raise TypeError(f"all tensors must be on the same device: {what} is a {t.device} tensor, "
+                                f"others are cuda ones")
+        return cuda_ops
+    return None
