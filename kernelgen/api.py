@@ -283,11 +283,13 @@ def _check_bias(bias, channels, name="bias"):
         raise ValueError(f"{name} must have shape ({channels},), got {arrays.shape_of(bias)}")
 
 
-def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend=None, algo=None,
          stream=None, out=None, precision=None):
     """Convolution (cross-correlation, as in PyTorch) in channels-last layout.
 
     x: (N, *spatial, C) with 1-3 spatial dims; w: (K, *filter, C // groups); bias: (K,) or None.
+    activation: None or "relu", applied in the kernel's epilogue after the bias (one pass over y, as
+    cuDNN's fused convolution + bias + activation).
     Returns y: (N, *out, K), a NumPy array for NumPy inputs, a CUDA array for CUDA inputs (written
     into `out` when given).  `stream`: a numba/torch/CuPy CUDA stream to run on (default stream if None).
     `precision`: "fp32", or "tf32" / "fp16" / "bf16" (tensor cores); None: kernelgen.set_precision's
@@ -297,10 +299,14 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend=
         be = resolve_backend(backend, x, w, bias)
         dt = arrays.check_arrays({"x": x, "w": w, "bias": bias}, be)
         p = make_problem("fwd", arrays.shape_of(x), arrays.shape_of(w), stride=stride, padding=padding,
-                         dilation=dilation, groups=groups, dtype=dt, has_bias=bias is not None)
+                         dilation=dilation, groups=groups, dtype=dt, has_bias=bias is not None, activation=activation)
         _check_bias(bias, p.K)
         return p, be
-    sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups, backend)
+    from .problem import ACTIVATIONS
+    if not (activation is None or isinstance(activation, str) and activation in ACTIVATIONS):  # before hashing it
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups, activation,
+           backend)
     prep = _prepare(sig, build, algo, precision=precision)
     inputs = {"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}
     return _run(prep, inputs, x, stream, out)

@@ -94,6 +94,8 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
 
     def store(m, n, g, value, atomic):
         ch = g * p.Kg + n
+        if atomic and p.activation:  # split-K adds partial sums: an activation of each part would be wrong
+            raise ValueError(f"config: split_k must be 1 with activation={p.activation!r}")
         return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch), "atomic" if atomic else False)]
 
     params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),

@@ -200,7 +200,7 @@ def test_every_output_written(direction, rng, assert_close):
 
 
 def test_relu_epilogue_poisoned(rng, assert_close):
-    """The fused bias + relu epilogue (not in the public API; nn layers use it through plans)."""
+    """The fused bias + relu epilogue at the plan level (kernelgen.conv(activation="relu") below)."""
     case = CASES["2d_groups_ragged"]
     p = case.problem("fwd", has_bias=True, activation="relu")
     x, w = rng.standard_normal(p.x_shape).astype("float32"), rng.standard_normal(p.w_shape).astype("float32")
@@ -286,3 +286,18 @@ def test_reference_matches_torch(rng):
         want = F.conv_transpose2d(to_t(xd, (0, 3, 1, 2)), to_t(wd, (0, 3, 1, 2)), torch.from_numpy(bd), **kw)
         np.testing.assert_allclose(ref.deconv(xd, wd, bd, **kw), want.numpy().transpose(0, 2, 3, 1),
                                    rtol=1e-10, atol=1e-10, err_msg=str(kw))
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_conv_activation_argument(rng, assert_close, with_bias):
+    x = rng.standard_normal((2, 7, 6, 5)).astype(np.float32)
+    w = rng.standard_normal((6, 3, 3, 5)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32) if with_bias else None
+    out = np.full((2, 7, 6, 6), np.nan, np.float32)  # poisoned: every output must be written
+    got = kernelgen.conv(x, w, b, padding=1, activation="relu", backend="cpu", out=out)
+    want = np.maximum(ref.conv_forward(x, w, b, padding=1), 0.0)
+    assert got is out and (want == 0).any() and (want > 0).any()
+    assert_close(got, want, "float32", "conv(activation='relu')")
+    for bad in ("gelu", "ReLU", ["relu"], 0):
+        with pytest.raises(ValueError, match="activation must be one of"):
+            kernelgen.conv(x, w, b, padding=1, activation=bad, backend="cpu")

@@ -42,6 +42,12 @@ def test_conv2d_grad(stride, padding, groups):
           (2, 5, 5, 4), (4, 3, 3, 4 // groups), (4,))
 
 
+def test_conv_relu_grad():
+    # the fused relu: the gradient is masked by the output, with and without a bias
+    check(lambda x, w, b: F.conv2d(x, w, b, padding=1, activation="relu"), (2, 5, 5, 3), (4, 3, 3, 3), (4,))
+    check(lambda x, w: F.conv2d(x, w, stride=2, padding=1, activation="relu"), (2, 5, 5, 3), (4, 3, 3, 3))
+
+
 @pytest.mark.parametrize("x_shape,w_shape,kw", [
     ((2, 7, 4), (4, 3, 2), dict(stride=2, padding=1, dilation=1, groups=2)),              # 1D, grouped
     ((1, 4, 3, 5, 2), (3, 2, 3, 2, 2), dict(stride=(1, 2, 1), padding=1, dilation=(1, 1, 2))),  # 3D, dilated

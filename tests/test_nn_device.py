@@ -114,6 +114,13 @@ def test_conv_with_bias_and_flatten(rng):
             host_dtype=np.float32)
 
 
+def test_conv_relu_fused_on_the_device(rng):
+    # bias + relu in the convolution's epilogue on the device, a NumPy bias add and maximum on the host
+    compare(lambda t, _: F.flatten(F.conv2d(t[0], t[1], t[2], padding=1, activation="relu", backend="cuda")),
+            [rng.standard_normal((2, 3, 3, 2)), rng.standard_normal((3, 3, 3, 2)), rng.standard_normal(3)], rng,
+            host_dtype=np.float32)
+
+
 def test_conv1d_and_conv_transpose_on_the_device(rng):
     compare(lambda t, _: F.conv1d(t[0], t[1], t[2], stride=2, padding=1, backend="cuda"),
             [rng.standard_normal((2, 5, 2)), rng.standard_normal((3, 3, 2)), rng.standard_normal(3)], rng,

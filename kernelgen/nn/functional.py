@@ -108,20 +108,27 @@ def mul(a, b):
                           lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
 
-def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, backend="cpu"):
-    """x (N, *spatial, C), w (K, *filter, C // groups), bias (K,) -> (N, *out, K); 1, 2 or 3 spatial dims."""
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu"):
+    """x (N, *spatial, C), w (K, *filter, C // groups), bias (K,) -> (N, *out, K); 1, 2 or 3 spatial dims.
+    activation="relu": relu(conv + bias), fused into the convolution's epilogue on the device (the
+    backward masks the gradient with the output, as F.relu does)."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     if ops := _dev(x, w, bias):
         kw["backend"] = "cuda"
-        y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, **kw)  # bias in the epilogue
+        y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, activation=activation,
+                           **kw)  # bias and activation in the epilogue
     else:
         kw["backend"] = backend
-        y = kernelgen.conv(x.data, w.data, **kw)
-        y = y if bias is None else y + bias.data
+        y = kernelgen.conv(x.data, w.data, activation=activation if bias is None else None, **kw)
+        if bias is not None:
+            y = y + bias.data
+            y = np.maximum(y, 0) if activation == "relu" else y
 
     def backward(g):
+        if activation == "relu":
+            g = ops.relu_backward(g, y) if ops else g * (y > 0)
         g = g if ops else np.ascontiguousarray(g, dtype=x.data.dtype)
         dx = kernelgen.conv_backward_data(g, w.data, x.shape, **kw) if x.requires_grad else None
         dw = kernelgen.conv_backward_weight(x.data, g, w.shape, **kw) if w.requires_grad else None
