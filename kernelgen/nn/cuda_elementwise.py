@@ -105,20 +105,27 @@ def _mul_k(a, b, y, n):
         y[i] = a[i] * b[i]
 
 
+@cuda.jit(device=True)
+def _two_offsets(i, meta, nd, row_a, row_b):
+    """Flat index i over the shape in meta row 0 -> its offsets under the strides of rows row_a and row_b."""
+    rem = i
+    ia = 0
+    ib = 0
+    for d in range(nd - 1, -1, -1):
+        size = meta[d]
+        c = umod32(rem, size)
+        rem = udiv32(rem, size)
+        ia += c * meta[row_a * nd + d]
+        ib += c * meta[row_b * nd + d]
+    return ia, ib
+
+
 @kernel
 def _mul_bcast_k(a, b, y, n, meta, nd):
     # meta rows: output shape, a's strides, b's strides (0 along a broadcast dimension)
     i = cuda.grid(1)
     if i < n:
-        rem = i
-        ia = 0
-        ib = 0
-        for d in range(nd - 1, -1, -1):
-            size = meta[d]
-            c = umod32(rem, size)
-            rem = udiv32(rem, size)
-            ia += c * meta[nd + d]
-            ib += c * meta[2 * nd + d]
+        ia, ib = _two_offsets(i, meta, nd, 1, 2)
         y[i] = a[ia] * b[ib]
 
 
@@ -129,15 +136,7 @@ def _mul_bcast_bwd_k(g, other, dx, n, meta, nd, m):
     # dimensions it was broadcast along (1 elsewhere), the output's strides, other's strides
     i = cuda.grid(1)
     if i < n:
-        rem = i
-        o = 0
-        io = 0
-        for d in range(nd - 1, -1, -1):
-            size = meta[d]
-            c = umod32(rem, size)
-            rem = udiv32(rem, size)
-            o += c * meta[2 * nd + d]
-            io += c * meta[3 * nd + d]
+        o, io = _two_offsets(i, meta, nd, 2, 3)
         acc = float64(0.0)
         for j in range(m):
             rem = j

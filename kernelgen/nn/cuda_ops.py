@@ -143,15 +143,22 @@ def _stats_partial_k(x, rows, c, part_s, part_q):
     _block_column_sums(s, q, part_s, part_q, c, ch, tx, ty)
 
 
+@cuda.jit(device=True)
+def _channel_partials(part_a, part_b, n_part, c, ch):
+    """Channel ch's sums over the n_part per-block partials of two quantities, in a fixed order."""
+    a = float64(0.0)
+    b = float64(0.0)
+    for p in range(n_part):
+        a += part_a[p * c + ch]
+        b += part_b[p * c + ch]
+    return a, b
+
+
 @kernel
 def _stats_final_k(x, part_s, part_q, n_part, rows, c, momentum, eps, rmean, rvar, mean, inv_std):
     ch = cuda.grid(1)
     if ch < c:
-        s = float64(0.0)
-        q = float64(0.0)
-        for p in range(n_part):
-            s += part_s[p * c + ch]
-            q += part_q[p * c + ch]
+        s, q = _channel_partials(part_s, part_q, n_part, c, ch)
         md = s / rows
         var = max(q / rows - md * md, 0.0)
         mu = float64(x[ch]) + md
@@ -206,11 +213,7 @@ def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
 def _grad_final_k(part_a, part_b, n_part, c, out_a, out_b):
     ch = cuda.grid(1)
     if ch < c:
-        a = float64(0.0)
-        b = float64(0.0)
-        for p in range(n_part):
-            a += part_a[p * c + ch]
-            b += part_b[p * c + ch]
+        a, b = _channel_partials(part_a, part_b, n_part, c, ch)
         out_a[ch] = a
         out_b[ch] = b
 
