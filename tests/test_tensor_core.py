@@ -465,6 +465,9 @@ def test_bench_reports_precision(capsys):
         bench.floor_ms(make_problem("fwd", (128, 32, 32, 64), (64, 3, 3, 64), padding=1))
     from kernelgen.api import gpu_present
     if not gpu_present():  # (on a GPU this would run the whole benchmark)
-        assert bench.main(["gpu_md", "--precision", "tf32"]) == 1  # parsed; no GPU, nothing to time
+        for precision in ("tf32", "fp16", "bf16"):
+            assert bench.main(["gpu_md", "--precision", precision]) == 1  # parsed; no GPU, nothing to time
     with pytest.raises(SystemExit):
-        bench.main(["gpu_md", "--precision", "fp16"])
+        bench.main(["gpu_md", "--precision", "fp8"])
+    md16 = bench.markdown([{**row, "precision": "fp16"}], bench.summary([row]))
+    assert "of 792 TFLOP/s; cuDNN in float16" in md16
