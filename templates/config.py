@@ -23,6 +23,9 @@ class TileConfig:
     16-byte chunks of each row rotated per row group, so each lane reads its fragments of a whole BK
     slice as 64/128-bit vectors (LDS.64/LDS.128) and both the fragment loads and the staging stores are
     free of bank conflicts (templates/warp_mma.py).  Needs smem_pad=0 and BK in (8, 16, 32).
+    swizzle=2: as 1, and A's rows g and g + 8 of each 16-row MMA tile interleaved word by word, so a lane's
+    A words arrive from LDS.128 already in the MMA's fragment register order (no register moves per MMA;
+    warp_mma.interleaved_col).  BK 8 or 16.
     min_blocks > 0: CUDA launch bounds (threads, min_blocks): ptxas caps registers so that min_blocks
     blocks fit on an SM.  Both 0 by default and then absent from the string and dict.
     """
@@ -60,11 +63,13 @@ class TileConfig:
             raise ValueError(f"TileConfig: BM/BN must be multiples of TM/TN, got {self}")
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"TileConfig: {self.threads} threads per block, expected 1..1024 ({self})")
+        if self.swizzle == 2 and self.BK not in (8, 16):
+            raise ValueError(f"TileConfig: swizzle=2 (interleaved A rows) needs BK 8 or 16, got {self}")
         if self.swizzle and (not self.tensor_core or self.smem_pad or self.BK not in (8, 16, 32)):
             raise ValueError(f"TileConfig: swizzle needs a tensor-core tile, smem_pad=0 and BK in (8, 16, 32); "
                              f"got {self}")
-        if self.min_blocks < 0 or self.swizzle not in (0, 1):
-            raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0 or 1, got {self}")
+        if self.min_blocks < 0 or self.swizzle not in (0, 1, 2):
+            raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0, 1 or 2, got {self}")
         if self.stages not in (1, 2):
             raise ValueError(f"TileConfig: stages must be 1 or 2, got {self.stages}")
         if self.split_k < 1:
@@ -94,7 +99,7 @@ class TileConfig:
         if self.states:
             s += f"_A{self.states}"
         if self.swizzle:
-            s += "_SWZ"
+            s += "_SWZ" if self.swizzle == 1 else f"_SWZ{self.swizzle}"
         if self.min_blocks:
             s += f"_MB{self.min_blocks}"
         return s
@@ -108,8 +113,8 @@ class TileConfig:
         kw = {}
         for part in str(text).split("_"):
             m = re.fullmatch(r"([A-Z]+)(\d*)", part)
-            if m and m.group(1) == "SWZ" and not m.group(2):
-                kw["swizzle"] = 1
+            if m and m.group(1) == "SWZ":
+                kw["swizzle"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):
                 kw[fields[m.group(1)]] = int(m.group(2))
             else:

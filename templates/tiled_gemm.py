@@ -13,7 +13,7 @@ from typing import Callable
 from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, all_of, select)
 
 from .config import TileConfig
-from .warp_mma import WarpMma, swizzled_col
+from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
 
 
 @dataclass
@@ -80,8 +80,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     S = cfg.stages
     wmma = WarpMma(cfg, dt, precision) if cfg.tensor_core else None  # tensor cores: warps of MMAs
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
+    ilv = swz and cfg.swizzle == 2  # A's rows g, g + 8 interleaved (warp_mma.interleaved_col)
     if swz:
-        As = Buffer("As", (S, BM, BK), dt, "shared")
+        As = Buffer("As", (S, BM // 2, interleaved_row_words(BK)) if ilv else (S, BM, BK), dt, "shared")
         Bs = Buffer("Bs", (S, BN, BK), dt, "shared")
     else:
         As = Buffer("As", (S, BK, BM + cfg.smem_pad), dt, "shared")
@@ -170,8 +171,11 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         out = []
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            st = As.store((stage, row, shared_col(view.a, e, row, col, True)) if swz else (stage, col, row),
-                          staged(ra[e]))
+            if ilv:
+                at = (stage, pair_row(row), interleaved_col(col, (row % 16) // 8))
+            else:
+                at = (stage, row, shared_col(view.a, e, row, col, True)) if swz else (stage, col, row)
+            st = As.store(at, staged(ra[e]))
             out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)

@@ -36,6 +36,27 @@ def swizzled_col(line, k, BK):
     return ((k // 4 + (line % 8) // (8 // C)) % C) * 4 + k % 4
 
 
+def pair_row(row):
+    """Shared row of A's row `row` in the interleaved layout (TileConfig.swizzle=2): rows g and g + 8 of a
+    16-row MMA tile share one row of 2 BK words."""
+    return (row // 16) * 8 + row % 8
+
+
+def interleaved_col(k, x):
+    """Word of A[row, k] in its pair row, x = 0 for row g, 1 for row g + 8: position 2 k + x, so the words a
+    lane reads for k = V t .. V t + V - 1 of both rows are 2 V consecutive words in the order of the MMA's
+    A fragment registers (a0 a1 a2 a3 = (g, k) (g + 8, k) (g, k + 1) (g + 8, k + 1)): LDS.128 lands each
+    step's fragment in place.  Bank conflicts are avoided by the row length (interleaved_row_words), not a
+    rotation, so every load address is a per-lane base plus a constant."""
+    return 2 * k + x
+
+
+def interleaved_row_words(BK):
+    """Pair-row length: 2 BK words, + 4 for BK 16 so that the pair rows g, g + 1 of a quarter-warp's
+    LDS.128 phase start 4 banks apart (conflict-free); BK 8's two pair rows already fill one bank line."""
+    return 2 * BK + (4 if BK == 16 else 0)
+
+
 def lane_columns(g, t, V):
     """(Assigns, col(w)): the swizzled column of k = V t + w in any fragment row g + 8 q, with the rotation
     folded into per-lane constants (f(row) depends only on g there), so the V loads of a row are
@@ -133,10 +154,17 @@ class WarpMma:
         ks = Var("ks")
         setup, col = lane_columns(g, t, V)
         loads = []
-        for i_ in range(MT):
-            for x in range(2):
-                row = wm * cfg.WM + (i_ * 16 + 8 * x) + g
-                loads += [self.a_frag.store((i_, x, w), As[stage, row, col(w)]) for w in range(V)]
+        if cfg.swizzle == 2:  # interleaved A: the lane's 2 V words of pair row prow start at interleaved_col(V t, 0)
+            setup = setup + [Assign("acol", interleaved_col(V * t, 0))]
+            for i_ in range(MT):
+                prow = (wm * (cfg.WM // 16) + i_) * 8 + g  # pair_row of rows g, g + 8 of m-tile i_
+                loads += [self.a_frag.store((i_, x, w), As[stage, prow, Var("acol") + interleaved_col(w, x)])
+                          for w in range(V) for x in range(2)]
+        else:
+            for i_ in range(MT):
+                for x in range(2):
+                    row = wm * cfg.WM + (i_ * 16 + 8 * x) + g
+                    loads += [self.a_frag.store((i_, x, w), As[stage, row, col(w)]) for w in range(V)]
         for j_ in range(NT):
             line = wn * cfg.WN + j_ * 8 + g
             loads += [self.b_frag.store((j_, w), Bs[stage, line, col(w)]) for w in range(V)]

@@ -123,9 +123,12 @@ def test_tensor_core_config_strings_and_validation():
     cfg = TileConfig(128, 64, 16, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2)
     assert str(cfg) == "BM128_BN64_BK16_WM32_WN32_S2_SWZ_MB2" and cfg.as_dict()["min_blocks"] == 2
     assert TileConfig(**cfg.as_dict()) == cfg
-    for bad in (dict(swizzle=1), dict(WM=16, WN=8, swizzle=1, smem_pad=4), dict(BK=24, WM=16, WN=8, swizzle=1)):
+    for bad in (dict(swizzle=1), dict(WM=16, WN=8, swizzle=1, smem_pad=4), dict(BK=24, WM=16, WN=8, swizzle=1),
+                dict(BK=32, WM=16, WN=8, swizzle=2), dict(WM=16, WN=8, swizzle=3)):
         with pytest.raises(ValueError, match="swizzle"):
             TileConfig(**bad).validate()
+    ilv = TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=2)
+    assert str(ilv) == "BM128_BN64_BK16_WM64_WN32_S2_SWZ2" and TileConfig.parse(str(ilv)) == ilv
 
 
 def _eval(e, env):
@@ -180,7 +183,10 @@ def test_swizzled_layout(BK):
 # swizzled tiles for the CPU (small code): BK 8 / 16 / 32, the chunked staging of m/n-contiguous operands
 SWIZZLED_CPU_TILES = [TileConfig(32, 16, 8, WM=16, WN=8, swizzle=1),
                       TileConfig(32, 16, 16, WM=16, WN=8, stages=2, swizzle=1),
-                      TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1, min_blocks=2)]
+                      TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1, min_blocks=2),
+                      # interleaved A rows (swizzle=2): BK 8 unpadded, BK 16 with padded pair rows
+                      TileConfig(32, 16, 8, WM=16, WN=8, swizzle=2),
+                      TileConfig(64, 16, 16, WM=32, WN=8, stages=2, swizzle=2)]
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -399,6 +405,8 @@ def test_gpu_tf32_every_output_written_and_resources(direction, rng):
 # the fragment layouts and register caps a GPU run must cover: swizzled BK 8 / 16 / 32, the old k-major
 # layout (kept for the tuner), 8 warps of 32 x 32 under launch bounds, the narrow bwd-weight tile
 GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=2),  # interleaved A rows
+               TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=2),
                # BK 16 under this cap spills 96 B on the C=20 stride-(1, 2) forward (ptxas and the H100 agree)
                TileConfig(128, 64, 8, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2),
                TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=1),

@@ -143,14 +143,15 @@ def test_cpu_directions(precision, direction, rng):
 SWIZZLED_16BIT_TILE = TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1)
 
 
-@pytest.mark.parametrize("direction, precision", [("fwd", "fp16"), ("bwd_weight", "bf16")])
-def test_cpu_swizzled(direction, precision, rng):
-    config = SWIZZLED_16BIT_TILE
+@pytest.mark.parametrize("direction, precision, config", [
+    ("fwd", "fp16", SWIZZLED_16BIT_TILE), ("bwd_weight", "bf16", SWIZZLED_16BIT_TILE),
+    ("bwd_data", "fp16", TileConfig(32, 16, 16, WM=16, WN=8, swizzle=2))], ids=str)  # interleaved A rows
+def test_cpu_swizzled(direction, precision, config, rng):
     x_shape, w_shape, kw = CASES["c16_dilated"]
     x, w, dy = tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
     launcher = get_launcher(make_plan(p, "cpu", config=config, precision=precision))
-    inputs = {"fwd": {"x": x, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
     args = {k: v.reshape(-1) for k, v in inputs.items()}
     out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
     args[launcher.outputs[0]] = out
