@@ -337,11 +337,12 @@ def test_bad_global_precision_and_float64():
 
 
 @pytest.mark.sim
-def test_simulator_has_no_mma(rng):
-    x = rng.standard_normal((1, 4, 4, 8)).astype(np.float32)
-    w = rng.standard_normal((8, 1, 1, 8)).astype(np.float32)
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_simulator_has_no_mma(precision, rng):
+    x = rng.standard_normal((1, 4, 4, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 1, 16)).astype(np.float32)
     with pytest.raises(NotImplementedError, match="no CUDA-simulator stand-in"):
-        kernelgen.conv(x, w, backend="cuda", precision="tf32")
+        kernelgen.conv(x, w, backend="cuda", precision=precision)
 
 
 # --- the real tensor-core kernels (H100) -----------------------------------------------------------

@@ -178,14 +178,6 @@ def test_precision_plumbing(rng):
     assert kernelgen.explain(kernelgen.conv, x, w, backend="cpu", **kw).precision == "fp32"
 
 
-@pytest.mark.sim
-def test_simulator_has_no_mma(rng):
-    x = rng.standard_normal((1, 4, 4, 16)).astype(np.float32)
-    w = rng.standard_normal((8, 1, 1, 16)).astype(np.float32)
-    with pytest.raises(NotImplementedError, match="no CUDA-simulator stand-in"):
-        kernelgen.conv(x, w, backend="cuda", precision="fp16")
-
-
 # --- the real tensor-core kernels (H100) -----------------------------------------------------------
 
 @pytest.mark.gpu
