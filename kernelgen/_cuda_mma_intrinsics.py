@@ -1,6 +1,6 @@
 """Tensor-core intrinsics for generated CUDA kernels (real GPU only): inline PTX through llvmlite.
 
-tf32(x):  cvt.rna.tf32.f32, handed back as the float32 whose low 13 bits are zero.
+tf32(x):  round like cvt.rna.tf32.f32 (integer form), handed back as the float32 whose low 13 bits are zero.
 mma_m16n8k8_tf32(d0..d3, a0..a3, b0, b1) -> (d0', d1', d2', d3'):
           mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, operands in the fragment layout of
           kernelgen/mma_layout.py, already TF32 (the hardware reads only their top 19 bits).
@@ -31,10 +31,11 @@ def tf32(typingctx, x):
 
     def codegen(context, builder, sig, args):
         v = _as_f32(context, builder, sig.args[0], args[0])
-        # pure: LLVM may merge or move it freely
-        bits = builder.asm(ir.FunctionType(_I32, [_F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f", [v],
-                           side_effect=False, name="cvt_rna_tf32")
-        return builder.bitcast(bits, _F32)
+        # cvt.rna.tf32.f32 is emulated on sm_90 (4 SASS instructions per value: add, |x| = inf test, select,
+        # mask); half an ulp added to the magnitude bits, then truncated, is the same rounding for every
+        # non-NaN float (mma_layout.tf32_round, the CPU emulation's formula) in 2 integer instructions
+        bits = builder.add(builder.bitcast(v, _I32), ir.Constant(_I32, 0x1000))
+        return builder.bitcast(builder.and_(bits, ir.Constant(_I32, 0xFFFFE000)), _F32)
     return types.float32(x), codegen
 
 
