@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arrays
-from .problem import ConvProblem, deconv_output_shape, make_problem
+from .problem import ConvProblem, check_activation, deconv_output_shape, make_problem
 from .render_cpu import render_cpu
 from .render_cuda import render_cuda
 
@@ -164,12 +164,12 @@ def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
     """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
-    from .templates import candidates, default_config, get_variant
+    from .templates import candidates, computes, default_config, get_variant
     if check_precision(precision) != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision)
     if algo is not None:
         variant = get_variant(algo)
-        if problem.direction not in variant.DIRECTIONS or not variant.applies(problem):
+        if not computes(variant, problem):
             raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
         if getattr(variant, "PRECISIONS", ("fp32",)) != ("fp32",):
             raise ValueError(f"algo {algo!r} computes in {variant.PRECISIONS[0]}: ask for it with "
@@ -302,11 +302,8 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activati
                          dilation=dilation, groups=groups, dtype=dt, has_bias=bias is not None, activation=activation)
         _check_bias(bias, p.K)
         return p, be
-    from .problem import ACTIVATIONS
-    if not (activation is None or isinstance(activation, str) and activation in ACTIVATIONS):  # before hashing it
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups, activation,
-           backend)
+    sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), stride, padding, dilation, groups,
+           check_activation(activation), backend)  # checked before it is hashed into the signature
     prep = _prepare(sig, build, algo, precision=precision)
     inputs = {"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}
     return _run(prep, inputs, x, stream, out)

@@ -13,6 +13,15 @@ import numpy as np
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 ACTIVATIONS = (None, "relu")
+
+
+def check_activation(activation):
+    """None or one of ACTIVATIONS (a string: anything else, hashable or not, is refused by name)."""
+    if not (activation is None or isinstance(activation, str) and activation in ACTIVATIONS):
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
 DTYPES = ("float32", "float64")
 
 
@@ -80,8 +89,7 @@ class ConvProblem:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        check_activation(self.activation)
         expect = tuple(conv_out_size(*a) for a in zip(self.in_size, self.filter_size, self.stride,
                                                        self.padding, self.dilation))
         if expect != tuple(self.out_size):

@@ -30,9 +30,14 @@ def settings_token():
     return tuple(m.settings() for m in VARIANTS.values() if hasattr(m, "settings"))
 
 
+def computes(variant, problem):
+    """Can the variant module compute this problem (its direction, and its applies())?"""
+    return problem.direction in variant.DIRECTIONS and variant.applies(problem)
+
+
 def candidates(problem):
     """Variants that can compute this problem, in preference order."""
-    return [m for m in VARIANTS.values() if problem.direction in m.DIRECTIONS and m.applies(problem)]
+    return [m for m in VARIANTS.values() if computes(m, problem)]
 
 
 # Relative per-FLOP efficiency and resident blocks per SM of each CUDA tile (H100 measurements,

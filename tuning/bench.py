@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelgen.api import get_launcher, make_plan
+from kernelgen.api import PRECISIONS, get_launcher, make_plan
 
 from .shapes import load_table
 from .timing import Rotation, time_cuda
@@ -28,6 +28,7 @@ FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
 TF32_PEAK = 396e12    # H100 SXM dense TF32 tensor-core peak (shared/GPU.md)
 FP16_PEAK = 2 * TF32_PEAK  # dense FP16 / BF16 tensor-core peak: twice TF32's (NVIDIA's H100 SXM datasheet)
 PEAKS = {"fp32": FP32_PEAK, "tf32": TF32_PEAK, "fp16": FP16_PEAK, "bf16": FP16_PEAK}
+CUDNN_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # the 16-bit precisions' cuDNN comparator
 HBM_BW = 3.0e12       # measured device-to-device copy, read + write
 
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
@@ -150,9 +151,8 @@ def _applies(problem, algo):
     """A forced variant is benched only on the problems it can compute (one algo list, many tables)."""
     if algo is None:
         return True
-    from kernelgen.templates import get_variant
-    v = get_variant(algo)
-    return problem.direction in v.DIRECTIONS and v.applies(problem)
+    from kernelgen.templates import computes, get_variant
+    return computes(get_variant(algo), problem)
 
 
 def precompile(plans, workers=None):
@@ -204,8 +204,8 @@ def markdown(rows, summ):
                      f"{r['rel_err_vs_cudnn']:.1e} |")
     lines.append("")
     precision = rows[0].get("precision", "fp32") if rows else "fp32"
-    cudnn = {"fp16": "cuDNN in float16", "bf16": "cuDNN in bfloat16"}.get(
-        precision, f"cuDNN with TF32 {'on' if precision == 'tf32' else 'off'}")
+    cudnn = f"cuDNN in {CUDNN_DTYPES[precision]}" if precision in CUDNN_DTYPES else \
+        f"cuDNN with TF32 {'on' if precision == 'tf32' else 'off'}"
     lines.append(f"precision {precision}: % peak is of {PEAKS[precision] / 1e12:.0f} TFLOP/s; {cudnn}")
     for d, s in summ.items():
         lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
@@ -238,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--algo", default=None, help="force a variant; several, comma-separated, are benched "
                     "side by side on the problems each applies to")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN, fp16/bf16 run "
                          "cuDNN on float16/bfloat16 channels-last copies")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
@@ -252,8 +252,7 @@ def main(argv=None):
         keep = set(args.layers.split(","))
         layers = [l for l in layers if l.name in keep]
     dirs = args.directions.split(",")
-    tc = TorchConv(tf32=args.precision == "tf32",
-                   dtype={"fp16": "float16", "bf16": "bfloat16"}.get(args.precision))
+    tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
     from tqdm import tqdm
     rows = []
     algos = args.algo.split(",") if args.algo else [None]

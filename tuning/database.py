@@ -93,12 +93,12 @@ def _ranked(entry):
 def _usable(problem, variant, cfg):
     """Can this measured candidate run now?  Settings change what a variant may run (Winograd's
     16-state kernels are off unless the caller allows them), so a tune's winner may not be."""
-    from kernelgen.templates import config_ok, get_variant
+    from kernelgen.templates import computes, config_ok, get_variant
     try:
         v = get_variant(variant)
     except ValueError:
         return False
-    return problem.direction in v.DIRECTIONS and v.applies(problem) and config_ok(v, problem, cfg)
+    return computes(v, problem) and config_ok(v, problem, cfg)
 
 
 def _pick(problem, entry, variant=None):
