@@ -171,6 +171,15 @@ def test_bench_forces_variants_only_where_they_apply_and_summarises_each():
     assert abs(s["fwd [conv_v2]"]["geomean_ratio"] - 4.0) < 1e-12
 
 
+def test_bench_set_parses_integer_tile_fields_and_names_the_bad_one():
+    from kernelgen.tuning.bench import parse_overrides
+    assert parse_overrides("swizzle=2,stages=1") == {"swizzle": 2, "stages": 1}
+    assert parse_overrides("") == {}
+    for bad in ("swizzel=2", "swizzle=two", "swizzle"):
+        with pytest.raises(ValueError, match="--set"):
+            parse_overrides(bad)
+
+
 def test_compile_job_carries_the_precision():
     # the bench's precompile must build the plan it will time: an fp16 tensor-core plan, not the variant's TF32
     from kernelgen.templates.config import CUDA_TC_DEFAULT

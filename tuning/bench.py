@@ -9,6 +9,7 @@ with matplotlib, a PNG plot.  cuDNN runs through torch with channels_last tensor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelgen.api import PRECISIONS, get_launcher, make_plan
+from kernelgen.templates.config import TileConfig
 
 from .shapes import load_table
 from .timing import Rotation, time_cuda
@@ -155,6 +157,18 @@ def _applies(problem, algo):
     return computes(get_variant(algo), problem)
 
 
+def parse_overrides(text):
+    """'swizzle=2,stages=1' -> {'swizzle': 2, 'stages': 1}: integer TileConfig fields only."""
+    fields = {f.name for f in dataclasses.fields(TileConfig)}
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, val = item.partition("=")
+        if key not in fields or not val.lstrip("-").isdigit():
+            raise ValueError(f"--set: expected FIELD=INTEGER with FIELD one of {sorted(fields)}, got {item!r}")
+        out[key] = int(val)
+    return out
+
+
 def precompile(plans, workers=None):
     """Compile every plan's kernel in parallel worker processes (they fill the disk cache), so the
     timed loop only loads; numba compiles one kernel per process at a time."""
@@ -241,6 +255,8 @@ def main(argv=None):
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN, fp16/bf16 run "
                          "cuDNN on float16/bfloat16 channels-last copies")
+    ap.add_argument("--set", default="", metavar="FIELD=VALUE,...",
+                    help="tile-config fields replaced in every plan's config (A/B runs, e.g. swizzle=2)")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
@@ -258,10 +274,13 @@ def main(argv=None):
     algos = args.algo.split(",") if args.algo else [None]
     jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
             if _applies(l.problem(d), a)]
-    precompile([make_plan(l.problem(d), "cuda", a, precision=args.precision) for l, d, a in jobs])
-    for layer, d, a in tqdm(jobs, desc="bench", unit="problem"):
+    overrides = parse_overrides(args.set)
+    plans = [make_plan(l.problem(d), "cuda", a, precision=args.precision) for l, d, a in jobs]
+    configs = [dataclasses.replace(p.config, **overrides) if overrides else None for p in plans]
+    precompile([make_plan(p.problem, "cuda", p.variant, c, p.precision) if c else p for p, c in zip(plans, configs)])
+    for (layer, d, a), cfg in tqdm(list(zip(jobs, configs)), desc="bench", unit="problem"):
         try:
-            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, algo=a, precision=args.precision)
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=cfg, algo=a, precision=args.precision)
                         | ({"forced": a} if a else {}))
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
             rows.append({"layer": layer.name, "direction": d, "forced": a, "error": f"{type(e).__name__}: {e}"})
