@@ -221,6 +221,19 @@ class Mma(Stmt):
                              f"{counts[2]} B fragment elements")
 
 
+@dataclass(frozen=True)
+class VectorLoad(Stmt):
+    """dst[i] = buf[index + i] for i < len(dst) when cond holds, else 0: consecutive elements of a global
+    buffer read as one memory transaction where the target has one (CUDA: a 16-byte load when the address
+    is 16-byte aligned, which the kernel tests, since a caller's array may start anywhere).  `dst` are
+    register-buffer elements (Loads; Vars after register scalarisation), written.  The template promises
+    that the elements share `cond` and that `index` is a multiple of len(dst)."""
+    dst: Tuple[Expr, ...]
+    buf: str
+    index: Expr
+    cond: Expr
+
+
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
 
@@ -297,6 +310,8 @@ def map_stmt_exprs(s, fn):
                   tuple(map_stmt_exprs(b, fn) for b in s.orelse))
     if isinstance(s, Mma):
         return Mma(tuple(map(fn, s.acc)), tuple(map(fn, s.a)), tuple(map(fn, s.b)), s.shape, s.dtype)
+    if isinstance(s, VectorLoad):
+        return VectorLoad(tuple(map(fn, s.dst)), s.buf, fn(s.index), fn(s.cond))
     return s
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
-from .ir import (Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var,
+from .ir import (Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var, VectorLoad,
                  expr_vars, map_expr, map_stmt_exprs, walk_stmts)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -279,6 +279,8 @@ def _stmt_exprs(s):
         return [s.cond]
     if isinstance(s, For):
         return [x for x in (s.extent, s.start) if isinstance(x, Expr)]
+    if isinstance(s, VectorLoad):
+        return [s.index, s.cond]
     return []
 
 
@@ -293,8 +295,8 @@ def _assigned(stmts, out=None):
             _assigned(s.body, out)
         elif isinstance(s, If):
             _assigned(s.body, out), _assigned(s.orelse, out)
-        elif isinstance(s, Mma):  # rebinds its accumulator scalars
-            for e in s.acc:
+        elif isinstance(s, (Mma, VectorLoad)):  # rebind their accumulator / destination scalars
+            for e in (s.acc if isinstance(s, Mma) else s.dst):
                 if isinstance(e, Var):
                     out[e.name] = out.get(e.name, 0) + 1
     return out
@@ -406,5 +408,7 @@ def propagate_constants(kernel: Kernel) -> Kernel:
 
 def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     """Readable, cheaper source: repeated index arithmetic is computed once and named."""
-    written = frozenset(s.buf for s in walk_stmts(kernel.body) if isinstance(s, Store))
+    stmts = list(walk_stmts(kernel.body))
+    written = frozenset([s.buf for s in stmts if isinstance(s, Store)]
+                        + [d.buf for s in stmts if isinstance(s, VectorLoad) for d in s.dst if isinstance(d, Load)])
     return replace(kernel, body=_cse_block(kernel.body, "_e", [0], written))

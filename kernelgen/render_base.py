@@ -6,7 +6,8 @@ indexed.
 """
 from __future__ import annotations
 
-from .ir import Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select, Store, Var
+from .ir import (Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select, Store, Var,
+                 VectorLoad)
 
 _PY_OPS = {"and": "and", "or": "or"}
 MATH_FNS = {"min": "min", "max": "max", "exp": "math.exp", "tanh": "math.tanh", "sqrt": "math.sqrt",
@@ -87,11 +88,22 @@ class SourcePrinter:
         elif isinstance(s, Mma):
             self.helpers.add(s.dtype)  # the operands' rounding (the CPU emulation applies it)
             self.mma(s, depth)
+        elif isinstance(s, VectorLoad):
+            self.vector_load(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
 
     def mma(self, s, depth):
         raise TypeError(f"{type(self).__name__} cannot render a warp-level Mma")
+
+    def vector_load(self, s, depth):
+        """Element by element (targets with a wide load override this)."""
+        self.emit(depth, f"if {self.expr(s.cond)}:")
+        for i, d in enumerate(s.dst):
+            self.emit(depth + 1, f"{self.expr(d)} = {s.buf}[{self.expr(s.index)} + {i}]")
+        self.emit(depth, "else:")
+        for d in s.dst:
+            self.emit(depth + 1, f"{self.expr(d)} = {self.float_type}(0.0)")
 
     def serial_loop(self, s, depth):
         start = self.expr(s.start) if not isinstance(s.start, int) else str(s.start)

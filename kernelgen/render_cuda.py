@@ -28,6 +28,7 @@ class CudaPrinter(SourcePrinter):
         self.index32 = index32
         self.int_vars = set()
         self.nonneg_vars = set()  # ints proven >= 0 (grid, thread and loop indices, sums of those...)
+        self.vector_loads = False  # the module imports kernelgen.cuda_memory.load4
 
     def is_int(self, e) -> bool:
         if isinstance(e, Const):
@@ -87,6 +88,13 @@ class CudaPrinter(SourcePrinter):
         self.helpers.add(fn)
         self.emit(depth, f"{acc} = {fn}({ops})")
 
+    def vector_load(self, s, depth):
+        if len(s.dst) != 4 or self.float_type != "float32":
+            return super().vector_load(s, depth)
+        self.vector_loads = True
+        dst = ", ".join(self.expr(d) for d in s.dst)
+        self.emit(depth, f"{dst} = load4({s.buf}, {self.expr(s.index)}, {self.expr(s.cond)})")
+
     def thread_loop(self, s, depth):
         # every thread runs the phase once: the loop disappears
         self.emit(depth, f"{s.var} = cuda.threadIdx.x")
@@ -144,4 +152,6 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
     mma = f"from kernelgen.cuda_mma import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
     if lowered.meta.get("launch_bounds"):
         mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
+    if printer.vector_loads:
+        mma += "from kernelgen.cuda_memory import load4\n"
     return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body

@@ -103,8 +103,9 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     if p.has_bias:
         params.append(Buffer("bias", (p.K,), p.dtype))
     params.append(Buffer("y", (M * p.K,), p.dtype, role="out"))
-    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem), Operand("k", b_inv, b_elem), store,
-                    tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w")
+    vec = p.Cg % 4 == 0  # a tap's channels in chunks of 4: consecutive addresses of x and of w
+    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=vec), Operand("k", b_inv, b_elem, vector=vec),
+                    store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w")
 
 
 def backward_data_view(p, cfg: TileConfig) -> GemmView:
@@ -155,8 +156,8 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
 
     params = (Buffer("dy", (p.N * _prod(p.out_size) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
-    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
-                    params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T")
+    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
+                    store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T")
 
 
 def backward_weight_view(p, cfg: TileConfig) -> GemmView:

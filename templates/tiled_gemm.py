@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, all_of, select)
+from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, VectorLoad, all_of,
+                  select)
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
@@ -29,6 +30,9 @@ class Operand:
     invariant: Callable
     element: Callable
     context: bool = False  # element() also gets a BlockContext (variants that need the block's position)
+    # element(kk) for kk % 4 == 0 is a Load whose index is a multiple of 4, and kk .. kk + 3 are the next
+    # addresses under the same predicate (one tap, one bounds test): read as one VectorLoad
+    vector: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         lines = BM if is_a else BN
         return swz and operand.fast != "k" and (lines * BK) % (4 * NT) == 0
 
+    def vectorized(operand, is_a):
+        """A k-contiguous operand in the swizzled layout (shared rows along k too): each thread takes 4
+        consecutive k of one line, one 16-byte global load (ir.VectorLoad) and, unless A is interleaved, one
+        16-byte shared store."""
+        lines = BM if is_a else BN
+        return swz and operand.fast == "k" and operand.vector and (lines * BK) % (4 * NT) == 0
+
     def line_of(operand, e, rows, cols, is_a):
         lines = rows if is_a else cols  # the tile's m (A) or n (B) extent
         if chunked(operand, is_a):
@@ -108,6 +119,10 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
             # (one STS.128, and the rotation puts the 8 lanes of a store phase in 8 distinct chunks)
             u = tid + (e // 4) * NT
             line, k = u % lines, (u // lines) * 4 + e % 4
+            return (line, k, u < lines * BK // 4) if is_a else (k, line, u < lines * BK // 4)
+        if vectorized(operand, is_a):  # 4 threads per 16-wide row of k: a warp reads 8 lines x 64 bytes
+            u = tid + (e // 4) * NT
+            line, k = u // (BK // 4), (u % (BK // 4)) * 4 + e % 4
             return (line, k, u < lines * BK // 4) if is_a else (k, line, u < lines * BK // 4)
         idx = tid + e * NT
         r, c = _tile_coords(idx, rows, cols, operand.fast == "k" if is_a else operand.fast != "k")
@@ -119,11 +134,11 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     inv_b = {n: Buffer(f"ib_{n}", (EB,), "int64", "register") for n in inv_names_b}
 
     prologue = [Comment("per-thread invariants: index math that does not change along k")]
-    for e in range(EA):
+    for e in range(0, EA, 4 if vectorized(view.a, True) else 1):  # a chunk's 4 elements share a line
         row, _, _ = line_of(view.a, e, BM, BK, True)
         vals = view.a.invariant(m0 + row, g)
         prologue += [inv_a[n].store(e, vals[n]) for n in inv_names_a]
-    for e in range(EB):
+    for e in range(0, EB, 4 if vectorized(view.b, False) else 1):
         _, col, _ = line_of(view.b, e, BK, BN, False)
         vals = view.b.invariant(n0 + col, g)
         prologue += [inv_b[n].store(e, vals[n]) for n in inv_names_b]
@@ -135,25 +150,29 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     ra = Buffer("ra", (EA,), dt, "register")
     rb = Buffer("rb", (EB,), dt, "register")
 
-    def fetch(kt):
+    def fetch_operand(op, is_a, kt):
+        """Global -> staging registers for one operand: one VectorLoad per 4-element chunk where the operand
+        allows it, else one guarded scalar load per element."""
+        rows, cols, E, reg = (BM, BK, EA, ra) if is_a else (BK, BN, EB, rb)
+        inv, names = (inv_a, inv_names_a) if is_a else (inv_b, inv_names_b)
+        lines, base, bound = (BM, m0, view.M) if is_a else (BN, n0, view.N)
+        vec = vectorized(op, is_a)
         out = []
-        for e in range(EA):
-            row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            pred, val = view.a.element({n: inv_a[n][e] for n in inv_names_a}, kt * BK + col, kt, col,
-                                        *([ctx] if view.a.context else []))
-            if view.M % BM:  # a partial last tile: rows past M must not be read
-                pred = (m0 + row < view.M) & pred
-            st = ra.store(e, select(pred, val, Const(0.0)))
-            out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
-        for e in range(EB):
-            row, col, in_tile = line_of(view.b, e, BK, BN, False)
-            pred, val = view.b.element({n: inv_b[n][e] for n in inv_names_b}, kt * BK + row, kt, row,
-                                        *([ctx] if view.b.context else []))
-            if view.N % BN:
-                pred = (n0 + col < view.N) & pred
-            st = rb.store(e, select(pred, val, Const(0.0)))
-            out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+        for e in range(0, E, 4 if vec else 1):
+            row, col, in_tile = line_of(op, e, rows, cols, is_a)
+            line, k = (row, col) if is_a else (col, row)
+            pred, val = op.element({n: inv[n][e] for n in names}, kt * BK + k, kt, k, *([ctx] if op.context else []))
+            if bound % lines:  # a partial last tile: lines past the end must not be read
+                pred = (base + line < bound) & pred
+            if vec:
+                st = VectorLoad(tuple(reg[e + w] for w in range(4)), val.buf, val.index[0], pred)
+            else:
+                st = reg.store(e, select(pred, val, Const(0.0)))
+            out.append(st if (rows * cols) % NT == 0 else If(in_tile, (st,)))
         return out
+
+    def fetch(kt):
+        return fetch_operand(view.a, True, kt) + fetch_operand(view.b, False, kt)
 
     # the tensor-core path rounds to TF32 / fp16 / bf16 here, once per staged element, not once per fragment use
     staged = (lambda v: Call(precision, (v,))) if wmma else (lambda v: v)
@@ -161,8 +180,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     def shared_col(operand, e, line, k, is_a):
         """Swizzled column of (line, k); for chunked operands from the chunk index directly (k = 4 q + e % 4),
         so the four stores of a chunk are visibly `base + j` and NVVM merges them into one STS.128."""
-        if chunked(operand, is_a):
-            q = (tid + (e // 4) * NT) // (BM if is_a else BN)
+        if chunked(operand, is_a) or vectorized(operand, is_a):
+            u = tid + (e // 4) * NT
+            q = u // (BM if is_a else BN) if chunked(operand, is_a) else u % (BK // 4)
             C = BK // 4
             return ((q + (line % 8) // (8 // C)) % C) * 4 + e % 4
         return swizzled_col(line, k, BK)

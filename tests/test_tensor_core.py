@@ -219,6 +219,23 @@ def test_cuda_rendering_uses_the_intrinsics():
     assert "tf32" not in fp32 and "mma" not in fp32
 
 
+def test_vector_staging_only_where_channels_come_in_fours():
+    """k-contiguous operands (forward x and w, backward-data dy) are staged 4 channels per VectorLoad when
+    the reduction's channel count is a multiple of 4; otherwise element by element."""
+    from kernelgen.ir import VectorLoad, walk_stmts
+
+    def vector_loads(direction, x_shape, w_shape, **kw):
+        p = make_problem(direction, x_shape, w_shape, **kw)
+        k = make_plan(p, "cuda", config=CUDA_TC_DEFAULT, precision="tf32").kernel_ir()
+        return [s.buf for s in walk_stmts(k.body) if isinstance(s, VectorLoad)]
+    assert set(vector_loads("fwd", (2, 9, 9, 32), (64, 3, 3, 32), padding=1)) == {"x", "w"}
+    assert vector_loads("fwd", (2, 9, 9, 30), (64, 3, 3, 30), padding=1) == []
+    assert vector_loads("fwd", (2, 9, 9, 20), (64, 3, 3, 10), padding=1, groups=2) == []   # Cg = 10
+    assert set(vector_loads("bwd_data", (2, 9, 9, 30), (64, 3, 3, 30), padding=1)) == {"dy"}
+    assert vector_loads("bwd_data", (2, 9, 9, 32), (62, 3, 3, 32), padding=1) == []
+    assert vector_loads("bwd_weight", (2, 9, 9, 32), (64, 3, 3, 32), padding=1) == []
+
+
 # --- CPU backend: the same IR, emulated ------------------------------------------------------------
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -451,6 +468,25 @@ def test_gpu_tf32_layouts(config, direction, rng):
         assert res.get("local_bytes") == 0, res
         if config.min_blocks:
             assert res["registers"] * threads * config.min_blocks <= 65536, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_gpu_tf32_inputs_not_16_byte_aligned(direction, rng):
+    """Arrays that start one float into an allocation (a torch or CuPy slice can): the vector staging
+    falls back to 4-byte loads instead of faulting or reading the wrong elements."""
+    from numba import cuda
+
+    def shifted(a):
+        return cuda.to_device(np.concatenate([np.float32([7.0]), a.ravel()]))[1:].reshape(a.shape)
+    x_shape, w_shape, kw = (4, 12, 12, 32), (64, 3, 3, 32), dict(padding=1)
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    if direction == "fwd":
+        got = kernelgen.conv(shifted(x), shifted(w), **kw, precision="tf32")
+    else:
+        got = kernelgen.conv_backward_data(shifted(dy), shifted(w), x.shape, **kw, precision="tf32")
+    err = check_tf32(got.copy_to_host(), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    assert err <= 1e-4, f"{direction}: {err:.3g} from the TF32-rounded reference"
 
 
 @pytest.mark.gpu
