@@ -107,6 +107,16 @@ def tuned_variant_config(problem, variant):
     return None if db is None else db.tuned_config(problem, tuned_device(), variant)
 
 
+def tuned_tensor_core_config(problem, precision):
+    """The tuned database's fastest tensor-core config for exactly this problem at `precision` (written by
+    `python -m kernelgen tune TABLE --precision ...`), or None."""
+    db = _tuned_db()
+    if db is None:
+        return None
+    from .templates import implicit_gemm_tc
+    return db.tuned_config(problem, tuned_device(), implicit_gemm_tc.NAME, precision)
+
+
 @dataclass(frozen=True)
 class Plan:
     problem: ConvProblem
@@ -143,12 +153,16 @@ class Plan:
 
 
 def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
+    """The tensor-core implicit GEMM at `precision`: the given config, else (CUDA, a GPU present, tuned
+    databases not turned off) the tuned entry for exactly (problem, precision), else the template's default."""
     from .templates import implicit_gemm, implicit_gemm_tc
     if algo not in (None, implicit_gemm.NAME, implicit_gemm_tc.NAME):
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
     if not implicit_gemm_tc.applies(problem):
         raise ValueError(f"precision={precision!r} needs float32 tensors, got {problem.dtype}")
+    if config is None and backend == "cuda":
+        config = tuned_tensor_core_config(problem, precision)
     if config is None:
         config = implicit_gemm_tc.default_config(problem, backend, precision)
     if not config.tensor_core:

@@ -12,7 +12,9 @@
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
-#   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd").
+#   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd";
+#   "--precision tf32" tunes the tensor-core tiles: pass `--precision tf32` to the bench too, as in
+#   TUNE_ARGS="--precision tf32" bash scripts/gpu_run.sh tune-bench --precision tf32).
 #
 # The device machine's numba-cuda 0.30.4 breaks with its numpy 2.5.2 (np.row_stack is gone), so numpy 2.4.6
 # travels as a wheel in .whl/ (git-ignored) with platformdirs, which that image lacks.  Results go to $OUT.

@@ -6,6 +6,9 @@ and fp16's range; bf16: 7 bits) and fp32 accumulation, so it runs only when the 
 precision="tf32", "fp16" or "bf16" (kernelgen.api.make_plan).  Inputs and outputs stay float32 arrays:
 the rounding happens when a slice is staged in shared memory.  (bfloat16 arrays are not accepted: NumPy
 has no bfloat16, and torch does not export bfloat16 tensors through __cuda_array_interface__.)
+On CUDA a plan without a config= runs the tuned database's config for (problem, precision) when
+`python -m kernelgen tune TABLE --precision ...` measured one (kernelgen.api._tensor_core_plan), else
+default_config.
 """
 from __future__ import annotations
 

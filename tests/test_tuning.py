@@ -1,12 +1,15 @@
 """The tuner and the tuned database: format, resume, a failing candidate, run-time fallback.
 
 Tuning runs CUDA kernels, so the end-to-end tests run under the simulator (`sim`), on a one-layer
-table with two tiny tiles; the database and shape-table tests are pure Python.
+table with two tiny tiles; the database and shape-table tests are pure Python.  Tensor-core tunes
+(--precision tf32/fp16/bf16) are tested for their candidates, database keys and plans on the CPU; the
+simulator cannot run mma.sync, so their end-to-end test replaces the timing.
 """
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from kernelgen.problem import make_problem
@@ -187,3 +190,198 @@ def test_compile_job_carries_the_precision():
     err, _ = tuner._compile_one((p, "implicit_gemm", TileConfig(16, 16, 4, 4, 2), "fp16"))
     assert err is not None and "precision='fp16'" in err
     assert tuner._compile_one((p, "implicit_gemm_tc", CUDA_TC_DEFAULT, "fp16"))[0] is None
+
+
+# --- tensor-core precisions: candidates, database keys, plans --------------------------------------------
+
+TC_PRECISIONS = ("tf32", "fp16", "bf16")
+
+
+@pytest.mark.parametrize("precision", TC_PRECISIONS)
+def test_tensor_core_candidates_are_valid_configs(precision):
+    from kernelgen.templates import implicit_gemm_tc
+    fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
+    bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
+    for p in (fwd, bwd_w):
+        every = tuner.tc_candidates(p, precision)
+        cfgs = [c for _, c in every]
+        assert {v for v, _ in every} == {implicit_gemm_tc.NAME}
+        assert implicit_gemm_tc.default_config(p, "cuda", precision) in cfgs
+        assert len(set(cfgs)) == len(cfgs)
+        for c in cfgs:
+            assert c.tensor_core and c.stages == 2 and (c.BM, c.BN, c.WM, c.WN) in implicit_gemm_tc.CUDA_TC_TILES
+            implicit_gemm_tc.check_config(c.validate(), precision)
+            implicit_gemm_tc.build(p, c, precision)  # the template accepts it (IR only, nothing compiled)
+        assert {c.swizzle for c in cfgs} == {1, 2}
+        assert {(c.BM, c.BN, c.WM, c.WN) for c in cfgs} == set(implicit_gemm_tc.CUDA_TC_TILES)
+        kept = [c for _, c in tuner.tc_candidates(p, precision, keep=12)]
+        assert len(kept) <= 12 and set(kept) <= set(cfgs) and kept[0] == cfgs[0]  # the default always stays
+    assert all(c.split_k == 1 for _, c in tuner.tc_candidates(fwd, precision))
+    assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w, precision))  # split-K: backward-weight only
+    assert len(tuner.tc_candidates(fwd, precision)) <= 16
+
+
+def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):
+    # swizzle=2 needs BK 8 or 16, fp16/bf16 need BK % 16 == 0: with another candidate depth those are dropped
+    from kernelgen.templates import config, implicit_gemm_tc
+    p = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
+    monkeypatch.setattr(config, "CUDA_TC_DEFAULT", TileConfig(128, 64, 32, WM=64, WN=32, stages=2, swizzle=1))
+    deep = [c for _, c in tuner.tc_candidates(p, "tf32")]
+    assert len(deep) == 1 + len(implicit_gemm_tc.CUDA_TC_TILES)  # the default + one swizzle-1 config per tile
+    assert all(c.swizzle == 1 for c in deep) and all(c.BK == 32 for c in deep[1:])
+    monkeypatch.setattr(config, "CUDA_TC_DEFAULT", TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=1))
+    assert [c for _, c in tuner.tc_candidates(p, "fp16")] == [implicit_gemm_tc.default_config(p, "cuda", "fp16")]
+    assert {c.swizzle for _, c in tuner.tc_candidates(p, "tf32")} == {1, 2}  # BK 8 allows both for TF32
+    assert not tuner.tc_config_ok(TileConfig(64, 64, 32, WM=32, WN=32, swizzle=2), "tf32")
+    assert not tuner.tc_config_ok(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=1), "bf16")
+    assert tuner.tc_config_ok(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=2), "tf32")
+
+
+@pytest.fixture
+def temp_db(tmp_path, monkeypatch):
+    """An empty tuned-database directory in place of the shipped and user ones; returns a writer."""
+    monkeypatch.setattr(database, "SHIPPED", tmp_path / "none")
+    monkeypatch.setattr(database, "user_db_dir", lambda: tmp_path)
+    database.entries_for.cache_clear()
+
+    def write(entries, device="sm_90_test"):
+        database.save(tmp_path / database.db_name(device), entries, device)
+        database.entries_for.cache_clear()
+        return tmp_path / database.db_name(device)
+    yield write
+    database.entries_for.cache_clear()
+
+
+TC_TUNED = TileConfig(64, 32, 16, WM=32, WN=16, stages=2, swizzle=2)
+
+
+def test_database_keys_separate_precisions(temp_db):
+    p = make_problem("fwd", (8, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    near = make_problem("fwd", (16, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    fp32 = TileConfig(64, 32, 8, 4, 4)
+    assert database.entry_key(p) == database.entry_key(p, "fp32") == p.key()
+    assert database.entry_key(p, "tf32") == p.key() + "_tf32" != database.entry_key(p, "bf16")
+    with pytest.raises(ValueError, match=r"precision must be one of .*'fp8'"):
+        database.entry_key(p, "fp8")
+    # only a tf32 entry: no fp32 request sees it, exact or nearest
+    path = temp_db({database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, [], "tf32")})
+    assert database.lookup(p, "sm_90_test") is None and database.lookup(near, "sm_90_test") is None
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm_tc") is None
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm_tc", "tf32") == TC_TUNED
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm_tc", "fp16") is None
+    assert json.loads(path.read_text())["entries"][p.key() + "_tf32"]["precision"] == "tf32"
+    # both: each precision gets its own; fp32 entries are written as they always were (no precision field)
+    path = temp_db({p.key(): database.entry(p, "implicit_gemm", fp32, 0.5, []),
+                    database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, [], "tf32")})
+    assert database.lookup(p, "sm_90_test") == ("implicit_gemm", fp32, "tuned")
+    assert database.lookup(near, "sm_90_test") == ("implicit_gemm", fp32, "nearest")
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm", "tf32") is None
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm_tc", "tf32") == TC_TUNED
+    assert "precision" not in json.loads(path.read_text())["entries"][p.key()]
+    # a tf32 entry of the problem itself must not hide an fp32 neighbour's
+    temp_db({near.key(): database.entry(near, "implicit_gemm", fp32, 0.5, []),
+             database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, [], "tf32")})
+    assert database.lookup(p, "sm_90_test") == ("implicit_gemm", fp32, "nearest")
+    # a tensor-core winner under an fp32 key (hand-edited) is still never an fp32 answer, nor the reverse
+    temp_db({p.key(): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, []),
+             database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm", fp32, 0.5, [], "tf32")})
+    assert database.lookup(p, "sm_90_test") is None
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm_tc") is None
+    assert database.tuned_config(p, "sm_90_test", "implicit_gemm", "tf32") is None
+
+
+def test_tensor_core_plan_uses_the_tuned_entry_of_its_precision(temp_db, monkeypatch):
+    from kernelgen import api
+    from kernelgen.templates import implicit_gemm_tc
+    p = make_problem("fwd", (8, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    temp_db({database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, [], "tf32")})
+    monkeypatch.setattr(api, "gpu_present", lambda: True)  # the database is per GPU: pretend this is the tuned one
+    monkeypatch.setattr(api, "tuned_device", lambda: "sm_90_test")
+    monkeypatch.delenv("KERNELGEN_NO_TUNED", raising=False)
+    assert TC_TUNED != implicit_gemm_tc.default_config(p, "cuda", "tf32")
+    plan = api.make_plan(p, "cuda", precision="tf32")
+    assert (plan.variant, plan.config, plan.precision) == ("implicit_gemm_tc", TC_TUNED, "tf32")
+    assert api.make_plan(p, "cuda", precision="fp16").config == implicit_gemm_tc.default_config(p, "cuda", "fp16")
+    assert not api.make_plan(p, "cuda").config.tensor_core  # fp32 never gets the tf32 entry
+    given = TileConfig(64, 64, 16, WM=32, WN=32, stages=2, swizzle=1)
+    assert api.make_plan(p, "cuda", config=given, precision="tf32").config == given  # config= wins
+    assert api.make_plan(p, "cpu", precision="tf32").config == implicit_gemm_tc.default_config(p, "cpu", "tf32")
+    monkeypatch.setenv("KERNELGEN_NO_TUNED", "1")
+    assert api.make_plan(p, "cuda", precision="tf32").config == implicit_gemm_tc.default_config(p, "cuda", "tf32")
+    monkeypatch.delenv("KERNELGEN_NO_TUNED")
+    monkeypatch.setattr(api, "gpu_present", lambda: False)
+    assert api.make_plan(p, "cuda", precision="tf32").config == implicit_gemm_tc.default_config(p, "cuda", "tf32")
+
+
+def test_tune_refuses_an_unknown_precision(tiny_table, capsys):
+    with pytest.raises(SystemExit):
+        tuner.main([str(tiny_table), "--precision", "fp8"])
+    err = capsys.readouterr().err
+    assert "--precision" in err and "'fp8'" in err and "tf32" in err
+    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'tf32', 'fp16', 'bf16'\), got 'fp8'"):
+        tuner.tune(str(tiny_table), precision="fp8")
+
+
+def test_verification_tolerance_fits_the_precision():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(1000)
+    noise = rng.standard_normal(1000)
+    off = lambda rel: ref + noise * (rel * np.linalg.norm(ref) / np.linalg.norm(noise))  # relative error `rel`
+    assert abs(tuner.check_result(off(5e-5), ref) - 5e-5) < 1e-9
+    with pytest.raises(ValueError, match="relative error 5.00e-04"):
+        tuner.check_result(off(5e-4), ref)
+    tuner.check_result(off(5e-4), ref, "tf32")
+    with pytest.raises(ValueError, match="relative error"):
+        tuner.check_result(off(5e-3), ref, "tf32")
+    for precision in ("fp16", "bf16"):
+        tuner.check_result(off(5e-3), ref, precision)
+        with pytest.raises(ValueError, match="relative error"):
+            tuner.check_result(off(2e-2), ref, precision)
+    with pytest.raises(ValueError, match="relative error nan"):
+        tuner.check_result(np.full(1000, np.nan), ref, "bf16")
+
+
+@pytest.mark.sim
+def test_measure_plans_at_the_tuned_precision(monkeypatch):
+    from kernelgen import api
+    plans = []
+
+    def stop(plan):
+        plans.append(plan)
+        raise RuntimeError("stop before launching")
+    monkeypatch.setattr(api, "get_launcher", stop)
+    p = make_problem("fwd", (1, 4, 5, 4), (4, 3, 3, 4), padding=1)
+    for precision in TC_PRECISIONS:
+        with pytest.raises(RuntimeError, match="stop"):
+            tuner.measure(p, "implicit_gemm_tc", TC_TUNED, sets=[], ref=None, precision=precision)
+    assert [pl.precision for pl in plans] == list(TC_PRECISIONS)
+    assert all(pl.variant == "implicit_gemm_tc" and pl.config == TC_TUNED for pl in plans)
+
+
+@pytest.mark.sim
+def test_tensor_core_tune_records_per_precision_entries(tiny_table, tmp_path, monkeypatch):
+    # the simulator cannot run mma.sync, so timing is replaced; compiling (in the workers), candidates, keys,
+    # entries and resume are the tuner's own
+    timed = []
+
+    def fake_measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
+        timed.append((variant, cfg, precision))
+        return 1.0 / len(timed), 0.0, 0  # the last one timed wins
+    monkeypatch.setattr(tuner, "measure", fake_measure)
+    db = tmp_path / "db.json"
+    _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=1, limit=1, keep=2, precision="fp16")
+    p = shapes.load_table(str(tiny_table))[1][0].problem("fwd")
+    assert not failures and list(entries) == [p.key() + "_fp16"]
+    assert [(v, prec) for v, _, prec in timed] == [("implicit_gemm_tc", "fp16")] * 2
+    e = entries[p.key() + "_fp16"]
+    assert e["precision"] == "fp16" and e["variant"] == "implicit_gemm_tc"
+    assert database.config_from(e) == timed[-1][1] and timed[0][1] == tuner.tc_candidate_configs(p, "fp16")[0]
+    # an fp32 tune of the same database does not take the fp16 entry for its own, and keeps it
+    timed.clear()
+    _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=1, limit=1, keep=1, tiles=TINY_TILES,
+                                      variants=("implicit_gemm",))
+    assert not failures and set(entries) == {p.key(), p.key() + "_fp16"}
+    assert timed and all(v == "implicit_gemm" and prec == "fp32" for v, _, prec in timed)
+    assert "precision" not in entries[p.key()]
+    saved = json.loads(db.read_text())["entries"]
+    assert saved[p.key() + "_fp16"]["precision"] == "fp16"

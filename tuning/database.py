@@ -4,6 +4,12 @@ One JSON file per device key ("sm_90" + GPU name) holding {problem key: entry}. 
 live in kernelgen/tuning/db; the user's own (written by `python -m kernelgen tune`) live in the cache
 dir and take precedence.  Unseen problems fall back to the nearest tuned neighbour of the same
 direction and filter size, else to the template's heuristic default.
+
+Tensor-core precisions (`tune --precision tf32|fp16|bf16`) have entries of their own, keyed by the
+problem key + "_" + precision (entry_key) and marked with a "precision" field; fp32 entries keep the
+bare problem key and no such field.  Every lookup answers one precision only: an fp32 request never
+sees a tensor-core entry (not even as a nearest neighbour), nor the reverse.  Tensor-core entries
+answer exact problems only (tuned_config), like a forced variant.
 """
 from __future__ import annotations
 
@@ -57,6 +63,18 @@ def entries_for(device_key: str) -> dict:
     return merged
 
 
+def entry_key(problem, precision="fp32"):
+    """The key of a problem's entry at `precision`: the bare problem key for fp32 (the shipped databases'
+    keys, unchanged), key + "_" + precision for a tensor-core precision, so that the two never collide."""
+    from kernelgen.api import check_precision
+    return problem.key() if check_precision(precision) == "fp32" else f"{problem.key()}_{precision}"
+
+
+def precision_of(entry):
+    """The precision an entry was tuned at (entries without the field are fp32: every shipped one)."""
+    return entry.get("precision", "fp32")
+
+
 def config_from(entry):
     from kernelgen.templates.config import TileConfig
     names = {f.name for f in fields(TileConfig)}
@@ -90,21 +108,32 @@ def _ranked(entry):
             continue
 
 
-def _usable(problem, variant, cfg):
-    """Can this measured candidate run now?  Settings change what a variant may run (Winograd's
-    16-state kernels are off unless the caller allows them), so a tune's winner may not be."""
+def _usable(problem, variant, cfg, precision="fp32"):
+    """Can this measured candidate run now, at `precision`?  Settings change what a variant may run
+    (Winograd's 16-state kernels are off unless the caller allows them), so a tune's winner may not be;
+    and a variant that computes in other precisions (a tensor-core one, for an fp32 request) never may."""
     from kernelgen.templates import computes, config_ok, get_variant
     try:
         v = get_variant(variant)
     except ValueError:
         return False
+    if precision not in getattr(v, "PRECISIONS", ("fp32",)):
+        return False
+    if precision != "fp32":
+        try:  # a hand-edited or older entry may hold a config this precision rejects (fp16 needs BK % 16 == 0)
+            v.check_config(cfg.validate(), precision)
+        except ValueError:
+            return False
     return computes(v, problem) and config_ok(v, problem, cfg)
 
 
-def _pick(problem, entry, variant=None):
-    """The fastest candidate of the entry (of `variant`, if given) usable under the current settings."""
+def _pick(problem, entry, variant=None, precision="fp32"):
+    """The fastest candidate of the entry (of `variant`, if given) usable under the current settings
+    at `precision`; None for an entry tuned at another precision."""
+    if precision_of(entry) != precision:
+        return None
     for v, cfg in _ranked(entry):
-        if (variant is None or v == variant) and _usable(problem, v, cfg):
+        if (variant is None or v == variant) and _usable(problem, v, cfg, precision):
             return v, cfg
     return None
 
@@ -116,8 +145,9 @@ def _problem_of(entry):
 
 
 def lookup(problem, device_key: str, preferred=None):
-    """(variant, TileConfig, how) for a problem, or None when the database has nothing near that
-    measured the `preferred` variant (the one the heuristic would run)."""
+    """(variant, TileConfig, how) for an fp32 problem, or None when the database has nothing near that
+    measured the `preferred` variant (the one the heuristic would run).  Tensor-core entries are never
+    considered (their keys differ, and the nearest search skips them)."""
     table = entries_for(device_key)
     if not table:
         return None
@@ -128,7 +158,7 @@ def lookup(problem, device_key: str, preferred=None):
             return (*hit, "tuned")
     best, best_d = None, None
     for e in table.values():
-        if not _considered(e, preferred):
+        if precision_of(e) != "fp32" or not _considered(e, preferred):
             continue
         d = _distance(problem, _problem_of(e))
         if d is not None and (best_d is None or d < best_d):
@@ -143,14 +173,16 @@ def lookup(problem, device_key: str, preferred=None):
     return (*hit, "nearest")
 
 
-def tuned_config(problem, device_key: str, variant):
-    """The fastest measured config of one variant for exactly this problem (a call that forces the
-    variant with algo=), or None."""
-    e = entries_for(device_key).get(problem.key())
-    hit = None if e is None else _pick(problem, e, variant)
+def tuned_config(problem, device_key: str, variant, precision="fp32"):
+    """The fastest measured config of one variant for exactly this problem at `precision` (a call that
+    forces the variant with algo=, or a tensor-core call), or None."""
+    e = entries_for(device_key).get(entry_key(problem, precision))
+    hit = None if e is None else _pick(problem, e, variant, precision)
     return None if hit is None else hit[1]
 
 
-def entry(problem, variant, config, ms, candidates_tried):
+def entry(problem, variant, config, ms, candidates_tried, precision="fp32"):
+    """A database entry; a tensor-core precision is recorded in it (fp32 entries stay as they always were)."""
     p = asdict(problem)
-    return {"problem": p, "variant": variant, "config": config.as_dict(), "ms": ms, "tried": candidates_tried}
+    e = {"problem": p, "variant": variant, "config": config.as_dict(), "ms": ms, "tried": candidates_tried}
+    return e if precision == "fp32" else {**e, "precision": precision}

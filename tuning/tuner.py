@@ -7,6 +7,12 @@ the float64 reference, time it with CUDA events over rotating inputs, and record
 tuned database.  Progress goes to tqdm; the database is saved after every problem, so an
 interrupted tune resumes where it stopped.  A candidate that fails to compile, launch or verify is
 recorded and skipped.
+
+`--precision tf32|fp16|bf16` tunes the tensor-core implicit GEMM (templates/implicit_gemm_tc.py) instead:
+its CUDA_TC_TILES x swizzle 1/2 x split-K (backward-weight) with two stages, plus its default config,
+compiled and timed at that precision, verified within that precision's error bound, and recorded under
+the problem key + "_" + precision (database.entry_key), which the tensor-core plans of kernelgen.api read.
+The default, fp32, tunes the fp32 variants into the bare problem keys as it always did.
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 import numpy as np
+
+from kernelgen.api import PRECISIONS, check_precision
 
 from . import database
 from .shapes import load_table
@@ -37,6 +45,10 @@ SM_COUNT = 132
 # shared-row padding: 0, or 4 floats, which spreads the transposed tile store over all 32 banks and
 # keeps rows 16-byte aligned for the vectorised fragment loads
 SMEM_PADS = (0, 4)
+# Relative error (against the float64 reference) a candidate may show and still be timed.  fp32: summation
+# order only.  The tensor-core precisions round the operands (measured ~1e-4 TF32, 3e-4 fp16, 1e-3 bf16:
+# README), so their bounds are the issue's: 1e-3 for TF32, 1e-2 for the 16-bit formats.
+MAX_REL_ERR = {"fp32": 1e-4, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
 
 
 def estimated_registers(cfg):
@@ -94,6 +106,58 @@ def candidates(problem, variants=None, tiles=TILES, keep=None):
     return out
 
 
+def tc_config_ok(cfg, precision):
+    """Does the tensor-core template accept this config at `precision` (TileConfig.validate and
+    implicit_gemm_tc.check_config: swizzle 2 needs BK 8 or 16, fp16/bf16 need BK % 16 == 0)?"""
+    from kernelgen.templates import implicit_gemm_tc
+    try:
+        implicit_gemm_tc.check_config(cfg.validate(), precision)
+    except ValueError:
+        return False
+    return True
+
+
+def tc_cost(problem, cfg):
+    """Model time of a tensor-core config: waves of blocks x padded MMA work per block x the tile's SASS
+    issue cost per MMA (implicit_gemm_tc.ISSUE_COST) - the terms its default_config weighs, split-K included."""
+    from kernelgen.templates import gemm_shape, implicit_gemm_tc
+    from kernelgen.templates.tiled_gemm import _cdiv
+    M, N, K, G = gemm_shape(problem)
+    blocks = _cdiv(M, cfg.BM) * _cdiv(N, cfg.BN) * G * cfg.split_k
+    depth = _cdiv(_cdiv(K, cfg.split_k), cfg.BK) * cfg.BK
+    costs = implicit_gemm_tc.ISSUE_COST
+    issue = costs.get((cfg.BM, cfg.BN), max(costs.values()))  # a tile not yet measured: assumed the worst
+    return _cdiv(blocks, SM_COUNT) * cfg.BM * cfg.BN * depth * issue
+
+
+def tc_candidate_configs(problem, precision, keep=None):
+    """Tensor-core configs to try at `precision`: the template's default first, then CUDA_TC_TILES x split-K
+    (backward-weight only: split_choices) x swizzle 1 and 2, two stages, BK of the CUDA default (16: the
+    16-bit MMAs need it, and swizzle 2 allows 8 or 16), each kept only where the template accepts it.  With
+    `keep`, the default and the keep - 1 cheapest others under tc_cost (a tune never loses to the default)."""
+    from kernelgen.templates import implicit_gemm_tc
+    from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
+    default = implicit_gemm_tc.default_config(problem, "cuda", precision)
+    out = [default]
+    for bm, bn, wm, wn in implicit_gemm_tc.CUDA_TC_TILES:
+        for sk in split_choices(problem, bm, bn, CUDA_TC_DEFAULT.BK):
+            for swizzle in (1, 2):
+                cfg = TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
+                if cfg not in out and tc_config_ok(cfg, precision):
+                    out.append(cfg)
+    if keep:
+        out = out[:1] + sorted(out[1:], key=lambda c: tc_cost(problem, c))[:keep - 1]
+    return out
+
+
+def tc_candidates(problem, precision, keep=None):
+    """(variant, config) pairs of a tensor-core tune: the one tensor-core variant, where it computes."""
+    from kernelgen.templates import computes, implicit_gemm_tc
+    if not computes(implicit_gemm_tc, problem):
+        return []
+    return [(implicit_gemm_tc.NAME, c) for c in tc_candidate_configs(problem, precision, keep)]
+
+
 def _compile_one(args):
     """Worker: render + compile one candidate into the shared disk cache (no launch)."""
     problem, variant, cfg, *precision = args  # precision: a tensor-core plan's ("fp16", ...); else the variant's own
@@ -146,13 +210,22 @@ def device_sets(host_inputs, rotations=3):
             for i in range(rotations)]
 
 
-def measure(problem, variant, cfg, sets, ref, repeat=10):
-    """(ms, rel_err, local bytes per thread) of one candidate, or raises if it fails to run or verify,
-    or spills more than MAX_LOCAL_BYTES."""
+def check_result(got, ref, precision="fp32"):
+    """The relative error of `got` against the float64 reference; raises unless it is finite and within
+    MAX_REL_ERR[precision]."""
+    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    if not np.isfinite(err) or err > MAX_REL_ERR[precision]:
+        raise ValueError(f"wrong result: relative error {err:.2e}")
+    return err
+
+
+def measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
+    """(ms, rel_err, local bytes per thread) of one candidate planned at `precision`, or raises if it fails
+    to run or verify, or spills more than MAX_LOCAL_BYTES."""
     from numba import cuda
     from kernelgen.api import Plan, get_launcher
     from kernelgen.tuning.bench import kernel_resources
-    launcher = get_launcher(Plan(problem, variant, cfg, "cuda"))
+    launcher = get_launcher(Plan(problem, variant, cfg, "cuda", precision))
     _compile(launcher)  # before it, the resource query finds no overload and reports nothing
     local = kernel_resources(launcher, launcher.threads).get("local_bytes", 0)
     if local > MAX_LOCAL_BYTES:
@@ -160,10 +233,7 @@ def measure(problem, variant, cfg, sets, ref, repeat=10):
     out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, np.float32))  # poisoned
     sets = [{**s, launcher.outputs[0]: out} for s in sets]
     launcher(sets[0])
-    got = out.copy_to_host().reshape(ref.shape)
-    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-    if not np.isfinite(err) or err > 1e-4:
-        raise ValueError(f"wrong result: relative error {err:.2e}")
+    err = check_result(out.copy_to_host().reshape(ref.shape), ref, precision)
     rot = Rotation(sets)
     return time_cuda(lambda: launcher(rot()), repeat=repeat), err, local
 
@@ -177,9 +247,12 @@ def device_name():
 
 
 def tune(table, *, db_path=None, workers=None, variants=None, limit=None, directions=("fwd", "bwd_data", "bwd_weight"),
-         time_budget=None, tiles=TILES, keep=12):
+         time_budget=None, tiles=TILES, keep=12, precision="fp32"):
     """Every problem's compile and reference jobs are queued up front, in problem order, so the
-    worker pool compiles problem i+1.. while the parent times problem i on the GPU."""
+    worker pool compiles problem i+1.. while the parent times problem i on the GPU.  precision: "fp32"
+    (the fp32 variants, `variants` and `tiles` choosing among them) or "tf32" / "fp16" / "bf16" (the
+    tensor-core variant's tc_candidates; entries keyed per precision)."""
+    check_precision(precision)  # before any work: a typo must not cost a table's compile jobs
     from tqdm import tqdm
     name, layers = load_table(table)
     problems = []
@@ -196,17 +269,18 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
     dev = device_name()
     db_path = db_path or database.user_db_dir() / database.db_name(dev)
     entries = database.load(db_path)
-    todo = [p for p in problems if p.key() not in entries]
-    print(f"tune {name}: {len(problems)} problems, {len(problems) - len(todo)} already in {db_path}")
+    todo = [p for p in problems if database.entry_key(p, precision) not in entries]
+    at = "" if precision == "fp32" else f" at {precision}"
+    print(f"tune {name}{at}: {len(problems)} problems, {len(problems) - len(todo)} already in {db_path}")
     workers = workers or min(16, os.cpu_count() or 1)
     failures, phases = [], {"wait": 0.0, "measure": 0.0}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         t_start = time.perf_counter()
         jobs = []
         for i, p in enumerate(todo):
-            cands = candidates(p, variants, tiles, keep)
+            cands = candidates(p, variants, tiles, keep) if precision == "fp32" else tc_candidates(p, precision, keep)
             ref_job = pool.submit(_reference_job, (p, i))
-            jobs.append((p, i, cands, ref_job, [pool.submit(_compile_one, (p, v, c)) for v, c in cands]))
+            jobs.append((p, i, cands, ref_job, [pool.submit(_compile_one, (p, v, c, precision)) for v, c in cands]))
         for p, seed, cands, ref_job, futures in tqdm(jobs, desc="tune", unit="problem"):
             if time_budget and time.perf_counter() - t_start > time_budget:
                 print(f"time budget of {time_budget} s spent: stopping (rerun to resume)")
@@ -224,7 +298,7 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
             for (v, c), (err, _) in zip(cands, compiled):
                 if err is None:
                     try:
-                        ms, rel, local = measure(p, v, c, sets, ref)
+                        ms, rel, local = measure(p, v, c, sets, ref, precision=precision)
                         tried.append({"variant": v, "config": str(c), "ms": ms, **({"local_bytes": local} if local else {})})
                         if best is None or ms < best[2]:
                             best = (v, c, ms)
@@ -235,7 +309,8 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
                 failures.append((p.key(), str(c), err))
             phases["measure"] += time.perf_counter() - t
             if best is not None:
-                entries[p.key()] = database.entry(p, best[0], best[1], best[2], tried)
+                entries[database.entry_key(p, precision)] = database.entry(p, best[0], best[1], best[2], tried,
+                                                                           precision)
                 database.save(db_path, entries, dev)
     print(f"tune {name}: parent waited {phases['wait']:.0f} s for workers, measured for {phases['measure']:.0f} s")
     database.entries_for.cache_clear()
@@ -252,6 +327,9 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new problems after it")
     ap.add_argument("--keep", type=int, default=12, help="configs tried per variant, cheapest by the cost model "
                     "(0: all)")
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                    help="fp32: the fp32 variants (default); tf32/fp16/bf16: the tensor-core variant's tiles, "
+                         "recorded per precision")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
     if not gpu_present():
@@ -260,7 +338,7 @@ def main(argv=None):
     t = time.perf_counter()
     path, entries, failures = tune(args.table, db_path=args.db, workers=args.workers, limit=args.limit,
                                    time_budget=args.time_budget, directions=tuple(args.directions.split(",")),
-                                   keep=args.keep or None)
+                                   keep=args.keep or None, precision=args.precision)
     print(f"database {path}: {len(entries)} entries, {len(failures)} rejected candidates, "
           f"{time.perf_counter() - t:.0f} s")
     return 0
