@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import kernelgen
-from kernelgen.api import _zero_extend
+from kernelgen.api import _zero_extend, resolve_precision
 from kernelgen.problem import make_problem
 
 from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401 (part of F.*)
@@ -108,13 +108,18 @@ def mul(a, b):
                           lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
 
-def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu"):
+def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu",
+         precision=None):
     """x (N, *spatial, C), w (K, *filter, C // groups), bias (K,) -> (N, *out, K); 1, 2 or 3 spatial dims.
     activation="relu": relu(conv + bias), fused into the convolution's epilogue on the device (the
-    backward masks the gradient with the output, as F.relu does)."""
+    backward masks the gradient with the output, as F.relu does).
+    precision: "fp32" / "tf32" / "fp16" / "bf16", None: the global setting now (mixed_precision.py); the
+    backward uses the precision the forward ran in."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    # resolved now, so the backward (which reuses kw) cannot pick up a setting changed in between
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
+              precision=resolve_precision(precision))
     if ops := _dev(x, w, bias):
         kw["backend"] = "cuda"
         y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, activation=activation,
@@ -144,14 +149,16 @@ def _bias_grad(ops, g):
 
 
 def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1,
-                   backend="cpu"):
+                   backend="cpu", precision=None):
     """PyTorch's conv_transpose, channels-last: x (N, *spatial, C_in), w (C_in, *filter, C_out // groups).
     It is the backward-data pass of the convolution with weight w, so its gradients are that convolution's
-    forward (for x) and its backward-weight with the roles of input and output gradient swapped (for w)."""
+    forward (for x) and its backward-weight with the roles of input and output gradient swapped (for w).
+    precision: as conv's, fixed at the forward for the backward too."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
     ops = _dev(x, w, bias)
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend="cuda" if ops else backend)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend="cuda" if ops else backend,
+              precision=resolve_precision(precision))
     y = kernelgen.deconv(x.data, w.data, None if bias is None else bias.data, output_padding=output_padding, **kw)
 
     # x as the convolution that deconv transposes sees it: an output_padding past the stride adds trailing

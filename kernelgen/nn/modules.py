@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernelgen.api import check_precision
+
 from . import functional as F
 from .tensor import Tensor, _on_device, to_device_array
 
@@ -96,16 +98,21 @@ def kaiming_uniform(shape, fan_in, rng, dtype):
 
 
 class _ConvNd(Module):
+    """precision: the convolutions' ("fp32", "tf32", "fp16", "bf16"; None: the global setting when the forward
+    runs, see mixed_precision.py).  The weight stays float32 whatever the precision (fp32 master weights)."""
     NDIM = 2
 
     def __init__(self, c_in, c_out, k, *, stride=1, padding=0, dilation=1, groups=1, bias=True, rng=None,
-                 dtype="float32", backend="cpu"):
+                 dtype="float32", backend="cpu", precision=None):
+        if precision is not None:
+            check_precision(precision)  # at construction, not at the first forward
         rng = rng or np.random.default_rng()
         ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
         shape, fan_in = self._weight(c_in, c_out, ks, groups)
         self.weight = Tensor(kaiming_uniform(shape, fan_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
-        self.kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend=backend)
+        self.kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend=backend,
+                       precision=precision)
 
     @staticmethod
     def _weight(c_in, c_out, ks, groups):

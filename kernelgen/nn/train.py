@@ -1,9 +1,10 @@
 """`python -m kernelgen train digits`: train a small ResNet on the digits set through kernelgen.
 
 Every convolution of the forward and backward passes is a kernelgen kernel; with --device cuda the whole
-step runs on the GPU (kernelgen.nn.cuda_ops), the loss coming to the host once per step for the log.  Prints loss and
-accuracy per epoch (tqdm progress), optionally plots the curves, and returns non-zero when the final
-test accuracy misses --min-accuracy.
+step runs on the GPU (kernelgen.nn.cuda_ops), the loss coming to the host once per step for the log;
+--precision tf32|fp16|bf16 runs the convolutions on tensor cores, parameters staying float32 (mixed_precision.py).
+Prints loss and accuracy per epoch (tqdm progress), optionally plots the curves, and returns non-zero when
+the final test accuracy misses --min-accuracy.
 """
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import time
 
 import numpy as np
 
+from kernelgen.api import PRECISIONS
+
 from . import functional as F
 from .data import Loader, load_digits_split
+from .mixed_precision import precision as conv_precision
 from .modules import SmallResNet
 from .optim import Adam
 from .tensor import Tensor, no_grad
@@ -35,7 +39,8 @@ def evaluate(model, loader, device="cpu"):
 
 
 def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None,
-                 device="cpu", data=None):
+                 device="cpu", data=None, precision="fp32"):
+    """precision: the convolutions' in training and evaluation ("fp32", "tf32", "fp16", "bf16")."""
     try:
         from tqdm import tqdm
     except ImportError:  # progress bars are optional (the GPU machine may lack tqdm)
@@ -51,18 +56,19 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     train_loader = Loader(xtr, ytr, batch_size, seed=seed, drop_last=True)
     test_loader = Loader(xte, yte, batch_size, shuffle=False)
     history = []
-    for epoch in range(1, epochs + 1):
-        t0, losses = time.perf_counter(), []
-        for x, y in tqdm(train_loader, desc=f"epoch {epoch}/{epochs}", leave=False):
-            loss = F.cross_entropy(model(Tensor(x).to(device)), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        acc = evaluate(model, test_loader, device)
-        history.append((float(np.mean(losses)), acc))
-        print(f"epoch {epoch}: loss {np.mean(losses):.4f}  test accuracy {100 * acc:.2f}%  "
-              f"({time.perf_counter() - t0:.1f} s)")
+    with conv_precision(precision):
+        for epoch in range(1, epochs + 1):
+            t0, losses = time.perf_counter(), []
+            for x, y in tqdm(train_loader, desc=f"epoch {epoch}/{epochs}", leave=False):
+                loss = F.cross_entropy(model(Tensor(x).to(device)), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            acc = evaluate(model, test_loader, device)
+            history.append((float(np.mean(losses)), acc))
+            print(f"epoch {epoch}: loss {np.mean(losses):.4f}  test accuracy {100 * acc:.2f}%  "
+                  f"({time.perf_counter() - t0:.1f} s)")
     if plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -84,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a shortened run (CI)")
     ap.add_argument("--plot", default=None, help="PNG path for the loss/accuracy curves")
     ap.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this final test accuracy")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                    help="the convolutions': fp32, or tensor cores (fp32 accumulation, float32 parameters)")
     ap.add_argument("--data", default=None, help="the digits as an .npz (from --save-data) instead of scikit-learn's")
     ap.add_argument("--save-data", default=None, metavar="PATH", help="write the digits to PATH (.npz) and exit")
     args = ap.parse_args(argv)
@@ -94,7 +102,8 @@ def main(argv=None):
     epochs = args.epochs or (3 if args.quick else 8)
     t = time.perf_counter()
     _, history = train_digits(epochs=epochs, quick=args.quick, plot=args.plot, device=args.device,
-                                data=args.data)
+                              data=args.data, precision=args.precision)
     acc = history[-1][1]
-    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, {time.perf_counter() - t:.0f} s")
+    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {args.precision}, "
+          f"{time.perf_counter() - t:.0f} s")
     return 0 if acc >= args.min_accuracy else 1
