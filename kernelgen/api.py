@@ -15,6 +15,7 @@ from . import arrays
 from .problem import ConvProblem, check_activation, deconv_output_shape, make_problem
 from .render_cpu import render_cpu
 from .render_cuda import render_cuda
+from .storage import check_dtype_precision, check_split_k
 
 BACKENDS = ("cuda", "cpu")
 
@@ -33,8 +34,8 @@ def set_precision(precision):
     """The default precision of every later call that passes no precision= (like PyTorch's
     allow_tf32): "fp32" (the default), or a tensor-core precision with fp32 accumulation and float32
     inputs and outputs: "tf32" (operands rounded to 10 mantissa bits; about 1e-4 relative error),
-    "fp16" (10 bits, fp16's range: large inputs overflow) or "bf16" (7 bits; about 1e-3 to 1e-2).
-    Returns the previous setting."""
+    "fp16" (10 bits, fp16's range: large inputs overflow; float16 inputs and outputs too) or "bf16"
+    (7 bits; about 1e-3 to 1e-2).  Returns the previous setting."""
     global _precision
     old, _precision = _precision, check_precision(precision)
     return old
@@ -159,10 +160,10 @@ def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
     if algo not in (None, implicit_gemm.NAME, implicit_gemm_tc.NAME):
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
-    if not implicit_gemm_tc.applies(problem):
-        raise ValueError(f"precision={precision!r} needs float32 tensors, got {problem.dtype}")
     if config is None and backend == "cuda":
         config = tuned_tensor_core_config(problem, precision)
+        if config is not None and problem.dtype == "float16" and config.split_k > 1:
+            config = None  # a float16 output takes no atomic adds: the default config never splits
     if config is None:
         config = implicit_gemm_tc.default_config(problem, backend, precision)
     if not config.tensor_core:
@@ -170,6 +171,7 @@ def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
                          f"got {config}")
     config.validate()
     implicit_gemm_tc.check_config(config, precision)
+    check_split_k(problem.dtype, config)
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
     return Plan(problem, implicit_gemm_tc.NAME, config, backend, precision)
@@ -179,7 +181,8 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
     """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
     from .templates import candidates, computes, default_config, get_variant
-    if check_precision(precision) != "fp32":
+    check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
+    if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision)
     if algo is not None:
         variant = get_variant(algo)
@@ -282,12 +285,12 @@ def _run(prep: Prepared, inputs: dict, template, stream=None, out=None):
         return _run_cuda(prep, inputs, template, stream, out)
     if stream is not None:
         raise ValueError(f"stream must be None on the cpu backend, got {stream!r}")
-    problem, launcher = prep.problem, prep.launcher
-    out_name = launcher.outputs[0]
-    args = {name: arrays.to_host(a, name, problem.dtype).reshape(-1) for name, a in inputs.items()}
+    problem = prep.problem
     result = arrays.check_out(out, problem.output_shape, problem.dtype, False) if out is not None else \
-        np.empty(problem.output_shape, dtype=problem.dtype)
-    args[out_name] = result.reshape(-1)
+        np.empty(problem.output_shape, dtype=problem.dtype)  # (checked before the kernel is compiled)
+    launcher = prep.launcher
+    args = {name: arrays.to_host(a, name, problem.dtype).reshape(-1) for name, a in inputs.items()}
+    args[launcher.outputs[0]] = result.reshape(-1)
     launcher(args)
     return result
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_DTYPES = {"float32": np.float32, "float64": np.float64}
+_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 
 
 def is_cuda_array(a) -> bool:
@@ -19,9 +19,16 @@ def is_cuda_array(a) -> bool:
 
 
 def dtype_name(a) -> str:
+    if str(getattr(a, "dtype", "")).endswith("bfloat16"):  # first: torch raises on a bf16 __cuda_array_interface__
+        return "bfloat16"
     if hasattr(a, "__cuda_array_interface__"):
         return np.dtype(a.__cuda_array_interface__["typestr"]).name
-    return np.asarray(a).dtype.name if not hasattr(a, "dtype") else np.dtype(a.dtype).name
+    if not hasattr(a, "dtype"):
+        return np.asarray(a).dtype.name
+    try:
+        return np.dtype(a.dtype).name
+    except TypeError:  # not a NumPy dtype (torch.int4, say): its own name
+        return str(a.dtype).rpartition(".")[2]
 
 
 def shape_of(a):
@@ -41,8 +48,12 @@ def check_arrays(named, backend):
     dtypes = {n: dtype_name(a) for n, a in named.items() if a is not None}
     first = next(iter(dtypes))
     for n, dt in dtypes.items():
+        if dt == "bfloat16":  # (ml_dtypes' NumPy bfloat16; torch does not export it through the CUDA interface)
+            raise TypeError(f"{n} must not be bfloat16: bf16 is a compute precision, pass float32 tensors with "
+                            f'precision="bf16" (or float16 tensors with precision="fp16")')
         if dt not in _DTYPES:
-            raise TypeError(f"{n} must have dtype float32 (or float64 on the CPU backend), got {dt}")
+            raise TypeError(f"{n} must have dtype float32 (float16 with precision=\"fp16\"; float64 on the CPU "
+                            f"backend), got {dt}")
         if dt != dtypes[first]:
             raise TypeError(f"{n} must have the same dtype as {first} ({dtypes[first]}), got {dt}")
     dt = dtypes[first]
@@ -65,6 +76,12 @@ def to_device_view(a, name):
 def to_host(a, name, dtype):
     arr = np.asarray(a)
     return np.ascontiguousarray(arr, dtype=_DTYPES[dtype])
+
+
+def cpu_kernel_arg(a):
+    """A host array as a generated CPU kernel takes it: float16 as its uint16 bit patterns (a view, no copy;
+    numba's CPU target has no float16, the kernel decodes and encodes them: kernelgen.cpu_round)."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
 def like_input(out, template):

@@ -1,11 +1,15 @@
 """Operand rounding for generated CPU kernels (imported by rendered modules that use tensor-core IR):
-scalar float32 -> float32 exactly representable in TF32 / fp16 / bf16, as the GPU's cvt does it."""
+scalar float32 -> float32 exactly representable in TF32 / fp16 / bf16, as the GPU's cvt does it.
+
+And float16 storage: numba's CPU target has no float16 type, so float16 arrays reach CPU kernels as their
+uint16 bit patterns (a view, no copy); a load decodes the bits (f16_bits_to_f32, exact) and a store encodes
+a float32 value, rounded like cvt.rn.f16.f32 (f32_to_f16_bits)."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import float32, float64, njit
+from numba import float32, float64, njit, uint16
 
 _F32_MAX = 3.4028234663852886e38
 
@@ -46,3 +50,32 @@ def bf16(x):
     """Round to bf16 like cvt.rn.bf16.f32 (back to float32): 8 significant bits, nearest even,
     float32's exponent range (subnormals on the 2**-133 grid), overflow to inf."""
     return _round_even(x, 8, -133, _F32_MAX)
+
+
+@njit(cache=True)
+def f16_bits_to_f32(bits):
+    """The float32 value of fp16 bit pattern `bits` (exact: every fp16 is a float32)."""
+    b = int(bits)
+    sign = -1.0 if b & 0x8000 else 1.0
+    exp, frac = (b >> 10) & 0x1F, b & 0x3FF
+    if exp == 31:
+        return float32(sign * math.inf if frac == 0 else math.nan)
+    if exp == 0:  # zero or subnormal: frac * 2**-24
+        return float32(sign * math.ldexp(float64(frac), -24))
+    return float32(sign * math.ldexp(float64(frac + 1024), exp - 25))
+
+
+@njit(cache=True)
+def f32_to_f16_bits(x):
+    """The fp16 bit pattern of x rounded like cvt.rn.f16.f32: nearest even, subnormals on the 2**-24 grid,
+    overflow to inf, NaN to the canonical quiet NaN (0x7E00, sign kept)."""
+    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
+    if math.isnan(x):
+        return uint16(sign | 0x7E00)
+    r = abs(float64(fp16(x)))  # exactly an fp16 value now (or inf)
+    if r == math.inf:
+        return uint16(sign | 0x7C00)
+    if r < 2.0 ** -14:  # subnormal (or zero): the fraction counts 2**-24 steps
+        return uint16(sign | int(math.ldexp(r, 24)))
+    _, e = math.frexp(r)  # r = m * 2**e, 0.5 <= m < 1: exponent field e - 1 + 15, 10 fraction bits below the 1
+    return uint16(sign | ((e + 14) << 10) | (int(math.ldexp(r, 11 - e)) - 1024))

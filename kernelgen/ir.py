@@ -227,7 +227,8 @@ class VectorLoad(Stmt):
     buffer read as one memory transaction where the target has one (CUDA: a 16-byte load when the address
     is 16-byte aligned, which the kernel tests, since a caller's array may start anywhere).  `dst` are
     register-buffer elements (Loads; Vars after register scalarisation), written.  The template promises
-    that the elements share `cond` and that `index` is a multiple of len(dst)."""
+    that the elements share `cond` and that `index` is a multiple of len(dst).  From a storage-only buffer
+    (float16) the dst receive float32 values, like a Load."""
     dst: Tuple[Expr, ...]
     buf: str
     index: Expr
@@ -236,6 +237,16 @@ class VectorLoad(Stmt):
 
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
+# Storage-only dtypes -> the dtype their values are computed in.  A global buffer may store float16
+# (inputs and outputs of half-precision convolutions), but a Load of it is the element's value as float32
+# (exact) and a Store into it rounds its float32 value once, to nearest even (overflow to inf); shared and
+# register buffers hold computed values, so they never have a storage-only dtype.
+STORAGE_DTYPES = {"float16": "float32"}
+
+
+def compute_dtype(dtype):
+    """The dtype values of a `dtype` buffer are computed in (itself, unless storage-only)."""
+    return STORAGE_DTYPES.get(dtype, dtype)
 
 
 @dataclass(frozen=True)
@@ -245,6 +256,11 @@ class Buffer:
     dtype: str = "float32"
     scope: str = "global"
     role: str = "in"  # for globals: in | out | inout
+
+    def __post_init__(self):
+        if self.dtype in STORAGE_DTYPES and self.scope != "global":
+            raise ValueError(f"buffer {self.name!r}: {self.dtype} is a storage dtype of global buffers only; "
+                             f"a {self.scope} buffer holds {compute_dtype(self.dtype)}")
 
     @property
     def size(self):

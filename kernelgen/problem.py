@@ -22,7 +22,7 @@ def check_activation(activation):
     return activation
 
 
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "float16")  # float16: storage only, computed by precision="fp16" (kernelgen.storage)
 
 
 def _tuple_arg(name, value, ndim, minimum):

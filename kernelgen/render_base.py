@@ -6,8 +6,8 @@ indexed.
 """
 from __future__ import annotations
 
-from .ir import (Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select, Store, Var,
-                 VectorLoad)
+from .ir import (STORAGE_DTYPES, Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select,
+                 Store, Var, VectorLoad, compute_dtype)
 
 _PY_OPS = {"and": "and", "or": "or"}
 MATH_FNS = {"min": "min", "max": "max", "exp": "math.exp", "tanh": "math.tanh", "sqrt": "math.sqrt",
@@ -22,7 +22,10 @@ class SourcePrinter:
 
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
-        self.float_type = kernel.params[0].dtype if kernel.params else "float32"
+        # the type of float constants and zero fills: the arithmetic's, float32 for float16 storage
+        self.float_type = compute_dtype(kernel.params[0].dtype) if kernel.params else "float32"
+        # global buffers that store a narrower float than they compute in: loads widen, stores narrow
+        self.stored_narrow = {b.name for b in kernel.params if b.dtype in STORAGE_DTYPES}
         self.lines: list[str] = []
         self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
         self.thread_var = None  # innermost enclosing thread-loop variable
@@ -49,8 +52,20 @@ class SourcePrinter:
         if isinstance(e, Select):
             return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
         if isinstance(e, Load):
-            return f"{e.buf}[{self.index(e.buf, e.index)}]"
+            return self.load(e.buf, self.index(e.buf, e.index))
         raise TypeError(f"cannot render {e!r}")
+
+    def load(self, buf, index_text) -> str:
+        text = f"{buf}[{index_text}]"
+        return self.widen(text) if buf in self.stored_narrow else text
+
+    def widen(self, text) -> str:
+        """A float16 element (its text) as the float32 value it holds (ir.STORAGE_DTYPES)."""
+        raise TypeError(f"{type(self).__name__} cannot read float16 buffers")
+
+    def narrow(self, text) -> str:
+        """A float32 value (its text) as what a float16 buffer stores: rounded to nearest even."""
+        raise TypeError(f"{type(self).__name__} cannot write float16 buffers")
 
     def index(self, buf, index) -> str:
         return ", ".join(self.expr(i) for i in index)
@@ -70,6 +85,10 @@ class SourcePrinter:
             self.emit(depth, f"{s.var} = {self.expr(s.value)}")
         elif isinstance(s, Store) and s.accumulate == "atomic":
             self.atomic_add(s, depth)
+        elif isinstance(s, Store) and s.buf in self.stored_narrow:  # computed in float32, rounded once
+            at = self.index(s.buf, s.index)
+            value = f"{self.load(s.buf, at)} + {self.expr(s.value)}" if s.accumulate else self.expr(s.value)
+            self.emit(depth, f"{s.buf}[{at}] = {self.narrow(value)}")
         elif isinstance(s, Store):
             op = "+=" if s.accumulate else "="
             self.emit(depth, f"{s.buf}[{self.index(s.buf, s.index)}] {op} {self.expr(s.value)}")
@@ -100,7 +119,8 @@ class SourcePrinter:
         """Element by element (targets with a wide load override this)."""
         self.emit(depth, f"if {self.expr(s.cond)}:")
         for i, d in enumerate(s.dst):
-            self.emit(depth + 1, f"{self.expr(d)} = {s.buf}[{self.expr(s.index)} + {i}]")
+            at = self.index(s.buf, (s.index + i if i else s.index,))  # the target's index form (CUDA: 32-bit)
+            self.emit(depth + 1, f"{self.expr(d)} = {self.load(s.buf, at)}")
         self.emit(depth, "else:")
         for d in s.dst:
             self.emit(depth + 1, f"{self.expr(d)} = {self.float_type}(0.0)")

@@ -52,6 +52,15 @@ class CpuPrinter(SourcePrinter):
                                          f"{rnd}({frag(s.b[2 * st + half], col + ' * 4 + _k')})")
             self.emit(depth, f"{acc.buf}[{self.index(acc.buf, acc.index)}] += _s")
 
+    # float16 buffers arrive as their uint16 bit patterns (numba's CPU target has no float16): kernelgen.cpu_round
+    def widen(self, text):
+        self.helpers.add("f16_bits_to_f32")
+        return f"f16_bits_to_f32({text})"
+
+    def narrow(self, text):
+        self.helpers.add("f32_to_f16_bits")
+        return f"f32_to_f16_bits({text})"
+
     def thread_loop(self, s, depth):
         self.emit(depth, f"for {s.var} in range({self.kernel.threads}):")
         self.stmts(s.body, depth + 1)

@@ -88,8 +88,16 @@ class CudaPrinter(SourcePrinter):
         self.helpers.add(fn)
         self.emit(depth, f"{acc} = {fn}({ops})")
 
+    # float16 buffers are numba float16 arrays: an explicit float32() is cvt.f32.f16 (exact), and numba casts a
+    # float32 stored into a float16 array with fptrunc, i.e. cvt.rn.f16.f32 (nearest even, overflow to inf)
+    def widen(self, text):
+        return f"float32({text})"
+
+    def narrow(self, text):
+        return text
+
     def vector_load(self, s, depth):
-        if len(s.dst) != 4 or self.float_type != "float32":
+        if len(s.dst) != 4 or self.kernel.buffer(s.buf).dtype != "float32":  # load4 reads 4 float32 words
             return super().vector_load(s, depth)
         self.vector_loads = True
         dst = ", ".join(self.expr(d) for d in s.dst)
@@ -101,6 +109,8 @@ class CudaPrinter(SourcePrinter):
         self.stmts(s.body, depth)
 
     def atomic_add(self, s, depth):
+        if s.buf in self.stored_narrow:  # partial sums rounded to fp16 one by one would lose the point
+            raise ValueError(f"{s.buf} stores float16: split-K (atomic adds into it) needs a float32 output")
         self.emit(depth, f"cuda.atomic.add({s.buf}, {self.index(s.buf, s.index)}, {self.expr(s.value)})")
 
     def barrier(self, depth):

@@ -70,7 +70,7 @@ def _new_output(template, shape, dtype, nstream):
     inputs, otherwise a numba array from kernelgen's pool (returned as CuPy by like_input)."""
     if type(template).__module__.startswith("torch"):
         import torch
-        return torch.empty(shape, dtype=torch.float32, device=template.device)
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=template.device)  # float32 or float16
     return device_empty(shape, dtype, nstream)
 
 

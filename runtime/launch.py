@@ -165,7 +165,8 @@ class Launcher:
             if self.zero_output:
                 for name in self.outputs:
                     args[name][:] = 0
-            self.kernel(*ordered)
+            from kernelgen.arrays import cpu_kernel_arg
+            self.kernel(*map(cpu_kernel_arg, ordered))
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None, zero=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one

@@ -3,9 +3,12 @@ product done by warps of m16n8k8 TF32 MMAs or m16n8k16 fp16 / bf16 MMAs (warp_mm
 
 Never chosen automatically: it computes with rounded operands (TF32: 10 mantissa bits; fp16: 10 bits
 and fp16's range; bf16: 7 bits) and fp32 accumulation, so it runs only when the caller asks for
-precision="tf32", "fp16" or "bf16" (kernelgen.api.make_plan).  Inputs and outputs stay float32 arrays:
-the rounding happens when a slice is staged in shared memory.  (bfloat16 arrays are not accepted: NumPy
-has no bfloat16, and torch does not export bfloat16 tensors through __cuda_array_interface__.)
+precision="tf32", "fp16" or "bf16" (kernelgen.api.make_plan).  Inputs and outputs are float32 arrays (the
+rounding happens when a slice is staged in shared memory), or float16 arrays with precision="fp16"
+(kernelgen.storage: staging then rounds nothing, shared tiles and registers stay float32, each output is
+rounded to float16 once, when stored; no split-K, whose atomic adds need a float32 output).  (bfloat16
+arrays are not accepted: NumPy has no bfloat16, and torch does not export bfloat16 tensors through
+__cuda_array_interface__.)
 On CUDA a plan without a config= runs the tuned database's config for (problem, precision) when
 `python -m kernelgen tune TABLE --precision ...` measured one (kernelgen.api._tensor_core_plan), else
 default_config.
@@ -30,7 +33,7 @@ ISSUE_COST = {(128, 64): 1.0, (64, 64): 1.35, (128, 32): 1.4, (64, 32): 1.75, (1
 
 
 def applies(p):
-    return p.dtype == "float32"
+    return p.dtype in ("float32", "float16")
 
 
 def config_ok(p, cfg):
@@ -57,7 +60,7 @@ def build(p, cfg: TileConfig, precision="tf32"):
 
 def default_config(p, backend, precision="tf32") -> TileConfig:
     """The CPU default (BK 16 for the 16-bit MMAs), or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
-    few columns); backward-weight splits its long reduction until the grid fills two waves."""
+    few columns); backward-weight splits its long reduction until the grid fills two waves (float32 outputs only)."""
     if backend != "cuda":
         return CPU_TC_DEFAULT if precision == "tf32" else CPU_TC16_DEFAULT
     from . import gemm_shape
@@ -68,7 +71,9 @@ def default_config(p, backend, precision="tf32") -> TileConfig:
         return _cdiv(blocks, SM_COUNT) * t[0] * t[1] * (1.0 if t[0] * t[1] >= 128 * 64 else 1.25)
     bm, bn, wm, wn = min(CUDA_TC_TILES, key=cost)
     split = 1
-    if p.direction == "bwd_weight":
+    # a float16 output takes no atomic adds, so no split-K: its backward-weight tile is picked by waves as above
+    # (few blocks for a long reduction: slower than the float32 path, never wrong)
+    if p.direction == "bwd_weight" and p.dtype != "float16":
         # split-K supplies the blocks here, so the tile is picked by padded work x issue cost per MMA
         # (PERF_NOTES #21), not by waves
         bm, bn, wm, wn = min(CUDA_TC_TILES, key=lambda t: _cdiv(M, t[0]) * t[0] * _cdiv(N, t[1]) * t[1]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, VectorLoad, all_of,
-                  select)
+                  compute_dtype, select)
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
@@ -75,7 +75,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     cfg.validate()
     BM, BN, BK, TM, TN, NT = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads
     SK = cfg.split_k
-    dt = view.dtype
+    dt = compute_dtype(view.dtype)  # shared tiles and registers: float32 for float16 storage
     nkt = _cdiv(view.K, BK)
     kt_per_split = _cdiv(nkt, SK)
     EA, EB = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)
@@ -174,8 +174,10 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     def fetch(kt):
         return fetch_operand(view.a, True, kt) + fetch_operand(view.b, False, kt)
 
-    # the tensor-core path rounds to TF32 / fp16 / bf16 here, once per staged element, not once per fragment use
-    staged = (lambda v: Call(precision, (v,))) if wmma else (lambda v: v)
+    # the tensor-core path rounds to TF32 / fp16 / bf16 here, once per staged element, not once per fragment use;
+    # float16 storage staged as fp16 operands is already exact (two conversions saved per element)
+    rounds = wmma and not (view.dtype == "float16" and precision == "fp16")
+    staged = (lambda v: Call(precision, (v,))) if rounds else (lambda v: v)
 
     def shared_col(operand, e, line, k, is_a):
         """Swizzled column of (line, k); for chunked operands from the chunk index directly (k = 4 q + e % 4),

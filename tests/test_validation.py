@@ -51,7 +51,10 @@ CASES = [
     ("padding_per_dim_neg", kernelgen.conv, (X, W), {"padding": (0, -2)}, ValueError, r"padding must be >= 0"),
     # dtypes and placement
     ("x_int32", kernelgen.conv, (X.astype(np.int32), W.astype(np.int32)), {}, TypeError, r"x must have dtype float32"),
-    ("x_float16", kernelgen.conv, (X.astype(np.float16), W), {}, TypeError, r"x must have dtype float32"),
+    ("x_float16", kernelgen.conv, (X.astype(np.float16), W), {}, TypeError,
+     r"w must have the same dtype as x \(float16\)"),
+    ("float16_fp32", kernelgen.conv, (X.astype(np.float16), W.astype(np.float16)), {}, ValueError,
+     r'float16 tensors need precision="fp16".*got precision=\'fp32\''),
     ("mixed_dtypes", kernelgen.conv, (X, W.astype(np.float64)), {}, TypeError, r"w must have the same dtype as x"),
     ("bias_dtype", kernelgen.conv, (X, W, np.zeros(8, np.float64) + 1), {}, TypeError, r"bias must have the same dtype"),
     ("float64_on_cuda", kernelgen.conv, (X.astype(np.float64), W.astype(np.float64)), {"backend": "cuda"}, TypeError,

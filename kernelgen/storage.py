@@ -1,0 +1,31 @@
+"""Which tensor dtypes each precision computes (checked when a call is planned, before anything compiles).
+
+float32: every precision.  float64: "fp32" only (the CPU backend's exact reference path).  float16
+(half-precision storage, like PyTorch's half convolutions): precision="fp16" only, the one tensor-core
+operand format that holds every float16 exactly, so staging an operand rounds nothing; products accumulate
+in float32 and each output is rounded to float16 once, when it is stored.  (TF32 would compute them too,
+but a float16 tensor asking for TF32 or bf16 math is more likely a mistake than a wish.)  bfloat16 storage is
+refused where arrays are read (kernelgen.arrays): bf16 is a compute precision on float32 tensors.
+"""
+from __future__ import annotations
+
+PRECISIONS_BY_DTYPE = {"float32": ("fp32", "tf32", "fp16", "bf16"), "float64": ("fp32",), "float16": ("fp16",)}
+
+
+def check_dtype_precision(dtype, precision):
+    """`precision` can compute tensors of `dtype`, else ValueError naming precision=."""
+    allowed = PRECISIONS_BY_DTYPE[dtype]
+    if precision in allowed:
+        return
+    if dtype == "float16":
+        raise ValueError(f'float16 tensors need precision="fp16" (fp16 operands, float32 accumulation, float16 '
+                         f"results), got precision={precision!r}")
+    raise ValueError(f"precision={precision!r} needs float32 tensors (or float16 with precision=\"fp16\"), "
+                     f"got {dtype}")
+
+
+def check_split_k(dtype, config):
+    """Split-K adds partial sums into the output atomically: that needs a float32 output, not float16."""
+    if dtype == "float16" and config.split_k > 1:
+        raise ValueError(f"config: split_k must be 1 for float16 tensors (split-K adds partial sums into the "
+                         f"output, which must then be float32), got {config}")
