@@ -17,8 +17,8 @@ from kernelgen.mma_layout import ROUND, a_coord, b_coord, bf16_round, d_coord, f
 from kernelgen.problem import make_problem
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates.config import CPU_TC16_DEFAULT, CUDA_TC_DEFAULT, TileConfig
-from test_tensor_core import (CASES, GPU_CASES, GPU_CONFIGS, _gpu_run, gpu_layout_runs, reference_fn, rel_err, run,
-                              tensors)
+from test_tensor_core import CASES, reference_fn, rel_err, run, tensors
+from test_tensor_core_gpu import GPU_CASES, GPU_CONFIGS, _gpu_run, gpu_layout_runs
 
 HALF_TOL = 1e-2        # issue 9: fp16 / bf16 against float64, relative
 EMULATED_TOL = 1e-5    # CPU emulation against the float64 GEMM of rounded inputs (fp32 accumulation only)

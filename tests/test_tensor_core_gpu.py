@@ -1,0 +1,150 @@
+"""The TF32 tensor-core kernels on a real GPU (the H100): every direction and layout against the float64
+reference on fresh data with poisoned outputs, inputs not 16-byte aligned, resources and explain().  Tests
+marked `gpu`: skipped without an NVIDIA device (the simulator cannot run mma.sync); the CPU-emulated tests of
+the same IR are in test_tensor_core.py.  GPU_CASES / GPU_CONFIGS / gpu_layout_runs serve the 16-bit file too.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelgen
+from kernelgen.api import get_launcher, make_plan
+from kernelgen.problem import make_problem
+from kernelgen.templates.config import TileConfig
+from test_tensor_core import check_tf32, reference_fn, tensors
+
+# --- the real tensor-core kernels (H100) -----------------------------------------------------------
+
+GPU_CASES = {
+    "3x3_pad1": ((8, 16, 16, 32), (64, 3, 3, 32), dict(padding=1)),
+    "3x3_stride2": ((8, 16, 16, 32), (64, 3, 3, 32), dict(stride=2, padding=1)),
+    "1x1_wide": ((8, 14, 14, 128), (256, 1, 1, 128), dict()),
+    "ragged_groups": ((3, 13, 11, 20), (36, 3, 3, 10), dict(stride=(1, 2), padding=1, groups=2)),
+    "stem_c3": ((4, 30, 30, 3), (16, 7, 7, 3), dict(stride=2, padding=3)),
+}
+
+
+def _gpu_run(direction, x, w, dy, kw, **opts):
+    from numba import cuda
+    x_d, w_d, dy_d = cuda.to_device(x), cuda.to_device(w), cuda.to_device(dy)
+    if direction == "fwd":
+        got = kernelgen.conv(x_d, w_d, **kw, **opts)
+    elif direction == "bwd_data":
+        got = kernelgen.conv_backward_data(dy_d, w_d, x.shape, **kw, **opts)
+    else:
+        got = kernelgen.conv_backward_weight(x_d, dy_d, w.shape, **kw, **opts)
+    return got.copy_to_host(), reference_fn(direction, x.shape, w.shape, kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("name", list(GPU_CASES))
+def test_gpu_tf32(name, direction, rng):
+    x_shape, w_shape, kw = GPU_CASES[name]
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    got, reference = _gpu_run(direction, x, w, dy, kw, precision="tf32")
+    err = check_tf32(got, reference, x, w, dy, f"{direction} {name}")
+    # the hardware's fp32 accumulation order and rounding are its own: a looser bound than the CPU's,
+    # still well under the ~3e-4 that un-rounded (truncated) operands would give
+    assert err <= 1e-4, f"{direction} {name}: {err:.3g} from the TF32-rounded reference"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+def test_gpu_tf32_every_output_written_and_resources(direction, rng):
+    from numba import cuda
+
+    from kernelgen.tuning.bench import kernel_resources
+    x_shape, w_shape, kw = (3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", precision="tf32"))
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
+    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    cuda.synchronize()
+    check_tf32(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+               direction)
+    res = kernel_resources(launcher, launcher.threads)
+    assert res.get("local_bytes") == 0, res
+
+
+# the fragment layouts and register caps a GPU run must cover: swizzled BK 8 / 16 / 32, the old k-major
+# layout (kept for the tuner), 8 warps of 32 x 32 under launch bounds, the narrow bwd-weight tile
+GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=2),  # interleaved A rows
+               TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=2),
+               # BK 16 under this cap spills 96 B on the C=20 stride-(1, 2) forward (ptxas and the H100 agree)
+               TileConfig(128, 64, 8, WM=32, WN=32, stages=2, swizzle=1, min_blocks=2),
+               TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=1),
+               TileConfig(64, 64, 32, WM=32, WN=32, swizzle=1),
+               TileConfig(64, 32, 16, WM=32, WN=16, split_k=3, stages=2, swizzle=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, split_k=5, stages=2, swizzle=1),  # bwd-weight's new pick
+               TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)]
+
+
+LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
+                 ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]
+
+
+def gpu_layout_runs(config, direction, precision, rng):
+    """Run one tensor-core config on the GPU over LAYOUT_SHAPES (fresh data, poisoned output); yields
+    (got, reference, x, w, dy, kernel resources, threads) per shape."""
+    from numba import cuda
+
+    from kernelgen.tuning.bench import kernel_resources
+    for x_shape, w_shape, kw in LAYOUT_SHAPES:
+        x, w, dy = tensors(rng, x_shape, w_shape, kw)
+        p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+        launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
+        inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+        args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
+        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+        args[launcher.outputs[0]] = out
+        launcher(args)
+        cuda.synchronize()
+        yield (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+               kernel_resources(launcher, launcher.threads), launcher.threads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=str)
+def test_gpu_tf32_layouts(config, direction, rng):
+    for got, reference, x, w, dy, res, threads in gpu_layout_runs(config, direction, "tf32", rng):
+        err = check_tf32(got, reference, x, w, dy, f"{direction} {config}")
+        assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-rounded reference"
+        assert res.get("local_bytes") == 0, res
+        if config.min_blocks:
+            assert res["registers"] * threads * config.min_blocks <= 65536, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_gpu_tf32_inputs_not_16_byte_aligned(direction, rng):
+    """Arrays that start one float into an allocation (a torch or CuPy slice can): the vector staging
+    falls back to 4-byte loads instead of faulting or reading the wrong elements."""
+    from numba import cuda
+
+    def shifted(a):
+        return cuda.to_device(np.concatenate([np.float32([7.0]), a.ravel()]))[1:].reshape(a.shape)
+    x_shape, w_shape, kw = (4, 12, 12, 32), (64, 3, 3, 32), dict(padding=1)
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    if direction == "fwd":
+        got = kernelgen.conv(shifted(x), shifted(w), **kw, precision="tf32")
+    else:
+        got = kernelgen.conv_backward_data(shifted(dy), shifted(w), x.shape, **kw, precision="tf32")
+    err = check_tf32(got.copy_to_host(), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    assert err <= 1e-4, f"{direction}: {err:.3g} from the TF32-rounded reference"
+
+
+@pytest.mark.gpu
+def test_gpu_explain_reports_tf32(rng):
+    x = rng.standard_normal((8, 16, 16, 32)).astype(np.float32)
+    w = rng.standard_normal((64, 3, 3, 32)).astype(np.float32)
+    e = kernelgen.explain(kernelgen.conv, x, w, padding=1, precision="tf32")
+    assert e.backend == "cuda" and e.precision == "tf32" and "mma_m16n8k8_tf32(" in e.source
+    assert kernelgen.explain(kernelgen.conv, x, w, padding=1).precision == "fp32"
