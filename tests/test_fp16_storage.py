@@ -21,12 +21,13 @@ from kernelgen import api, arrays
 from kernelgen import reference as ref
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.cpu_round import f16_bits_to_f32, f32_to_f16_bits
-from kernelgen.ir import Buffer, For, Kernel, Var, VectorLoad, walk_stmts
+from kernelgen.ir import Buffer, VectorLoad, walk_stmts
 from kernelgen.problem import make_problem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates import implicit_gemm_tc
 from kernelgen.templates.config import TileConfig
+from test_vector_load import THREADS, copy_kernel, module
 
 HALF_TOL = 1e-2  # issue 9: relative error, norm-wise, against float64
 
@@ -275,31 +276,15 @@ def test_other_refusals(no_kernels, rng):
 
 # --- the simulator: a hand-built float16 kernel (no MMA) --------------------------------------------------
 
-THREADS = 8
-
-
 def scale_kernel():
-    """y = 3 x for float16 x and y, staged through a VectorLoad (odd threads' loads predicated off: zeros), so
-    that every stored value needs rounding."""
-    x, y = Buffer("x", (4 * THREADS,), "float16"), Buffer("y", (4 * THREADS,), "float16", role="out")
-    r = Buffer("r", (4,), scope="register")
-    tid = Var("tid")
-    phase = (VectorLoad(tuple(r[i] for i in range(4)), "x", tid * 4, (tid % 2).eq(0)),
-             *[y.store(tid * 4 + i, r[i] * 3.0) for i in range(4)])
-    body = (For("b", 1, (For("tid", THREADS, phase, "thread"),), "grid"),)
-    return Kernel("scale16", (x, y), (r,), body, (1,), THREADS)
+    """y = 3 x for float16 x and y through a VectorLoad, so that every stored value needs rounding."""
+    return copy_kernel("float16", 3.0, "scale16")
 
 
 def scale_expected(x):
     want = (x.astype(np.float32) * np.float32(3.0)).astype(np.float16).reshape(THREADS, 4)
     want[1::2] = 0
     return want.reshape(-1)
-
-
-def _module(src):
-    ns = {}
-    exec(compile(src, "<scale16>", "exec"), ns)
-    return ns
 
 
 def test_local_buffers_are_never_float16():
@@ -311,7 +296,7 @@ def test_scale_kernel_on_the_cpu(rng):
     src = render_cpu(scale_kernel(), cache=False)
     x = half(rng, 4 * THREADS)
     y = poisoned(4 * THREADS)
-    _module(src)["scale16"](x.view(np.uint16), y.view(np.uint16))
+    module(src)["scale16"](x.view(np.uint16), y.view(np.uint16))
     np.testing.assert_array_equal(y.view(np.uint16), scale_expected(x).view(np.uint16))
 
 
@@ -322,7 +307,7 @@ def test_scale_kernel_in_the_simulator(rng):
     assert "load4" not in src and "float32(x[" in src
     x = half(rng, 4 * THREADS)
     yd = cuda.to_device(poisoned(4 * THREADS))
-    _module(src)["scale16"][1, THREADS](cuda.to_device(x), yd)
+    module(src)["scale16"][1, THREADS](cuda.to_device(x), yd)
     np.testing.assert_array_equal(yd.copy_to_host().view(np.uint16), scale_expected(x).view(np.uint16))
 
 

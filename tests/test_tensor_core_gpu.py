@@ -53,22 +53,9 @@ def test_gpu_tf32(name, direction, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
 def test_gpu_tf32_every_output_written_and_resources(direction, rng):
-    from numba import cuda
-
-    from kernelgen.tuning.bench import kernel_resources
-    x_shape, w_shape, kw = (3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
-    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-    launcher = get_launcher(make_plan(p, "cuda", precision="tf32"))
-    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-    args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
-    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    cuda.synchronize()
-    check_tf32(out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
-               direction)
-    res = kernel_resources(launcher, launcher.threads)
+    shape = ((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1))
+    got, reference, x, w, dy, res, _ = gpu_run_plan(shape, direction, None, "tf32", rng)
+    check_tf32(got, reference, x, w, dy, direction)
     assert res.get("local_bytes") == 0, res
 
 
@@ -90,24 +77,30 @@ LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1
                  ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]
 
 
-def gpu_layout_runs(config, direction, precision, rng):
-    """Run one tensor-core config on the GPU over LAYOUT_SHAPES (fresh data, poisoned output); yields
-    (got, reference, x, w, dy, kernel resources, threads) per shape."""
+def gpu_run_plan(shape, direction, config, precision, rng):
+    """One tensor-core plan (config None: the default) on the GPU, fresh data and a poisoned output:
+    (got, reference, x, w, dy, kernel resources, threads)."""
     from numba import cuda
 
     from kernelgen.tuning.bench import kernel_resources
-    for x_shape, w_shape, kw in LAYOUT_SHAPES:
-        x, w, dy = tensors(rng, x_shape, w_shape, kw)
-        p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-        launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
-        inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-        args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
-        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
-        args[launcher.outputs[0]] = out
-        launcher(args)
-        cuda.synchronize()
-        yield (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
-               kernel_resources(launcher, launcher.threads), launcher.threads)
+    x_shape, w_shape, kw = shape
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
+    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
+    args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
+    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    cuda.synchronize()
+    return (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+            kernel_resources(launcher, launcher.threads), launcher.threads)
+
+
+def gpu_layout_runs(config, direction, precision, rng):
+    """gpu_run_plan of one config over LAYOUT_SHAPES, one result tuple per shape."""
+    for shape in LAYOUT_SHAPES:
+        yield gpu_run_plan(shape, direction, config, precision, rng)
 
 
 @pytest.mark.gpu

@@ -17,14 +17,16 @@ from kernelgen.render_cuda import render_cuda
 THREADS = 8
 
 
-def copy_kernel():
-    x, y = Buffer("x", (4 * THREADS,)), Buffer("y", (4 * THREADS,), role="out")
+def copy_kernel(dtype="float32", scale=None, name="vector_copy"):
+    """y = x (or scale * x), four elements per thread through one VectorLoad; odd threads' loads are
+    predicated off (zeros).  test_fp16_storage uses it with float16 buffers."""
+    x, y = Buffer("x", (4 * THREADS,), dtype), Buffer("y", (4 * THREADS,), dtype, role="out")
     r = Buffer("r", (4,), scope="register")
     tid = Var("tid")
     phase = (VectorLoad(tuple(r[i] for i in range(4)), "x", tid * 4, (tid % 2).eq(0)),
-             *[y.store(tid * 4 + i, r[i]) for i in range(4)])
+             *[y.store(tid * 4 + i, r[i] if scale is None else r[i] * scale) for i in range(4)])
     body = (For("b", 1, (For("tid", THREADS, phase, "thread"),), "grid"),)
-    return Kernel("vector_copy", (x, y), (r,), body, (1,), THREADS)
+    return Kernel(name, (x, y), (r,), body, (1,), THREADS)
 
 
 def expected(x):
