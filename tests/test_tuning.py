@@ -183,6 +183,23 @@ def test_bench_set_parses_integer_tile_fields_and_names_the_bad_one():
             parse_overrides(bad)
 
 
+def test_bench_set_alternatives_plan_and_summarise_apart():
+    from kernelgen.api import make_plan
+    from kernelgen.tuning import bench
+    p = make_problem("fwd", (8, 14, 14, 64), (64, 3, 3, 64), padding=1)
+    plan = make_plan(p, "cuda", precision="tf32")
+    assert bench.set_fields(plan, None) is plan
+    two = bench.set_fields(plan, "swizzle=2")
+    assert two.config.swizzle == 2 and two.config.BM == plan.config.BM and two.precision == "tf32"
+    bad = bench.set_fields(plan, "BK=32,swizzle=2")  # swizzle 2 needs BK 8 or 16: a reason, not a crash
+    assert isinstance(bad, str) and "swizzle" in bad and "BK=32" in bad
+    rows = [{"direction": "fwd", "ratio": 0.5, "set": "swizzle=1"}, {"direction": "fwd", "ratio": 2.0, "set": "swizzle=2"},
+            {"direction": "fwd", "ratio": 8.0, "set": "swizzle=2"}, {"direction": "fwd", "error": "x", "set": "swizzle=2"}]
+    s = bench.summary(rows)
+    assert s["fwd [swizzle=1]"] == {"geomean_ratio": 0.5, "n": 1} and s["fwd [swizzle=2]"]["n"] == 2
+    assert abs(s["fwd [swizzle=2]"]["geomean_ratio"] - 4.0) < 1e-12
+
+
 def test_compile_job_carries_the_precision():
     # the bench's precompile must build the plan it will time: an fp16 tensor-core plan, not the variant's TF32
     from kernelgen.templates.config import CUDA_TC_DEFAULT

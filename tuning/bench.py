@@ -169,6 +169,17 @@ def parse_overrides(text):
     return out
 
 
+def set_fields(plan, text):
+    """The plan with --set's fields replaced in its config (text None: unchanged), or the reason it cannot be."""
+    if not text:
+        return plan
+    try:
+        return make_plan(plan.problem, "cuda", plan.variant, dataclasses.replace(plan.config, **parse_overrides(text)),
+                         plan.precision)
+    except ValueError as e:
+        return f"--set {text}: {e}"
+
+
 def precompile(plans, workers=None):
     """Compile every plan's kernel in parallel worker processes (they fill the disk cache), so the
     timed loop only loads; numba compiles one kernel per process at a time."""
@@ -192,12 +203,17 @@ def geomean(vals):
     return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
 
 
+def run_label(row):
+    """What a row's run forced: its variant (--algo) and its config fields (--set), "" for neither."""
+    return " ".join(filter(None, (row.get("forced"), row.get("set"))))
+
+
 def summary(rows):
-    """Geo-mean ratio per direction (and per forced variant, when the run forced several)."""
+    """Geo-mean ratio per direction (and per forced variant / --set alternative, when the run had several)."""
     out = {}
-    for a in sorted({x.get("forced") or "" for x in rows}):
+    for a in sorted({run_label(x) for x in rows}):
         for d in DIRECTIONS + ("deconv",):
-            r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x and (x.get("forced") or "") == a]
+            r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x and run_label(x) == a]
             if r:
                 out[f"{d} [{a}]" if a else d] = {"geomean_ratio": geomean(r), "n": len(r)}
     return out
@@ -255,8 +271,10 @@ def main(argv=None):
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN, fp16/bf16 run "
                          "cuDNN on float16/bfloat16 channels-last copies")
-    ap.add_argument("--set", default="", metavar="FIELD=VALUE,...",
-                    help="tile-config fields replaced in every plan's config (A/B runs, e.g. swizzle=2)")
+    ap.add_argument("--set", action="append", default=None, metavar="FIELD=VALUE,...",
+                    help="tile-config fields replaced in every plan's config, e.g. swizzle=2; given several times, "
+                         "each is one alternative and all are benched side by side per problem (an A/B run in one "
+                         "process: this machine moves by up to 2x per row between processes)")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
@@ -274,16 +292,24 @@ def main(argv=None):
     algos = args.algo.split(",") if args.algo else [None]
     jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
             if _applies(l.problem(d), a)]
-    overrides = parse_overrides(args.set)
-    plans = [make_plan(l.problem(d), "cuda", a, precision=args.precision) for l, d, a in jobs]
-    configs = [dataclasses.replace(p.config, **overrides) if overrides else None for p in plans]
-    precompile([make_plan(p.problem, "cuda", p.variant, c, p.precision) if c else p for p, c in zip(plans, configs)])
-    for (layer, d, a), cfg in tqdm(list(zip(jobs, configs)), desc="bench", unit="problem"):
+    alternatives = args.set or [None]
+    for text in filter(None, alternatives):
+        parse_overrides(text)  # a typo fails here, before anything compiles
+    jobs = [(l, d, a, alt) for l, d, a in jobs for alt in alternatives]
+    plans = [set_fields(make_plan(l.problem(d), "cuda", a, precision=args.precision), alt) for l, d, a, alt in jobs]
+    precompile([p for p in plans if not isinstance(p, str)])
+    for (layer, d, a, alt), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
+        label = {"forced": a} if a else {}
+        label |= {"set": alt} if alt else {}
+        if isinstance(plan, str):  # this plan's config cannot take the alternative (swizzle=2 at BK 32, say)
+            rows.append({"layer": layer.name, "direction": d, **label, "error": plan})
+            continue
         try:
-            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=cfg, algo=a, precision=args.precision)
-                        | ({"forced": a} if a else {}))
+            # an alternative is the plan's own variant with the replaced config (a tuned plan's variant included)
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=plan.config if alt else None,
+                                      algo=plan.variant if alt else a, precision=args.precision) | label)
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
-            rows.append({"layer": layer.name, "direction": d, "forced": a, "error": f"{type(e).__name__}: {e}"})
+            rows.append({"layer": layer.name, "direction": d, **label, "error": f"{type(e).__name__}: {e}"})
     from numba import cuda
     summ = summary(rows)
     report = {"table": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
