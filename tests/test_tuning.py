@@ -236,6 +236,8 @@ def test_tensor_core_candidates_are_valid_configs(precision):
     assert all(c.split_k == 1 for _, c in tuner.tc_candidates(fwd, precision))
     assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w, precision))  # split-K: backward-weight only
     assert len(tuner.tc_candidates(fwd, precision)) <= 16
+    assert {c.BK for _, c in tuner.tc_candidates(fwd, precision)} == {16, 32}  # the default depth and twice it
+    assert all(c.swizzle == 1 for _, c in tuner.tc_candidates(fwd, precision) if c.BK == 32)
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):
@@ -247,7 +249,8 @@ def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch)
     assert len(deep) == 1 + len(implicit_gemm_tc.CUDA_TC_TILES)  # the default + one swizzle-1 config per tile
     assert all(c.swizzle == 1 for c in deep) and all(c.BK == 32 for c in deep[1:])
     monkeypatch.setattr(config, "CUDA_TC_DEFAULT", TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=1))
-    assert [c for _, c in tuner.tc_candidates(p, "fp16")] == [implicit_gemm_tc.default_config(p, "cuda", "fp16")]
+    fp16 = [c for _, c in tuner.tc_candidates(p, "fp16")]  # depths 8 and 16: only 16 feeds the 16-bit MMA
+    assert fp16[0] == implicit_gemm_tc.default_config(p, "cuda", "fp16") and {c.BK for c in fp16[1:]} == {16}
     assert {c.swizzle for _, c in tuner.tc_candidates(p, "tf32")} == {1, 2}  # BK 8 allows both for TF32
     assert not tuner.tc_config_ok(TileConfig(64, 64, 32, WM=32, WN=32, swizzle=2), "tf32")
     assert not tuner.tc_config_ok(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=1), "bf16")

@@ -131,20 +131,23 @@ def tc_cost(problem, cfg):
 
 
 def tc_candidate_configs(problem, precision, keep=None):
-    """Tensor-core configs to try at `precision`: the template's default first, then CUDA_TC_TILES x split-K
-    (backward-weight only: split_choices) x swizzle 1 and 2, two stages, BK of the CUDA default (16: the
-    16-bit MMAs need it, and swizzle 2 allows 8 or 16), each kept only where the template accepts it.  With
+    """Tensor-core configs to try at `precision`: the template's default first, then BK of the CUDA default (16)
+    and twice it x CUDA_TC_TILES x split-K (backward-weight only: split_choices) x swizzle 1 and 2, two stages,
+    each kept only where the template accepts it (swizzle 2 needs BK 8 or 16; fp16/bf16 need BK % 16 == 0).  With
     `keep`, the default and the keep - 1 cheapest others under tc_cost (a tune never loses to the default)."""
     from kernelgen.templates import implicit_gemm_tc
     from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
     default = implicit_gemm_tc.default_config(problem, "cuda", precision)
     out = [default]
-    for bm, bn, wm, wn in implicit_gemm_tc.CUDA_TC_TILES:
-        for sk in split_choices(problem, bm, bn, CUDA_TC_DEFAULT.BK):
-            for swizzle in (1, 2):
-                cfg = TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
-                if cfg not in out and tc_config_ok(cfg, precision):
-                    out.append(cfg)
+    # twice the default depth too: half the barriers per MMA and twice the math to hide each slice's loads
+    # behind (the H100 runs after #26 point at latency), for twice the staging registers
+    for bk in (CUDA_TC_DEFAULT.BK, 2 * CUDA_TC_DEFAULT.BK):
+        for bm, bn, wm, wn in implicit_gemm_tc.CUDA_TC_TILES:
+            for sk in split_choices(problem, bm, bn, bk):
+                for swizzle in (1, 2):
+                    cfg = TileConfig(bm, bn, bk, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
+                    if cfg not in out and tc_config_ok(cfg, precision):
+                        out.append(cfg)
     if keep:
         out = out[:1] + sorted(out[1:], key=lambda c: tc_cost(problem, c))[:keep - 1]
     return out
