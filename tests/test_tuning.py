@@ -200,6 +200,17 @@ def test_bench_set_alternatives_plan_and_summarise_apart():
     assert abs(s["fwd [swizzle=2]"]["geomean_ratio"] - 4.0) < 1e-12
 
 
+def test_side_by_side_timing_alternates_and_keeps_each_best_round():
+    from kernelgen.tuning.timing import time_side_by_side
+    order, results = [], {"a": iter([5.0, 3.0, 4.0]), "b": iter([9.0, 9.5, 8.0])}
+
+    def timer(fn, repeat):
+        order.append(fn())
+        return next(results[order[-1]])
+    assert time_side_by_side([lambda: "a", lambda: "b"], rounds=3, repeat=7, timer=timer) == [3.0, 8.0]
+    assert order == ["a", "b"] * 3
+
+
 def test_compile_job_carries_the_precision():
     # the bench's precompile must build the plan it will time: an fp16 tensor-core plan, not the variant's TF32
     from kernelgen.templates.config import CUDA_TC_DEFAULT

@@ -24,7 +24,7 @@ from kernelgen.api import PRECISIONS, get_launcher, make_plan
 from kernelgen.templates.config import TileConfig
 
 from .shapes import load_table
-from .timing import Rotation, time_cuda
+from .timing import Rotation, time_side_by_side
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
 TF32_PEAK = 396e12    # H100 SXM dense TF32 tensor-core peak (shared/GPU.md)
@@ -136,9 +136,8 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     ref_nhwc = ref.permute(0, 2, 3, 1).float()
     rel = float((out - ref_nhwc).norm() / ref_nhwc.norm())
     rot = Rotation(sets)
-    kg_ms = time_cuda(lambda: launcher(rot()), repeat=repeat)
     trot = Rotation([torch_conv.op(layer, "fwd" if layer.transposed else direction, *v[:3]) for v in views])
-    cudnn_ms = time_cuda(lambda: trot()(), repeat=repeat)
+    kg_ms, cudnn_ms = time_side_by_side([lambda: launcher(rot()), lambda: trot()()], repeat=repeat)
     row = {"layer": layer.name, "shape": layer.label(), "direction": "deconv" if layer.transposed else direction,
            "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
            "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,

@@ -28,6 +28,19 @@ def time_cuda(fn, *, warmup=3, repeat=20):
     return statistics.median(times)
 
 
+def time_side_by_side(fns, *, rounds=3, repeat=20, timer=None):
+    """Milliseconds of each fn: timed in alternating rounds (a, b, a, b, ...), each round a median of
+    `repeat` calls (`timer`, default time_cuda), and each fn's best round kept.  On the shared H100 the
+    speed of one kernel drifts by up to 2x within minutes; alternating makes a drift slow both sides of a
+    comparison, not one, and the best round is the one least disturbed."""
+    timer = timer or time_cuda
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], timer(fn, repeat=repeat))
+    return best
+
+
 def time_host(fn, *, warmup=1, repeat=5):
     """Median milliseconds of a synchronous (CPU) call."""
     import time
