@@ -162,8 +162,6 @@ def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
                          f"algo={algo!r}")
     if config is None and backend == "cuda":
         config = tuned_tensor_core_config(problem, precision)
-        if config is not None and problem.dtype == "float16" and config.split_k > 1:
-            config = None  # a float16 output takes no atomic adds: the default config never splits
     if config is None:
         config = implicit_gemm_tc.default_config(problem, backend, precision)
     if not config.tensor_core:

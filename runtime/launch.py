@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from kernelgen.arrays import cpu_kernel_arg
+
 _fill_kernel = None
 
 
@@ -165,7 +167,6 @@ class Launcher:
             if self.zero_output:
                 for name in self.outputs:
                     args[name][:] = 0
-            from kernelgen.arrays import cpu_kernel_arg
             self.kernel(*map(cpu_kernel_arg, ordered))
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None, zero=None):

@@ -49,6 +49,16 @@ def check_config(cfg, precision):
         raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
 
 
+def accepts(cfg, precision):
+    """Would this config build at `precision` (TileConfig.validate and check_config, as a bool)?  The tuner
+    filters its candidates with it, the database the configs of its entries."""
+    try:
+        check_config(cfg.validate(), precision)
+    except ValueError:
+        return False
+    return True
+
+
 def build(p, cfg: TileConfig, precision="tf32"):
     """(ConvProblem, TileConfig with WM, WN, precision) -> Kernel."""
     check_config(cfg, precision)

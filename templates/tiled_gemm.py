@@ -111,19 +111,24 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         lines = BM if is_a else BN
         return swz and operand.fast == "k" and operand.vector and (lines * BK) % (4 * NT) == 0
 
-    def line_of(operand, e, rows, cols, is_a):
-        lines = rows if is_a else cols  # the tile's m (A) or n (B) extent
+    def chunk_of(operand, e, is_a):
+        """(line, q): the line and the 16-byte chunk along k (k = 4 q + e % 4) of element e of a thread that
+        takes 4 consecutive k of one line (chunked or vectorized operands)."""
+        u = tid + (e // 4) * NT
         if chunked(operand, is_a):
             # swizzled layout, operand contiguous along m/n: lanes still walk m/n fastest (coalesced global
             # loads) but each thread takes 4 consecutive k of one line, i.e. one 16-byte chunk of a shared row
             # (one STS.128, and the rotation puts the 8 lanes of a store phase in 8 distinct chunks)
-            u = tid + (e // 4) * NT
-            line, k = u % lines, (u // lines) * 4 + e % 4
-            return (line, k, u < lines * BK // 4) if is_a else (k, line, u < lines * BK // 4)
-        if vectorized(operand, is_a):  # 4 threads per 16-wide row of k: a warp reads 8 lines x 64 bytes
-            u = tid + (e // 4) * NT
-            line, k = u // (BK // 4), (u % (BK // 4)) * 4 + e % 4
-            return (line, k, u < lines * BK // 4) if is_a else (k, line, u < lines * BK // 4)
+            lines = BM if is_a else BN
+            return u % lines, u // lines
+        return u // (BK // 4), u % (BK // 4)  # vectorized: 4 threads per 16-wide row of k, a warp 8 lines x 64 B
+
+    def line_of(operand, e, rows, cols, is_a):
+        lines = rows if is_a else cols  # the tile's m (A) or n (B) extent
+        if chunked(operand, is_a) or vectorized(operand, is_a):
+            (line, q), in_tile = chunk_of(operand, e, is_a), tid + (e // 4) * NT < lines * BK // 4
+            k = q * 4 + e % 4
+            return (line, k, in_tile) if is_a else (k, line, in_tile)
         idx = tid + e * NT
         r, c = _tile_coords(idx, rows, cols, operand.fast == "k" if is_a else operand.fast != "k")
         return r, c, idx < rows * cols
@@ -183,8 +188,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         """Swizzled column of (line, k); for chunked operands from the chunk index directly (k = 4 q + e % 4),
         so the four stores of a chunk are visibly `base + j` and NVVM merges them into one STS.128."""
         if chunked(operand, is_a) or vectorized(operand, is_a):
-            u = tid + (e // 4) * NT
-            q = u // (BM if is_a else BN) if chunked(operand, is_a) else u % (BK // 4)
+            q = chunk_of(operand, e, is_a)[1]
             C = BK // 4
             return ((q + (line % 8) // (8 // C)) % C) * 4 + e % 4
         return swizzled_col(line, k, BK)

@@ -263,9 +263,9 @@ def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch)
     fp16 = [c for _, c in tuner.tc_candidates(p, "fp16")]  # depths 8 and 16: only 16 feeds the 16-bit MMA
     assert fp16[0] == implicit_gemm_tc.default_config(p, "cuda", "fp16") and {c.BK for c in fp16[1:]} == {16}
     assert {c.swizzle for _, c in tuner.tc_candidates(p, "tf32")} == {1, 2}  # BK 8 allows both for TF32
-    assert not tuner.tc_config_ok(TileConfig(64, 64, 32, WM=32, WN=32, swizzle=2), "tf32")
-    assert not tuner.tc_config_ok(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=1), "bf16")
-    assert tuner.tc_config_ok(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=2), "tf32")
+    assert not implicit_gemm_tc.accepts(TileConfig(64, 64, 32, WM=32, WN=32, swizzle=2), "tf32")
+    assert not implicit_gemm_tc.accepts(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=1), "bf16")
+    assert implicit_gemm_tc.accepts(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=2), "tf32")
 
 
 @pytest.fixture

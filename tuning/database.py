@@ -119,11 +119,8 @@ def _usable(problem, variant, cfg, precision="fp32"):
         return False
     if precision not in getattr(v, "PRECISIONS", ("fp32",)):
         return False
-    if precision != "fp32":
-        try:  # a hand-edited or older entry may hold a config this precision rejects (fp16 needs BK % 16 == 0)
-            v.check_config(cfg.validate(), precision)
-        except ValueError:
-            return False
+    if precision != "fp32" and not v.accepts(cfg, precision):  # a hand-edited or older entry's config
+        return False
     return computes(v, problem) and config_ok(v, problem, cfg)
 
 

@@ -106,17 +106,6 @@ def candidates(problem, variants=None, tiles=TILES, keep=None):
     return out
 
 
-def tc_config_ok(cfg, precision):
-    """Does the tensor-core template accept this config at `precision` (TileConfig.validate and
-    implicit_gemm_tc.check_config: swizzle 2 needs BK 8 or 16, fp16/bf16 need BK % 16 == 0)?"""
-    from kernelgen.templates import implicit_gemm_tc
-    try:
-        implicit_gemm_tc.check_config(cfg.validate(), precision)
-    except ValueError:
-        return False
-    return True
-
-
 def tc_cost(problem, cfg):
     """Model time of a tensor-core config: waves of blocks x padded MMA work per block x the tile's SASS
     issue cost per MMA (implicit_gemm_tc.ISSUE_COST) - the terms its default_config weighs, split-K included."""
@@ -146,7 +135,7 @@ def tc_candidate_configs(problem, precision, keep=None):
             for sk in split_choices(problem, bm, bn, bk):
                 for swizzle in (1, 2):
                     cfg = TileConfig(bm, bn, bk, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
-                    if cfg not in out and tc_config_ok(cfg, precision):
+                    if cfg not in out and implicit_gemm_tc.accepts(cfg, precision):
                         out.append(cfg)
     if keep:
         out = out[:1] + sorted(out[1:], key=lambda c: tc_cost(problem, c))[:keep - 1]
