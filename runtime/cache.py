@@ -1,7 +1,9 @@
 """Compiled-kernel cache: in memory, and on disk as real Python modules.
 
 Triton-style: an explicit specialisation key (problem, variant, config, backend, device, version)
-names an entry.  On disk each entry is a generated module `<digest>.py` whose numba decorator has
+names an entry, together with CODE_VERSION: the package version and a digest of the code that renders
+kernels (kernelgen's own modules and the templates), so an edited or upgraded kernelgen never imports a
+kernel that older code generated (Triton keys its cache on its compiler's source the same way).  On disk each entry is a generated module `<digest>.py` whose numba decorator has
 cache=True, so a warm process skips both rendering (the module is imported as it is) and numba
 compilation (numba's own cache sits beside it in __pycache__).
 
@@ -23,9 +25,23 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kernelgen
 from kernelgen import __version__
 
 _HEADER = "# kernelgen-cache {version} {digest} {checksum}\n"
+
+
+def _code_version() -> str:
+    import kernelgen.templates
+    h = hashlib.sha256()
+    for pkg in (kernelgen, kernelgen.templates):
+        root = Path(pkg.__file__).parent
+        for path in sorted(root.glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"{__version__}+{h.hexdigest()[:12]}"
+
+
+CODE_VERSION = _code_version()
 
 
 def cache_dir() -> Path:
@@ -37,7 +53,7 @@ def cache_dir() -> Path:
 
 
 def key_digest(key) -> str:
-    return hashlib.sha256(repr((key, __version__)).encode()).hexdigest()[:24]
+    return hashlib.sha256(repr((key, CODE_VERSION)).encode()).hexdigest()[:24]
 
 
 def _checksum(body: str) -> str:
@@ -93,7 +109,7 @@ class KernelCache:
             return None
         head, _, body = text.partition("\n")
         parts = head.split()
-        ok = (len(parts) == 5 and parts[1] == "kernelgen-cache" and parts[2] == __version__
+        ok = (len(parts) == 5 and parts[1] == "kernelgen-cache" and parts[2] == CODE_VERSION
             and parts[3] == digest and parts[4] == _checksum(body))
         if not ok:
             self.stats.corrupt += 1
@@ -102,7 +118,7 @@ class KernelCache:
 
     def _write(self, path: Path, digest: str, body: str):
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = _HEADER.format(version=__version__, digest=digest, checksum=_checksum(body)) + body
+        text = _HEADER.format(version=CODE_VERSION, digest=digest, checksum=_checksum(body)) + body
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".py")
         with os.fdopen(fd, "w") as f:
             f.write(text)

@@ -157,10 +157,10 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
         t, c0 = taps(kt, ctx)
         return Const(True), Load("w", (inv["base"] + _flatten(t, p.filter_size) * p.Cg + c0 + row,))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         ch = g * p.Kg + n
         row = (m % p.N) * P + m // p.N  # back to (n, position) order
-        return [Store("y", (row * p.K + ch,), epilogue_value(p, value, ch), "atomic" if atomic else False)]
+        return [Store("y", (row * p.K + ch,), epilogue_value(p, value, ch, split), "atomic" if split is not None else False)]
 
     params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype), Buffer("w", (p.K * Kr,), p.dtype)]
     if p.has_bias:
@@ -213,9 +213,9 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
         t, k0 = taps(kt, ctx)
         return Const(True), Load("w", (inv["col"] + ((k0 + row) * TRS + _flatten(t, p.filter_size)) * p.Cg,))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         row = (m % p.N) * _prod(I) + m // p.N
-        return [Store("dx", (row * p.C + g * p.Cg + n,), value, "atomic" if atomic else False)]
+        return [Store("dx", (row * p.C + g * p.Cg + n,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
@@ -277,9 +277,9 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         coords = [o[ax] * p.stride[ax] - p.padding[ax] + t[ax] * p.dilation[ax] for ax in range(3)]
         return all_of(pred), Load("x", ((n * _prod(I) + _flatten(coords, I)) * p.C + inv["c"],))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         off = (((g // TRS) * p.Kg + m) * TRS + g % TRS) * p.Cg + n
-        return [Store("dw", (off,), value, "atomic" if atomic else False)]
+        return [Store("dw", (off,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("x", (p.N * _prod(I) * p.C,), p.dtype), Buffer("dy", (Kr * p.K,), p.dtype),
               Buffer("dw", (p.K * TRS * p.Cg,), p.dtype, role="out"))

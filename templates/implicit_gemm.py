@@ -12,7 +12,7 @@ per element.  Bounds tests are emitted only for dims that can leave the tensor (
 """
 from __future__ import annotations
 
-from ..ir import Buffer, Const, Load, Store, all_of, maximum
+from ..ir import Buffer, Const, Load, Store, all_of, maximum, select
 
 from .config import TileConfig
 from .tiled_gemm import GemmView, Operand, tiled_gemm
@@ -57,9 +57,14 @@ def _in_range(coords, sizes, needed):
            [c < n for c, n, need in zip(coords, sizes, needed) if need]
 
 
-def epilogue_value(p, value, bias_index):
+def epilogue_value(p, value, bias_index, split=None):
+    """bias and activation of a finished output; split (the split-K index expression, None without split-K):
+    the partial sums of all splits add up in y, so only split 0 adds the bias and no activation is possible."""
+    if split is not None and p.activation:
+        raise ValueError(f"config: split_k must be 1 with activation={p.activation!r}")
     if p.has_bias:
-        value = value + Load("bias", (bias_index,))
+        bias = Load("bias", (bias_index,))
+        value = value + (bias if split is None else select(split.eq(0), bias, Const(0.0)))
     if p.activation == "relu":
         value = maximum(value, Const(0.0))
     return value
@@ -92,11 +97,9 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
         pred = ([kk < Kr] if Kr % cfg.BK else [])
         return all_of(pred), Load("w", (inv["base"] + kk,))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         ch = g * p.Kg + n
-        if atomic and p.activation:  # split-K adds partial sums: an activation of each part would be wrong
-            raise ValueError(f"config: split_k must be 1 with activation={p.activation!r}")
-        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch), "atomic" if atomic else False)]
+        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch, split), "atomic" if split is not None else False)]
 
     params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
               Buffer("w", (p.K * Kr,), p.dtype)]
@@ -151,8 +154,8 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
         pred = [kk < Kr] if Kr % cfg.BK else []
         return all_of(pred), Load("w", (inv["col"] + (k * TRS + tap) * p.Cg,))
 
-    def store(m, n, g, value, atomic):
-        return [Store("dx", (m * p.C + g * p.Cg + n,), value, "atomic" if atomic else False)]
+    def store(m, n, g, value, split):
+        return [Store("dx", (m * p.C + g * p.Cg + n,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("dy", (p.N * _prod(p.out_size) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
@@ -192,8 +195,8 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
         return all_of(pred), Load("x", (off,))
 
-    def store(m, n, g, value, atomic):
-        return [Store("dw", ((g * p.Kg + m) * Ng + n,), value, "atomic" if atomic else False)]
+    def store(m, n, g, value, split):
+        return [Store("dw", ((g * p.Kg + m) * Ng + n,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
               Buffer("dy", (Kr * p.K,), p.dtype), Buffer("dw", (p.K * Ng,), p.dtype, role="out"))

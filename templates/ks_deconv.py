@@ -108,13 +108,13 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
         pred = [t[ax] < T[ax] for ax in range(3) if T[ax] % st[ax]] + ([kk < Kr] if Kr % cfg.BK else [])
         return all_of(pred), Load("w", (inv["col"] + (k * TRS + _flatten(t, T)) * p.Cg,))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         grp, _, i0, _ = split_class(g)
         nb, *u = _unflatten(m, (p.N,) + tuple(U))
         i = [i0[ax] + u[ax] * st[ax] for ax in range(3)]
         ok = all_of([u[ax] < class_size(i0[ax], ax) for ax in range(3) if I[ax] % st[ax]])
         off = (nb * _prod(I) + _flatten(i, I)) * p.C + grp * p.Cg + n
-        return [If(ok, (Store("dx", (off,), value, "atomic" if atomic else False),))]
+        return [If(ok, (Store("dx", (off,), value, "atomic" if split is not None else False),))]
 
     params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (p.N * _prod(I) * p.C,), p.dtype, role="out"))
@@ -186,13 +186,13 @@ def ks_v2_view(p, cfg: TileConfig) -> GemmView:
         _, _, t, k0 = taps(kt, ctx)
         return Const(True), Load("w", (inv["col"] + ((k0 + row) * TRS + _flatten(t, T)) * p.Cg,))
 
-    def store(m, n, g, value, atomic):
+    def store(m, n, g, value, split):
         grp, _, i0, _ = split_class(g)
         u = _unflatten(m // p.N, tuple(U))
         i = [i0[ax] + u[ax] * st[ax] for ax in range(3)]
         ok = all_of([i[ax] < I[ax] for ax in range(3) if I[ax] % st[ax]])
         off = ((m % p.N) * _prod(I) + _flatten(i, I)) * p.C + grp * p.Cg + n
-        return [If(ok, (Store("dx", (off,), value, "atomic" if atomic else False),))]
+        return [If(ok, (Store("dx", (off,), value, "atomic" if split is not None else False),))]
 
     params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (p.N * _prod(I) * p.C,), p.dtype, role="out"))

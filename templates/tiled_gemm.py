@@ -51,7 +51,7 @@ class GemmView:
     groups: int          # independent GEMMs, one per grid-z slice
     a: Operand
     b: Operand
-    store: Callable      # (m, n, g, value, atomic) -> list of statements
+    store: Callable      # (m, n, g, value, split) -> list of statements; split: the split-K index or None
     params: tuple        # global Buffers, in kernel-argument order
     dtype: str = "float32"
     doc: str = ""
@@ -96,6 +96,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     b_frag = Buffer("b_frag", (TN,), dt, "register")
     tid, bm, bn, bz = Var("tid"), Var("bm"), Var("bn"), Var("bz")
     g = bz // SK if SK > 1 else bz
+    split = bz % SK if SK > 1 else None  # which part of the reduction this block adds
     m0, n0 = bm * BM, bn * BN
     ctx = BlockContext(g, m0, n0)
 
@@ -222,14 +223,14 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         ), "unroll")]
 
     # --- epilogue: guarded stores through the view ----------------------------------------------
-    epilogue = list(thread_xy) if not wmma else wmma.epilogue(tid, view, m0, n0, g, SK > 1)
+    epilogue = list(thread_xy) if not wmma else wmma.epilogue(tid, view, m0, n0, g, split)
     for i in range(TM if not wmma else 0):
         for j in range(TN):
             m, n = m0 + ty * TM + i, n0 + tx * TN + j
             guard = all_of(([m < view.M] if view.M % BM else []) + ([n < view.N] if view.N % BN else []))
-            epilogue.append(If(guard, tuple(view.store(m, n, g, acc[i, j], SK > 1))))
+            epilogue.append(If(guard, tuple(view.store(m, n, g, acc[i, j], split))))
 
-    k_lo = (bz % SK) * kt_per_split if SK > 1 else Const(0)
+    k_lo = split * kt_per_split if SK > 1 else Const(0)
     k_extent = kt_per_split if SK > 1 else nkt
     if view.k_tiles is not None:  # the reduction length depends on the block
         if SK > 1 or S > 1:

@@ -182,7 +182,7 @@ class WarpMma:
                 For("tid", NT_threads, (For("ks", steps, (For("mt", MT, (For("nt", NT, (mma,), "unroll"),),
                                                                        "unroll"),), "unroll"),), "thread")]
 
-    def epilogue(self, tid, view, m0, n0, g_, atomic):
+    def epilogue(self, tid, view, m0, n0, g_, split):
         """Guarded stores of the accumulators through the view: acc[i, j, r] is D[g + 8 (r // 2), 2 t + r % 2]
         of MMA tile (i, j)."""
         cfg = self.cfg
@@ -194,5 +194,5 @@ class WarpMma:
                     m = m0 + wm * cfg.WM + (i * 16 + 8 * (r // 2)) + g
                     n = n0 + wn * cfg.WN + (j * 8 + r % 2) + t * 2
                     guard = all_of(([m < view.M] if view.M % cfg.BM else []) + ([n < view.N] if view.N % cfg.BN else []))
-                    out.append(If(guard, tuple(view.store(m, n, g_, self.acc[i, j, r], atomic))))
+                    out.append(If(guard, tuple(view.store(m, n, g_, self.acc[i, j, r], split))))
         return out

@@ -89,6 +89,18 @@ def test_backward_weight_split_k_atomics(split_k, stages, rng, assert_close):
     assert_close(got, want, "float32", f"split_k={split_k} stages={stages}")
 
 
+def test_forward_split_k_adds_the_bias_once(rng, assert_close):
+    """Every split adds its partial sum into y; the bias belongs to one of them (split 0) only."""
+    p, inputs, want = host_inputs("fwd", *CASES["2d_bias_stride"], rng, bias=True)
+    launcher, got = launch_poisoned(p, inputs, TileConfig(BM=8, BN=16, BK=4, TM=2, TN=2, split_k=2))
+    assert launcher.zero_output and p.has_bias
+    assert_close(got, want, "float32", "split_k=2 with bias")
+    relu = make_problem("fwd", *CASES["2d_bias_stride"][:2], has_bias=True, activation="relu",
+                        **CASES["2d_bias_stride"][2])
+    with pytest.raises(ValueError, match="split_k must be 1 with activation"):
+        make_plan(relu, "cuda", algo="implicit_gemm", config=TileConfig(8, 16, 4, 2, 2, split_k=2)).kernel_ir()
+
+
 def test_relu_epilogue(rng, assert_close):
     x_shape, w_shape, kw = CASES["2d_bias_stride"]
     p = make_problem("fwd", x_shape, w_shape, has_bias=True, activation="relu", **kw)

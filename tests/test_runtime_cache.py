@@ -16,6 +16,7 @@ import numpy as np
 
 import kernelgen
 from kernelgen import reference as ref
+from kernelgen.runtime import cache
 from kernelgen.runtime.cache import KERNELS
 
 CHILD = textwrap.dedent("""
@@ -80,10 +81,18 @@ def test_corrupt_or_truncated_entry_is_rebuilt(tmp_path):
     entry.write_text(text[: len(text) // 2])  # truncated mid-file: the checksum no longer matches
     stats = run_child(tmp_path)
     assert stats["corrupt"] == 1 and stats["misses"] == 1
-    entry.write_text(text.replace("kernelgen-cache " + kernelgen.__version__, "kernelgen-cache 0.0.0-old", 1))
+    entry.write_text(text.replace("kernelgen-cache " + cache.CODE_VERSION, "kernelgen-cache 0.0.0-old", 1))
     stats = run_child(tmp_path)  # another version's entry is not trusted either
     assert stats["corrupt"] == 1 and stats["misses"] == 1
     assert run_child(tmp_path)["disk_hits"] == 1  # and the rebuilt entry is good
+
+
+def test_key_names_the_code_that_rendered_it(monkeypatch):
+    """An edited template (same package version) must not import kernels the old code generated."""
+    assert cache.CODE_VERSION.startswith(kernelgen.__version__ + "+")
+    before = cache.key_digest(("fwd", "implicit_gemm"))
+    monkeypatch.setattr(cache, "CODE_VERSION", kernelgen.__version__ + "+000000000000")
+    assert cache.key_digest(("fwd", "implicit_gemm")) != before
 
 
 def test_two_processes_fill_one_directory_at_once(tmp_path):
