@@ -65,10 +65,21 @@ def states_for(p, cfg):
 MAX_SHARED = 48 * 1024  # numba's static shared arrays
 
 
+def reduction_steps(p, cfg):
+    """Steps of the shared reduction: filter rows x channel chunks of BK (split_k divides them)."""
+    _, _, _, _, cin, _, _, _, _ = conv_geometry(p)
+    return p.filter_size[0] * p.filter_size[1] * -(-cin // cfg.BK)
+
+
+def split_ok(p, cfg):
+    """split_k > 1: whole steps per split, and no activation (each split adds a partial sum into y)."""
+    return cfg.split_k == 1 or (reduction_steps(p, cfg) % cfg.split_k == 0 and not p.activation)
+
+
 def config_ok(p, cfg):
     alpha = states_for(p, cfg)
     itemsize = 8 if p.dtype == "float64" else 4
-    return (alpha is not None and cfg.split_k == 1 and cfg.BM % cfg.TM == 0
+    return (alpha is not None and split_ok(p, cfg) and cfg.BM % cfg.TM == 0
             and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= 1024
             and shared_bytes(cfg, alpha, itemsize) <= MAX_SHARED)
 

@@ -84,6 +84,10 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     nkc = _cdiv(Cin, BK)                # channel chunks per filter row
     dt = p.dtype
     EV, EU = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)  # (tile, channel) / (channel, k) pairs per thread
+    SK, nsteps = cfg.split_k, T * R * nkc
+    if nsteps % SK:
+        raise ValueError(f"config: split_k must divide the {nsteps} Winograd reduction steps, got {cfg}")
+    per_split = nsteps // SK
 
     SP = cfg.stages
     lead = (SP,) if SP > 1 else ()  # a stage axis only when pipelined: stages=1 renders as it always did
@@ -99,7 +103,10 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     # per-thread invariants of the tiles this thread gathers (index math hoisted out of the k loop)
     iv = {nm: Buffer(f"iv_{nm}", (EV,), "int64", "register") for nm in ("base", "d", "h", "w")}
     iu = Buffer("iu_base", (EU,), "int64", "register")
-    tid, g = Var("tid"), Var("bz")
+    tid, bz = Var("tid"), Var("bz")
+    g = bz // SK if SK > 1 else bz
+    split = bz % SK if SK > 1 else None  # split-K: this block adds steps split*per_split.. into a zeroed y
+    k_lo = split * per_split if SK > 1 else Const(0)
     m0, n0 = Var("bm") * BM, Var("bn") * BN
     t, r, cb = Var("t"), Var("r"), Var("cb")
 
@@ -213,43 +220,47 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
         ow = tw * n + o
         value = _combo(AT[o], [acc[a, iv_, jv] for a in range(alpha)])
         if not bwd:
-            value = epilogue_value(p, value, kch)
-        st = _store(dst, (orow * OW + ow) * KS + kch, value)
+            value = epilogue_value(p, value, kch, split)
+        st = _store(dst, (orow * OW + ow) * KS + kch, value, SK > 1)
         stores.append(If(ow < OW, (st,)) if OW % n else st)
     stores = [If(all_of(guard), tuple(stores))] if guard else stores
     epilogue = list(thread_xy) + [unroll("i", TM, [unroll("j", TN, stores)])]
 
+    def position(ks):  # (t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops
+        return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
+                _assign("r", ((ks // nkc) % R if nkc > 1 else ks % R) if R > 1 else Const(0)),
+                _assign("cb", ks % nkc if nkc > 1 else Const(0))]
+
     if SP == 1:
-        step = (For("tid", NT, tuple(stage), "thread"), Barrier(),
-                For("tid", NT, tuple(thread_xy + products(())), "thread"), Barrier())
-        kloop = (For("t", T, (For("r", R, (For("cb", nkc, step, "serial"),), "serial"),), "serial"),)
+        def step(where):
+            return (For("tid", NT, tuple(where + stage), "thread"), Barrier(),
+                    For("tid", NT, tuple(thread_xy + products(())), "thread"), Barrier())
+        if SK == 1:
+            kloop = (For("t", T, (For("r", R, (For("cb", nkc, step([]), "serial"),), "serial"),), "serial"),)
+        else:  # the split's steps, flattened
+            kloop = (For("ks", per_split, step(position(Var("ks"))), "serial", start=k_lo),)
         block = (For("tid", NT, tuple(prologue), "thread"),) + kloop
     else:
-        nsteps = T * R * nkc
-
-        def position(ks):  # (t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops
-            return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
-                    _assign("r", ((ks // nkc) % R if nkc > 1 else ks % R) if R > 1 else Const(0)),
-                    _assign("cb", ks % nkc if nkc > 1 else Const(0))]
-
         def one_step(ks, st, last_possible):
             # step ks computes from stage st while step ks + 1 fills the other; its loads are in flight
             # during the products, the barrier after the commit orders both halves of the next step
             nxt = ks + 1
-            guard = (lambda b: [If(nxt < nsteps, tuple(b))]) if last_possible else list
+            guard = (lambda b: [If(nxt < end, tuple(b))]) if last_possible else list
             phase = thread_xy + guard(position(nxt) + fetch) + products((st,)) + guard(commit(1 - st))
             return (For("tid", NT, tuple(phase), "thread"), Barrier())
 
         kp = Var("kp")
+        end = k_lo + per_split if SK > 1 else Const(nsteps)
+        ks0 = (lambda j: k_lo + j) if SK > 1 else (lambda j: j)
         # pairs of steps: a constant stage per half; only the second half of an even count can be the last
-        kloop = (For("kp", nsteps // 2, one_step(kp * 2, 0, False) + one_step(kp * 2 + 1, 1, nsteps % 2 == 0),
-                     "serial"),)
-        if nsteps % 2:
-            kloop += one_step(Const(nsteps - 1), 0, True)
-        first = [Comment("first step: global -> shared"), *position(Const(0)), *fetch, *commit(0)]
+        kloop = (For("kp", per_split // 2, one_step(ks0(kp * 2), 0, False)
+                     + one_step(ks0(kp * 2 + 1), 1, per_split % 2 == 0), "serial"),)
+        if per_split % 2:
+            kloop += one_step(ks0(Const(per_split - 1)), 0, True)
+        first = [Comment("first step: global -> shared"), *position(k_lo), *fetch, *commit(0)]
         block = (For("tid", NT, tuple(prologue + first), "thread"), Barrier()) + kloop
     block += (For("tid", NT, tuple(epilogue), "thread"),)
-    grid = (_cdiv(M, BM), _cdiv(Kout, BN), p.groups)
+    grid = (_cdiv(M, BM), _cdiv(Kout, BN), p.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
     params = [Buffer(src, (p.N * ID * IH * IW * CS,), dt), Buffer("w", (p.K * TRS * p.Cg,), dt)]
@@ -260,7 +271,7 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     locals_ = (V, U, acc, vf, uf) + staging + (iu,) + tuple(iv.values())
     meta = {"doc": f"im2col-winograd F({n},{S}), {alpha} states, {p.direction}: {alpha} GEMMs "
                    f"[{M} tiles x {Kout}] reduced over {T * R} filter rows x {Cin} channels",
-            "config": str(cfg), "zero_output": False,
+            "config": str(cfg), "zero_output": SK > 1,
             "work": p.N * OD * OH * OW * Kout * p.groups * TRS * Cin,  # direct-conv MACs (the FLOP count reported)
             "gemm_macs": alpha * M * Kout * p.groups * T * R * Cin,
             # two blocks per SM: NVVM otherwise takes ~145 registers for the 8-state 3x3 kernels (one
@@ -273,8 +284,8 @@ def _load(buf, index):
     return Load(buf, (as_expr(index),))
 
 
-def _store(buf, index, value):
-    return Store(buf, (as_expr(index),), as_expr(value))
+def _store(buf, index, value, atomic=False):
+    return Store(buf, (as_expr(index),), as_expr(value), "atomic" if atomic else False)
 
 
 def _assign(name, value):

@@ -234,7 +234,10 @@ def test_configs(monkeypatch):
         assert cfg.stages == winograd.preferred_stages(cfg)  # pipelined where the registers allow
         assert {c.stages for _, c in cands} == {1, 2}
         assert winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, stages=2, states=cfg.states))
-        assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=2, states=cfg.states))
+        assert winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=2, states=cfg.states))
+        assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, split_k=9, states=cfg.states))  # 8 S steps
+        relu = make_problem("fwd", (32, width, width, 64), (64, S, S, 64), padding=S // 2, activation="relu")
+        assert not winograd.config_ok(relu, TileConfig(32, 64, 8, 2, 4, split_k=2, states=cfg.states))
     p = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), padding=1)
     assert not winograd.config_ok(p, TileConfig(128, 128, 16, 8, 8, states=8))      # 64 KiB of shared memory
     assert winograd.config_ok(p, TileConfig(64, 32, 8, 4, 2, stages=2, states=8))  # 2 x 24 KiB: just fits
@@ -293,6 +296,25 @@ def test_simulator_forward_and_backward_data(alpha, r):
         got, want = _case(rng, alpha, r, direction, dtype=np.float32, H=2, C=3, K=3, pad=1, cfg=TINY,
                           backend="cuda", bias=direction == "fwd")
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("stages", [1, 2])
+def test_simulator_split_k(stages):
+    """split_k blocks each add a part of the 6 reduction steps (2 filter rows x 3 chunks of C = 5) into the
+    zeroed output: 2 splits of 3 steps (the 2-stage pair and its tail), 3 of 2; the bias only once (K = 5:
+    backward-data reduces over 3 chunks of K too).  A split
+    that does not divide the steps is refused before anything runs."""
+    rng = np.random.default_rng()
+    for split in (2, 3):
+        cfg = TileConfig(**{**TINY.as_dict(), "stages": stages, "split_k": split})
+        for direction in ("fwd", "bwd_data"):
+            got, want = _case(rng, 4, 3, direction, dtype=np.float32, H=2, C=5, K=5, pad=1, cfg=cfg,
+                              backend="cuda", bias=direction == "fwd")
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    p = make_problem("fwd", (1, 4, 6, 5), (3, 2, 3, 5), padding=1)
+    with pytest.raises(ValueError, match="split_k must divide the 6 Winograd reduction steps"):
+        winograd.build(p, TileConfig(**{**TINY.as_dict(), "split_k": 4}), 4)
 
 
 def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
@@ -363,12 +385,14 @@ def test_gpu_table_shapes(name, direction, rng, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("states", [4, 8])
-def test_gpu_every_output_written_ragged(states, stages, rng):
+def test_gpu_every_output_written_ragged(states, stages, split_k, rng):
     """NaN-poisoned output; tiles, channels and widths ragged against the default tile; C = 37 over BK 8 x
-    3 filter rows = 15 steps (odd: the 2-stage tail step runs)."""
-    cfg = TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, stages=stages, states=states)
+    3 filter rows = 15 steps (odd: the 2-stage tail step runs; 3 splits of 5 steps, bias added once)."""
+    cfg = TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, stages=stages, states=states,
+                     split_k=split_k)
     if winograd.shared_bytes(cfg, states) > winograd.MAX_SHARED:  # 8 states, 2 stages: unpadded rows
         cfg = TileConfig(**{**cfg.as_dict(), "smem_pad": 0})
     got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True, cfg=cfg, backend="cuda",
