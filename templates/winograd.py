@@ -163,8 +163,23 @@ def candidate_configs(p, states=None):
                 cfg = TileConfig(*t, smem_pad=4, stages=stages, states=alpha)
                 if config_ok(p, cfg):
                     out.append(cfg)
-    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.stages != preferred_stages(c))
+                    out += [c for c in split_variants(p, cfg) if config_ok(p, c)]
+    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.stages != preferred_stages(c),
+                     c.split_k)
     return sorted(out, key=key)
+
+
+def split_variants(p, cfg):
+    """split_k 2 and 4 of a tile whose grid leaves SMs idle (fewer blocks than fit at once): on the H100 that
+    won 5-6 % on the 7x7 layer's 168 blocks and r50_3x3_7 backward-data, and lost 5-25 % on fuller grids
+    (atomics into a zeroed y; tuning/results/2026-11-23_h100_winograd_split_k.json), so only the tuner tries it."""
+    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
+    tiles = p.N * OD * OH * -(-OW // (cfg.states - p.filter_size[2] + 1))
+    blocks = -(-tiles // cfg.BM) * -(-kout // cfg.BN) * p.groups
+    per_sm = CUDA_TILES[cfg.states][(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN)][1]
+    if blocks >= SM_COUNT * per_sm:
+        return []
+    return [TileConfig(**{**cfg.as_dict(), "split_k": k}) for k in (2, 4)]
 
 
 def preferred_stages(cfg):

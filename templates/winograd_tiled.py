@@ -37,7 +37,7 @@ from ..ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Load
 from .config import TileConfig
 from .implicit_gemm import epilogue_value
 from .tiled_gemm import _cdiv
-from .winograd_transforms import winograd_matrices
+from .winograd_transforms import row_pairs, winograd_matrices
 
 
 def _combo(coeffs, terms):
@@ -49,6 +49,22 @@ def _combo(coeffs, terms):
         term = t if c == 1 else Const(float(c)) * t
         out = term if out is None else out + term
     return out if out is not None else Const(0.0)
+
+
+def _transform(m, terms, name):
+    """(temporaries, [row . terms for each row of m]): the rows of points p and -p (row_pairs) share their even
+    and odd halves E and O, each computed once into a temporary: E + O and lam (E - O)."""
+    pre, out = [], [None] * len(m)
+    for k, (i, j, lam, odd) in enumerate(row_pairs(m)):
+        e, o = Var(f"{name}_e{k}"), Var(f"{name}_o{k}")
+        pre += [_assign(e.name, _combo([0 if c in odd else v for c, v in enumerate(m[i])], terms)),
+                _assign(o.name, _combo([v if c in odd else 0 for c, v in enumerate(m[i])], terms))]
+        out[i] = e + o
+        out[j] = e - o if lam == 1 else o - e if lam == -1 else Const(float(lam)) * (e - o)
+    for i, row in enumerate(m):
+        if out[i] is None:
+            out[i] = _combo(row, terms)
+    return pre, out
 
 
 def _lin(*pairs):
@@ -178,10 +194,12 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
         return unroll("eu", EU, guarded(body, u_in, BK * BN))
 
     def v_commit(st, items):
-        return [V.store(st + (a, *v_at), _combo(BT[a], items)) for a in range(alpha)]
+        pre, values = _transform(BT, items, "bt")
+        return pre + [V.store(st + (a, *v_at), values[a]) for a in range(alpha)]
 
     def u_commit(st, items):
-        return [U.store(st + (a, *u_at), _combo(G[a], items)) for a in range(alpha)]
+        pre, values = _transform(G, items, "g")
+        return pre + [U.store(st + (a, *u_at), values[a]) for a in range(alpha)]
 
     header = Comment(f"V = BT d: {alpha} input items per (tile, channel); U = G g per (channel, k)")
     if SP == 1:

@@ -79,6 +79,33 @@ def winograd_matrices(n: int, r: int):
     return AT, G, BT
 
 
+@lru_cache(maxsize=None)
+def row_pairs(m):
+    """Rows i < j of a transform with m[j] = lam * (E - O) where m[i] = E + O, E and O the parts of row i on
+    complementary columns: the rows of the points p and -p, whose powers agree on even exponents and differ in
+    sign on odd ones (BT's and G's rows, AT's columns).  E and O are then computed once for both rows, about
+    halving the multiply-adds of a transform.  Returns ((i, j, lam, odd columns), ...); only pairs that save."""
+    nz = lambda row: [c for c, v in enumerate(row) if v != 0]
+    out, used = [], set()
+    for i, a in enumerate(m):
+        for j in range(i + 1, len(m)):
+            b = m[j]
+            if i in used or j in used or nz(a) != nz(b) or not nz(a):
+                continue
+            c0 = nz(a)[0]
+            lam = b[c0] / a[c0]
+            odd = tuple(c for c in nz(a) if b[c] == -lam * a[c])
+            if len(odd) in (0, len(nz(a))) or any(b[c] != lam * a[c] for c in nz(a) if c not in odd):
+                continue
+            # two rows of k terms: 2 (k - 1) operations alone; paired E and O, their sum and difference and
+            # the scale: k + (|lam| != 1)
+            if len(nz(a)) - 2 - (abs(lam) != 1) <= 0:
+                continue
+            out.append((i, j, lam, odd))
+            used |= {i, j}
+    return tuple(out)
+
+
 def tile_width(alpha: int, r: int) -> int:
     """Outputs per tile n for a state count alpha and filter width r."""
     return alpha - r + 1
