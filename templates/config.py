@@ -26,6 +26,9 @@ class TileConfig:
     swizzle=2: as 1, and A's rows g and g + 8 of each 16-row MMA tile interleaved word by word, so a lane's
     A words arrive from LDS.128 already in the MMA's fragment register order (no register moves per MMA;
     warp_mma.interleaved_col).  BK 8 or 16.
+    state_groups > 1 (Winograd only): the states of a block tile are split over that many groups of threads,
+    each holding TM x TN outputs of states / state_groups states, so a thread's register tile is larger per state
+    (fewer shared loads per FMA); the groups add their parts of the outputs in turn in the epilogue.
     min_blocks > 0: CUDA launch bounds (threads, min_blocks): ptxas caps registers so that min_blocks
     blocks fit on an SM.  Both 0 by default and then absent from the string and dict.
     """
@@ -42,6 +45,7 @@ class TileConfig:
     states: int = 0
     swizzle: int = 0
     min_blocks: int = 0
+    state_groups: int = 1
 
     @property
     def tensor_core(self):
@@ -51,7 +55,7 @@ class TileConfig:
     def threads(self):
         if self.tensor_core:
             return 32 * (self.BM // self.WM) * (self.BN // self.WN)
-        return (self.BM // self.TM) * (self.BN // self.TN)
+        return (self.BM // self.TM) * (self.BN // self.TN) * self.state_groups
 
     def validate(self):
         if self.WM or self.WN:
@@ -72,6 +76,8 @@ class TileConfig:
             raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0, 1 or 2, got {self}")
         if self.stages not in (1, 2):
             raise ValueError(f"TileConfig: stages must be 1 or 2, got {self.stages}")
+        if self.state_groups < 1:
+            raise ValueError(f"TileConfig: state_groups must be >= 1, got {self.state_groups}")
         if self.split_k < 1:
             raise ValueError(f"TileConfig: split_k must be >= 1, got {self.split_k}")
         return self
@@ -83,6 +89,8 @@ class TileConfig:
         for k in ("states", "swizzle", "min_blocks"):  # newer fields: absent while unused (keys, entries unchanged)
             if not d[k]:
                 del d[k]
+        if d["state_groups"] == 1:
+            del d["state_groups"]
         return d
 
     def __str__(self):
@@ -102,6 +110,8 @@ class TileConfig:
             s += "_SWZ" if self.swizzle == 1 else f"_SWZ{self.swizzle}"
         if self.min_blocks:
             s += f"_MB{self.min_blocks}"
+        if self.state_groups > 1:
+            s += f"_SG{self.state_groups}"
         return s
 
     @classmethod
@@ -109,7 +119,8 @@ class TileConfig:
         """The inverse of str(): "BM64_BN32_BK8_TM4_TN2_PAD4_S2_A8" -> TileConfig (tuning records name
         their candidates this way)."""
         fields = {"BM": "BM", "BN": "BN", "BK": "BK", "TM": "TM", "TN": "TN", "WM": "WM", "WN": "WN",
-                  "SK": "split_k", "PAD": "smem_pad", "S": "stages", "A": "states", "MB": "min_blocks"}
+                  "SK": "split_k", "PAD": "smem_pad", "S": "stages", "A": "states", "MB": "min_blocks",
+                  "SG": "state_groups"}
         kw = {}
         for part in str(text).split("_"):
             m = re.fullmatch(r"([A-Z]+)(\d*)", part)

@@ -73,6 +73,8 @@ def _tile_coords(idx, rows, cols, fast_is_col):
 def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf32") -> Kernel:
     """precision: the tensor-core operand format ("tf32", "fp16", "bf16"); fp32 configs ignore it."""
     cfg.validate()
+    if cfg.state_groups != 1:
+        raise ValueError(f"config: state_groups is a Winograd schedule field; {name} needs 1, got {cfg}")
     BM, BN, BK, TM, TN, NT = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads
     SK = cfg.split_k
     dt = compute_dtype(view.dtype)  # shared tiles and registers: float32 for float16 storage

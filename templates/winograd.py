@@ -72,7 +72,11 @@ def reduction_steps(p, cfg):
 
 
 def split_ok(p, cfg):
-    """split_k > 1: whole steps per split, and no activation (each split adds a partial sum into y)."""
+    """split_k > 1: whole steps per split, and no activation (each split adds a partial sum into y).
+    state_groups > 1: divides the states, split_k 1 and no activation (the groups add their parts of y in turn)."""
+    alpha = states_for(p, cfg)
+    if cfg.state_groups > 1 and (alpha % cfg.state_groups or cfg.split_k > 1 or p.activation):
+        return False
     return cfg.split_k == 1 or (reduction_steps(p, cfg) % cfg.split_k == 0 and not p.activation)
 
 

@@ -109,7 +109,12 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     lead = (SP,) if SP > 1 else ()  # a stage axis only when pipelined: stages=1 renders as it always did
     V = Buffer("V", lead + (alpha, BK, BM + pad), dt, "shared")
     U = Buffer("U", lead + (alpha, BK, BN + pad), dt, "shared")
-    acc = Buffer("acc", (alpha, TM, TN), dt, "register")
+    SG = cfg.state_groups  # thread groups that split the states (each AL of them); 1: every thread has all
+    if alpha % SG or (SG > 1 and (cfg.split_k > 1 or p.activation)):
+        raise ValueError(f"config: state_groups must divide the {alpha} states and needs split_k=1 and no activation "
+                         f"(the groups add their parts of y in turn), got {cfg}")
+    AL = alpha // SG
+    acc = Buffer("acc", (AL, TM, TN), dt, "register")
     vf = Buffer("vf", (TM,), dt, "register")
     uf = Buffer("uf", (TN,), dt, "register")
     d = Buffer("d", (alpha,), dt, "register")
@@ -160,7 +165,7 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
                                                            (corner[2], IW)) * CS + g * Cin)]),
                 unroll("eu", EU, [iu.store(eu, (g * Cin * TRS * p.Cg + n0 + col) if bwd
                                            else (g * Kout + n0 + col) * TRS * p.Cg)]),
-                unroll("a", alpha, [unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), Const(0.0))])])])]
+                unroll("a", AL, [unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), Const(0.0))])])])]
 
     # --- gather + transform one reduction step into shared memory ---------------------------------
     need_lo = [pads[0] > 0, pads[1] > 0, pads[2] > 0]
@@ -216,15 +221,21 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
                     u_loop(u_commit((st,), [gv[eu, s] for s in range(S)]))]
 
     # --- alpha register-tiled outer products per channel of the chunk -----------------------------
-    ty, tx = Var("ty"), Var("tx")
-    thread_xy = [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
-                 *[_assign("ty", tid // (BN // TN)), _assign("tx", tid % (BN // TN))]]
+    ty, tx, sg = Var("ty"), Var("tx"), Var("sg")
+    if SG == 1:
+        thread_xy = [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
+                     *[_assign("ty", tid // (BN // TN)), _assign("tx", tid % (BN // TN))]]
+    else:  # the group index in the high bits of tid: whole warps share their states (broadcast V/U reads)
+        per = NT // SG
+        thread_xy = [Comment(f"thread (sg, ty, tx) owns states sg*{AL}.., tiles ty*TM.. and channels tx*TN.."),
+                     _assign("sg", tid // per), _assign("ty", (tid % per) // (BN // TN)), _assign("tx", tid % (BN // TN))]
+    state = (lambda a: sg * AL + a) if SG > 1 else (lambda a: a)
     kc = Var("kc")
 
     def products(st):
-        return [unroll("kc", BK, [unroll("a", alpha, [
-            unroll("i", TM, [vf.store(iv_, V[st + (av, kc, ty * TM + iv_)])]),
-            unroll("j", TN, [uf.store(jv, U[st + (av, kc, tx * TN + jv)])]),
+        return [unroll("kc", BK, [unroll("a", AL, [
+            unroll("i", TM, [vf.store(iv_, V[st + (state(av), kc, ty * TM + iv_)])]),
+            unroll("j", TN, [uf.store(jv, U[st + (state(av), kc, tx * TN + jv)])]),
             unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), vf[iv_] * uf[jv], accumulate=True)])])])])]
 
     # --- epilogue: y = AT M per (tile, channel), n outputs, trimmed at the row end ------------------
@@ -233,16 +244,29 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     kk = n0 + tx * TN + jv
     kch = g * Kout + kk
     guard = ([m < M] if M % BM else []) + ([kk < Kout] if Kout % BN else [])
-    stores = []
-    for o in range(n):
-        ow = tw * n + o
-        value = _combo(AT[o], [acc[a, iv_, jv] for a in range(alpha)])
-        if not bwd:
-            value = epilogue_value(p, value, kch, split)
-        st = _store(dst, (orow * OW + ow) * KS + kch, value, SK > 1)
-        stores.append(If(ow < OW, (st,)) if OW % n else st)
-    stores = [If(all_of(guard), tuple(stores))] if guard else stores
-    epilogue = list(thread_xy) + [unroll("i", TM, [unroll("j", TN, stores)])]
+
+    def outputs(grp):
+        """The n outputs of (tile i, channel j) from the states of group grp: group 0 stores them (with the
+        bias), the others add theirs in turn."""
+        stores = []
+        for o in range(n):
+            ow = tw * n + o
+            value = _combo(AT[o][grp * AL:(grp + 1) * AL], [acc[a, iv_, jv] for a in range(AL)])
+            if not bwd and grp == 0:
+                value = epilogue_value(p, value, kch, split)
+            at = (orow * OW + ow) * KS + kch
+            st = _store(dst, at, value, SK > 1) if grp == 0 else Store(dst, (as_expr(at),), value, accumulate=True)
+            stores.append(If(ow < OW, (st,)) if OW % n else st)
+        stores = [If(all_of(guard), tuple(stores))] if guard else stores
+        return [unroll("i", TM, [unroll("j", TN, stores)])]
+
+    if SG == 1:
+        epilogue = (For("tid", NT, tuple(list(thread_xy) + outputs(0)), "thread"),)
+    else:  # one group after another, a barrier between: the adds read what the group before stored
+        epilogue = ()
+        for grp in range(SG):
+            epilogue += (Barrier(),) if grp else ()
+            epilogue += (For("tid", NT, tuple(thread_xy + [If(sg.eq(grp), tuple(outputs(grp)))]), "thread"),)
 
     def position(ks):  # (t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops
         return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
@@ -277,7 +301,7 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
             kloop += one_step(ks0(Const(per_split - 1)), 0, True)
         first = [Comment("first step: global -> shared"), *position(k_lo), *fetch, *commit(0)]
         block = (For("tid", NT, tuple(prologue + first), "thread"), Barrier()) + kloop
-    block += (For("tid", NT, tuple(epilogue), "thread"),)
+    block += epilogue
     grid = (_cdiv(M, BM), _cdiv(Kout, BN), p.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)

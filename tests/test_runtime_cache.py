@@ -81,7 +81,8 @@ def test_corrupt_or_truncated_entry_is_rebuilt(tmp_path):
     entry.write_text(text[: len(text) // 2])  # truncated mid-file: the checksum no longer matches
     stats = run_child(tmp_path)
     assert stats["corrupt"] == 1 and stats["misses"] == 1
-    entry.write_text(text.replace("kernelgen-cache " + cache.CODE_VERSION, "kernelgen-cache 0.0.0-old", 1))
+    version = text.split(maxsplit=3)[2]  # the header: "# kernelgen-cache VERSION DIGEST CHECKSUM"
+    entry.write_text(text.replace("kernelgen-cache " + version, "kernelgen-cache 0.0.0-old", 1))
     stats = run_child(tmp_path)  # another version's entry is not trusted either
     assert stats["corrupt"] == 1 and stats["misses"] == 1
     assert run_child(tmp_path)["disk_hits"] == 1  # and the rebuilt entry is good

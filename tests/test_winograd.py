@@ -298,6 +298,42 @@ def test_simulator_forward_and_backward_data(alpha, r):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("alpha,r,groups", [(4, 3, 2), (8, 5, 4), (8, 3, 2)])
+def test_state_groups_float64(alpha, r, groups):
+    """States split over thread groups: each group's products and its part of AT, added into y in turn."""
+    rng = np.random.default_rng()
+    for stages in (1, 2):
+        cfg = TileConfig(*winograd.CPU_TILE, stages=stages, state_groups=groups)
+        for direction in ("fwd", "bwd_data"):
+            got, want = _case(rng, alpha, r, direction, cfg=cfg, bias=direction == "fwd")
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+def test_state_groups_refused_where_they_cannot_run():
+    p = make_problem("fwd", (2, 6, 9, 5), (6, 3, 3, 5), padding=1)
+    relu = make_problem("fwd", (2, 6, 9, 5), (6, 3, 3, 5), padding=1, has_bias=True, activation="relu")
+    cfg = TileConfig(*winograd.CPU_TILE, states=4, state_groups=2)
+    assert winograd.config_ok(p, cfg) and cfg.threads == 2 * 16
+    assert not winograd.config_ok(p, TileConfig(*winograd.CPU_TILE, states=4, state_groups=3))
+    assert not winograd.config_ok(relu, cfg)
+    assert not winograd.config_ok(p, TileConfig(*winograd.CPU_TILE, states=4, state_groups=2, split_k=2))
+    with pytest.raises(ValueError, match="state_groups must divide the 4 states"):
+        winograd.build(p, TileConfig(*winograd.CPU_TILE, state_groups=3), 4)
+    from kernelgen.api import make_plan
+    with pytest.raises(ValueError, match="state_groups is a Winograd schedule field"):
+        make_plan(p, "cpu", "implicit_gemm", TileConfig(8, 8, 4, 2, 2, state_groups=2)).kernel_ir()
+
+
+@pytest.mark.sim
+def test_simulator_state_groups():
+    rng = np.random.default_rng()
+    cfg = TileConfig(**{**TINY.as_dict(), "state_groups": 2, "stages": 2})
+    for direction in ("fwd", "bwd_data"):
+        got, want = _case(rng, 4, 3, direction, dtype=np.float32, H=2, C=3, K=3, pad=1, cfg=cfg, backend="cuda",
+                          bias=direction == "fwd")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("stages", [1, 2])
 def test_simulator_split_k(stages):
@@ -383,6 +419,19 @@ def test_gpu_table_shapes(name, direction, rng, monkeypatch):
     assert not np.isnan(got).any()
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert rel <= (1e-3 if cfg.states == 16 else 1e-4), (cfg, rel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("states,groups", [(4, 2), (8, 2), (16, 4)])
+def test_gpu_state_groups_ragged(states, groups, rng, monkeypatch):
+    """32 x 32 tiles of 4 x 4 per thread with the states split over groups; ragged as the test below."""
+    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    r = 9 if states == 16 else 3
+    cfg = TileConfig(32, 32, 8, 4, 4, smem_pad=4, states=states, state_groups=groups)
+    for direction in ("fwd", "bwd_data"):
+        got, want = _case(rng, states, r, direction, dtype=np.float32, H=9, C=37, K=45, bias=direction == "fwd",
+                          cfg=cfg, backend="cuda", fh=3)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) <= (1e-3 if states == 16 else 1e-4)
 
 
 @pytest.mark.gpu
