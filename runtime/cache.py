@@ -3,9 +3,10 @@
 Triton-style: an explicit specialisation key (problem, variant, config, backend, device, version)
 names an entry, together with CODE_VERSION: the package version and a digest of the code that renders
 kernels (kernelgen's own modules and the templates), so an edited or upgraded kernelgen never imports a
-kernel that older code generated (Triton keys its cache on its compiler's source the same way).  On disk each entry is a generated module `<digest>.py` whose numba decorator has
-cache=True, so a warm process skips both rendering (the module is imported as it is) and numba
-compilation (numba's own cache sits beside it in __pycache__).
+kernel that older code generated (Triton keys its cache on its compiler's source the same way).  On disk
+each entry is a generated module `<digest>.py` whose numba decorator has cache=True, so a warm process
+skips both rendering (the module is imported as it is) and numba compilation (numba's own cache sits
+beside it in __pycache__).
 
 Entries are written atomically (temp file + os.replace) and carry a header with the key digest
 and a checksum of the body; a truncated, corrupt or version-mismatched file is re-rendered, never

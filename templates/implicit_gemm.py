@@ -99,7 +99,8 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
 
     def store(m, n, g, value, split):
         ch = g * p.Kg + n
-        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch, split), "atomic" if split is not None else False)]
+        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch, split),
+                      "atomic" if split is not None else False)]
 
     params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
               Buffer("w", (p.K * Kr,), p.dtype)]

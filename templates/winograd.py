@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from .config import TileConfig
-from .winograd_tiled import build_tiled, conv_geometry, shared_bytes
+from .winograd_tiled import build_tiled, conv_geometry, reduction_error, shared_bytes
 from .winograd_transforms import STATES, supported
 
 NAME = "winograd"
@@ -65,25 +65,10 @@ def states_for(p, cfg):
 MAX_SHARED = 48 * 1024  # numba's static shared arrays
 
 
-def reduction_steps(p, cfg):
-    """Steps of the shared reduction: filter rows x channel chunks of BK (split_k divides them)."""
-    _, _, _, _, cin, _, _, _, _ = conv_geometry(p)
-    return p.filter_size[0] * p.filter_size[1] * -(-cin // cfg.BK)
-
-
-def split_ok(p, cfg):
-    """split_k > 1: whole steps per split, and no activation (each split adds a partial sum into y).
-    state_groups > 1: divides the states, split_k 1 and no activation (the groups add their parts of y in turn)."""
-    alpha = states_for(p, cfg)
-    if cfg.state_groups > 1 and (alpha % cfg.state_groups or cfg.split_k > 1 or p.activation):
-        return False
-    return cfg.split_k == 1 or (reduction_steps(p, cfg) % cfg.split_k == 0 and not p.activation)
-
-
 def config_ok(p, cfg):
     alpha = states_for(p, cfg)
     itemsize = 8 if p.dtype == "float64" else 4
-    return (alpha is not None and split_ok(p, cfg) and cfg.BM % cfg.TM == 0
+    return (alpha is not None and reduction_error(p, cfg, alpha) is None and cfg.BM % cfg.TM == 0
             and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= 1024
             and shared_bytes(cfg, alpha, itemsize) <= MAX_SHARED)
 
@@ -124,6 +109,13 @@ def auto_states(S):
     return [a for a in states if a != 16] or states
 
 
+def grid_blocks(p, alpha, bm, bn):
+    """Blocks of a bm x bn tile (output tiles of n = alpha - S + 1 widths x output channels) over the grid."""
+    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
+    tiles = p.N * OD * OH * -(-OW // (alpha - p.filter_size[2] + 1))
+    return -(-tiles // bm) * -(-kout // bn) * p.groups
+
+
 def model_time(p, alpha, tile):
     """Modeled time: blocks per SM x work per block (BM x BN x alpha products per channel step) x
     STATE_OVERHEAD / (efficiency x latency hiding of the blocks resident together).  A small grid
@@ -131,9 +123,7 @@ def model_time(p, alpha, tile):
     tile's waste is in M."""
     bm, bn = tile[0], tile[1]
     eff, per_sm = CUDA_TILES[alpha][tile]
-    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
-    M = p.N * OD * OH * -(-OW // (alpha - p.filter_size[2] + 1))
-    blocks = -(-M // bm) * -(-kout // bn) * p.groups
+    blocks = grid_blocks(p, alpha, bm, bn)
     per_sm_run = -(-blocks // SM_COUNT)  # blocks one SM works through (as templates.estimated_cost)
     hiding = {1: 0.8, 2: 1.0}.get(min(per_sm_run, per_sm), 1.05)
     return per_sm_run * bm * bn * alpha * STATE_OVERHEAD[alpha] / (eff * hiding)
@@ -177,11 +167,8 @@ def split_variants(p, cfg):
     """split_k 2 and 4 of a tile whose grid leaves SMs idle (fewer blocks than fit at once): on the H100 that
     won 5-6 % on the 7x7 layer's 168 blocks and r50_3x3_7 backward-data, and lost 5-25 % on fuller grids
     (atomics into a zeroed y; tuning/results/2026-11-23_h100_winograd_split_k.json), so only the tuner tries it."""
-    _, _, _, (OD, OH, OW), _, kout, _, _, _ = conv_geometry(p)
-    tiles = p.N * OD * OH * -(-OW // (cfg.states - p.filter_size[2] + 1))
-    blocks = -(-tiles // cfg.BM) * -(-kout // cfg.BN) * p.groups
     per_sm = CUDA_TILES[cfg.states][(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN)][1]
-    if blocks >= SM_COUNT * per_sm:
+    if grid_blocks(p, cfg.states, cfg.BM, cfg.BN) >= SM_COUNT * per_sm:
         return []
     return [TileConfig(**{**cfg.as_dict(), "split_k": k}) for k in (2, 4)]
 

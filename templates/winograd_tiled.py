@@ -83,6 +83,24 @@ def conv_geometry(p):
     return "x", "y", p.in_size, p.out_size, p.Cg, p.Kg, list(p.padding), p.C, p.K
 
 
+def reduction_error(p, cfg, alpha):
+    """Why this schedule cannot split the reduction of p as cfg asks (None: it can).  split_k blocks each take a
+    whole share of the (filter row, channel chunk) steps; state groups split the states.  Both add parts of y,
+    so neither can apply an activation, and they do not combine."""
+    T, R, _ = p.filter_size
+    _, _, _, _, cin, _, _, _, _ = conv_geometry(p)
+    nsteps = T * R * _cdiv(cin, cfg.BK)
+    if nsteps % cfg.split_k:
+        return f"config: split_k must divide the {nsteps} Winograd reduction steps, got {cfg}"
+    SG = cfg.state_groups
+    if alpha % SG or (SG > 1 and (cfg.split_k > 1 or p.activation)):
+        return (f"config: state_groups must divide the {alpha} states and needs split_k=1 and no activation "
+                f"(the groups add their parts of y in turn), got {cfg}")
+    if cfg.split_k > 1 and p.activation:
+        return f"config: split_k must be 1 with activation={p.activation!r}"
+    return None
+
+
 def shared_bytes(cfg, alpha, itemsize=4):
     return cfg.stages * itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
 
@@ -100,9 +118,9 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     nkc = _cdiv(Cin, BK)                # channel chunks per filter row
     dt = p.dtype
     EV, EU = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)  # (tile, channel) / (channel, k) pairs per thread
+    if (error := reduction_error(p, cfg, alpha)) is not None:
+        raise ValueError(error)
     SK, nsteps = cfg.split_k, T * R * nkc
-    if nsteps % SK:
-        raise ValueError(f"config: split_k must divide the {nsteps} Winograd reduction steps, got {cfg}")
     per_split = nsteps // SK
 
     SP = cfg.stages
@@ -110,9 +128,6 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     V = Buffer("V", lead + (alpha, BK, BM + pad), dt, "shared")
     U = Buffer("U", lead + (alpha, BK, BN + pad), dt, "shared")
     SG = cfg.state_groups  # thread groups that split the states (each AL of them); 1: every thread has all
-    if alpha % SG or (SG > 1 and (cfg.split_k > 1 or p.activation)):
-        raise ValueError(f"config: state_groups must divide the {alpha} states and needs split_k=1 and no activation "
-                         f"(the groups add their parts of y in turn), got {cfg}")
     AL = alpha // SG
     acc = Buffer("acc", (AL, TM, TN), dt, "register")
     vf = Buffer("vf", (TM,), dt, "register")
@@ -228,7 +243,8 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
     else:  # the group index in the high bits of tid: whole warps share their states (broadcast V/U reads)
         per = NT // SG
         thread_xy = [Comment(f"thread (sg, ty, tx) owns states sg*{AL}.., tiles ty*TM.. and channels tx*TN.."),
-                     _assign("sg", tid // per), _assign("ty", (tid % per) // (BN // TN)), _assign("tx", tid % (BN // TN))]
+                     _assign("sg", tid // per), _assign("ty", (tid % per) // (BN // TN)),
+                     _assign("tx", tid % (BN // TN))]
     state = (lambda a: sg * AL + a) if SG > 1 else (lambda a: a)
     kc = Var("kc")
 
@@ -254,8 +270,7 @@ def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
             value = _combo(AT[o][grp * AL:(grp + 1) * AL], [acc[a, iv_, jv] for a in range(AL)])
             if not bwd and grp == 0:
                 value = epilogue_value(p, value, kch, split)
-            at = (orow * OW + ow) * KS + kch
-            st = _store(dst, at, value, SK > 1) if grp == 0 else Store(dst, (as_expr(at),), value, accumulate=True)
+            st = _store(dst, (orow * OW + ow) * KS + kch, value, "atomic" if SK > 1 else grp > 0)
             stores.append(If(ow < OW, (st,)) if OW % n else st)
         stores = [If(all_of(guard), tuple(stores))] if guard else stores
         return [unroll("i", TM, [unroll("j", TN, stores)])]
@@ -326,8 +341,8 @@ def _load(buf, index):
     return Load(buf, (as_expr(index),))
 
 
-def _store(buf, index, value, atomic=False):
-    return Store(buf, (as_expr(index),), as_expr(value), "atomic" if atomic else False)
+def _store(buf, index, value, accumulate=False):
+    return Store(buf, (as_expr(index),), as_expr(value), accumulate)
 
 
 def _assign(name, value):

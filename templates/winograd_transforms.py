@@ -85,24 +85,26 @@ def row_pairs(m):
     complementary columns: the rows of the points p and -p, whose powers agree on even exponents and differ in
     sign on odd ones (BT's and G's rows, AT's columns).  E and O are then computed once for both rows, about
     halving the multiply-adds of a transform.  Returns ((i, j, lam, odd columns), ...); only pairs that save."""
-    nz = lambda row: [c for c, v in enumerate(row) if v != 0]
+    nz = [tuple(c for c, v in enumerate(row) if v != 0) for row in m]
     out, used = [], set()
     for i, a in enumerate(m):
+        if i in used or not nz[i]:
+            continue
         for j in range(i + 1, len(m)):
             b = m[j]
-            if i in used or j in used or nz(a) != nz(b) or not nz(a):
+            if j in used or nz[j] != nz[i]:
                 continue
-            c0 = nz(a)[0]
-            lam = b[c0] / a[c0]
-            odd = tuple(c for c in nz(a) if b[c] == -lam * a[c])
-            if len(odd) in (0, len(nz(a))) or any(b[c] != lam * a[c] for c in nz(a) if c not in odd):
+            lam = b[nz[i][0]] / a[nz[i][0]]
+            odd = tuple(c for c in nz[i] if b[c] == -lam * a[c])
+            if len(odd) in (0, len(nz[i])) or any(b[c] != lam * a[c] for c in nz[i] if c not in odd):
                 continue
             # two rows of k terms: 2 (k - 1) operations alone; paired E and O, their sum and difference and
             # the scale: k + (|lam| != 1)
-            if len(nz(a)) - 2 - (abs(lam) != 1) <= 0:
+            if len(nz[i]) - 2 - (abs(lam) != 1) <= 0:
                 continue
             out.append((i, j, lam, odd))
             used |= {i, j}
+            break
     return tuple(out)
 
 
