@@ -7,6 +7,7 @@ ctypes) and hand the prepared cuda.core kernel its flattened arguments directly.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 from kernelgen.arrays import cpu_kernel_arg
@@ -129,6 +130,19 @@ def stream_handle(stream) -> int:
     return 0 if stream is None else int(stream.handle)
 
 
+# numba walks a function's control-flow graph recursively (controlflow._dfs_rec), one Python frame per
+# block of the longest chain; an unrolled kernel with many guarded stores (the 16-state, 12-wide
+# Winograd epilogue in 4 state groups: > 1000 blocks under CPython 3.12's bytecode) exceeds the default
+# limit of 1000.  Since 3.11 Python-to-Python calls take no C stack, so a much higher limit is safe there.
+CFG_RECURSION_LIMIT = 20000 if sys.version_info >= (3, 11) else 8000
+
+
+def allow_deep_cfg_walks():
+    """Raise (never lower) the interpreter's recursion limit to CFG_RECURSION_LIMIT before numba compiles."""
+    if sys.getrecursionlimit() < CFG_RECURSION_LIMIT:
+        sys.setrecursionlimit(CFG_RECURSION_LIMIT)
+
+
 @dataclass
 class Launcher:
     """A ready-to-call kernel: `launcher(args)` with args a dict of flat (1D) arrays by name."""
@@ -146,6 +160,7 @@ class Launcher:
 
     @classmethod
     def from_module(cls, module, backend):
+        allow_deep_cfg_walks()
         return cls(module.KERNEL, module.PARAMS, module.OUTPUTS, module.GRID, module.THREADS,
                    module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""))
 

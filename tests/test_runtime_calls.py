@@ -244,3 +244,34 @@ def test_bind_on_gpu(op, rng, assert_close):
                                                                        padding=(1, 1))}
     _rebind_check(op, lambda: (tuple(bufs) + extra, bufs, kw), refs[op], assert_close,
                   lambda: [second[n].astype(np.float32) for n in names], tol=2e-5)
+
+
+def test_a_loaded_kernel_allows_numba_deep_control_flow_walks(rng):
+    """numba-cuda orders a kernel's blocks by a recursive walk (one frame per block of the longest chain):
+    the 16-state 12-wide Winograd epilogue in state groups has > 1000 blocks and raised RecursionError on
+    the GPU machine.  Loading any kernel lifts the limit before numba compiles it."""
+    import sys
+    from numba.cuda.core.controlflow import CFGraph
+    from kernelgen.runtime.launch import CFG_RECURSION_LIMIT
+
+    def chain_order(n):
+        g = CFGraph()
+        for i in range(n):
+            g.add_node(i)
+        for i in range(n - 1):
+            g.add_edge(i, i + 1)
+        g.set_entry_point(0)
+        g.process()
+        return g.topo_order()
+
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(1000)
+        with pytest.raises(RecursionError):
+            chain_order(1500)
+        x = rng.standard_normal((1, 3, 7, 5)).astype(np.float32)  # a shape no other test loads: a new kernel
+        kernelgen.conv(x, rng.standard_normal((2, 2, 3, 5)).astype(np.float32), dilation=2, backend="cpu")
+        assert sys.getrecursionlimit() >= CFG_RECURSION_LIMIT
+        assert chain_order(1500) == list(range(1500))
+    finally:
+        sys.setrecursionlimit(old)

@@ -181,7 +181,8 @@ def set_fields(plan, text):
 
 def precompile(plans, workers=None):
     """Compile every plan's kernel in parallel worker processes (they fill the disk cache), so the
-    timed loop only loads; numba compiles one kernel per process at a time."""
+    timed loop only loads; numba compiles one kernel per process at a time.  Returns each plan's
+    compile error (None where it compiled): the timed loop skips those rather than compile them again."""
     import os
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
@@ -192,9 +193,11 @@ def precompile(plans, workers=None):
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel
         jobs = [(p.problem, p.variant, p.config, p.precision) for p in plans]
-        errors = [e for e, _ in pool.map(_compile_one, jobs) if e]
-    for e in errors:
-        print("precompile:", e)
+        errors = [e for e, _ in pool.map(_compile_one, jobs)]
+    for plan, e in zip(plans, errors):
+        if e:
+            print(f"precompile: {plan.problem.key()} {plan.config}: {e}")
+    return errors
 
 
 def geomean(vals):
@@ -296,11 +299,14 @@ def main(argv=None):
         parse_overrides(text)  # a typo fails here, before anything compiles
     jobs = [(l, d, a, alt) for l, d, a in jobs for alt in alternatives]
     plans = [set_fields(make_plan(l.problem(d), "cuda", a, precision=args.precision), alt) for l, d, a, alt in jobs]
-    precompile([p for p in plans if not isinstance(p, str)])
+    compiled = [p for p in plans if not isinstance(p, str)]
+    failed = {id(p): e for p, e in zip(compiled, precompile(compiled)) if e}
+    plans = [failed.get(id(p), p) for p in plans]
     for (layer, d, a, alt), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
         label = {"forced": a} if a else {}
         label |= {"set": alt} if alt else {}
-        if isinstance(plan, str):  # this plan's config cannot take the alternative (swizzle=2 at BK 32, say)
+        if isinstance(plan, str):  # the alternative does not fit this plan's config (swizzle=2 at BK 32, say), or
+            # its kernel failed to compile in precompile (a second in-process compile would only fail again)
             rows.append({"layer": layer.name, "direction": d, **label, "error": plan})
             continue
         try:

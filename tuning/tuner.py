@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 
 import numpy as np
 
@@ -159,7 +161,9 @@ def _compile_one(args):
         _compile(get_launcher(Plan(problem, variant, cfg, "cuda", *precision)))
         return None, time.perf_counter() - t
     except Exception as e:  # recorded by the parent; the tune goes on
-        return f"compile: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                            for f in traceback.extract_tb(e.__traceback__)[:-4:-1])  # innermost frames
+        return f"compile: {type(e).__name__}: {str(e)[:200]} (at {where})", time.perf_counter() - t
 
 
 def _compile(launcher):
