@@ -74,10 +74,11 @@ def config_ok(p, cfg):
 
 
 # CUDA tiles per state count (BM tiles, BN channels, BK, TM, TN): 256 threads, alpha*TM*TN = 64
-# accumulators, so a thread stays within 128 registers (no spills, 2 blocks per SM).  Per state and
-# channel step a warp (16 tx x 2 ty) reads TM floats of V (2 distinct rows: broadcast) and TN of U
-# (16 distinct): for 8 states 4 x 2 needs 2 shared wavefronts per 8 FMAs, 2 x 4 needs 3 - shared
-# bandwidth would bound it - so the 8-state default is 64 tiles x 32 channels.
+# accumulators (a larger tile's states split over state groups: state_groups_of), so a thread stays
+# within 128 registers (no spills, 2 blocks per SM).  Per state and channel step a warp (16 tx x 2 ty)
+# reads TM floats of V (2 distinct rows: broadcast) and TN of U (16 distinct): for 8 states 4 x 2 needs
+# 2 shared wavefronts per 8 FMAs, 2 x 4 needs 3 - shared bandwidth would bound it - so the 8-state
+# default is 64 tiles x 32 channels.
 CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident blocks per SM at 128 registers)
     4: {(64, 64, 8, 4, 4): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (64, 32, 8, 4, 2): (0.85, 2),
         (128, 32, 8, 8, 2): (0.85, 2), (32, 32, 8, 2, 2): (0.6, 4),
@@ -85,9 +86,14 @@ CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident bloc
         # spilling (ptxas: 128 registers, 0 B local; BK 8 spills 8 B); a guess until tuned
         (64, 64, 4, 4, 4): (0.95, 2)},
     8: {(64, 32, 8, 4, 2): (1.0, 2), (32, 64, 8, 2, 4): (0.8, 2), (32, 32, 8, 2, 2): (0.65, 4),
-        (64, 64, 8, 4, 2): (0.95, 1), (64, 32, 4, 4, 2): (0.9, 2)},
+        (64, 64, 8, 4, 2): (0.95, 1), (64, 32, 4, 4, 2): (0.9, 2),
+        # 4 x 4 per thread in 2 state groups: tuner candidates, not measured yet (guessed below 64 x 32)
+        (64, 32, 8, 4, 4): (0.9, 2), (32, 32, 8, 4, 4): (0.7, 4)},
     16: {(32, 32, 4, 2, 2): (1.0, 2), (16, 32, 4, 1, 2): (0.7, 4), (32, 16, 4, 2, 1): (0.7, 4),
-         (32, 32, 8, 2, 2): (1.0, 2)},
+         (32, 32, 8, 2, 2): (1.0, 2),
+         # 4 x 4 per thread in 4 state groups (LDS.128, 2 wavefronts per 16 FFMA): 1.18-1.26x the 2 x 2
+         # tile on the 7x7 and 9x9 layers (H100, tuning/results/2026-11-23_h100_winograd_state_groups.json)
+         (32, 32, 8, 4, 4): (1.2, 2)},
 }
 SM_COUNT = 132
 CPU_TILE = (8, 8, 4, 2, 2)  # small: CPU compile time, and channel counts of tests
@@ -100,6 +106,12 @@ PIPELINE_MAX_ACC = 32
 # Cost per state count beyond its multiplies (transforms ~ nnz(BT) / (alpha BN), smaller register
 # tiles): a guess until the tuner measures it.
 STATE_OVERHEAD = {4: 1.0, 8: 1.25, 16: 1.6}
+ACCUMULATORS = 64  # per thread, as above
+
+
+def state_groups_of(alpha, tile):
+    """Groups the alpha states of a tile are split over so that a thread keeps ACCUMULATORS (1: no split)."""
+    return max(1, alpha * tile[3] * tile[4] // ACCUMULATORS)
 
 
 def auto_states(S):
@@ -154,7 +166,8 @@ def candidate_configs(p, states=None):
             continue
         for t in CUDA_TILES[alpha]:
             for stages in (1, 2):
-                cfg = TileConfig(*t, smem_pad=4, stages=stages, states=alpha)
+                cfg = TileConfig(*t, smem_pad=4, stages=stages, states=alpha,
+                                 state_groups=state_groups_of(alpha, t))
                 if config_ok(p, cfg):
                     out.append(cfg)
                     out += [c for c in split_variants(p, cfg) if config_ok(p, c)]
@@ -175,7 +188,7 @@ def split_variants(p, cfg):
 
 def preferred_stages(cfg):
     """2 (pipelined) where the staging registers fit beside the accumulators (PIPELINE_MAX_ACC)."""
-    return 2 if cfg.states * cfg.TM * cfg.TN <= PIPELINE_MAX_ACC else 1
+    return 2 if cfg.states // cfg.state_groups * cfg.TM * cfg.TN <= PIPELINE_MAX_ACC else 1
 
 
 def build(p, cfg: TileConfig, alpha=None):
