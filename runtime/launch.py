@@ -130,7 +130,7 @@ def stream_handle(stream) -> int:
     return 0 if stream is None else int(stream.handle)
 
 
-# numba walks a function's control-flow graph recursively (controlflow._dfs_rec), one Python frame per
+# numba-cuda orders a function's blocks by a recursive walk (CFGraph._find_topo_order), one Python frame per
 # block of the longest chain; an unrolled kernel with many guarded stores (the 16-state, 12-wide
 # Winograd epilogue in 4 state groups: > 1000 blocks under CPython 3.12's bytecode) exceeds the default
 # limit of 1000.  Since 3.11 Python-to-Python calls take no C stack, so a much higher limit is safe there.
