@@ -60,6 +60,7 @@ if not os.environ.get("KERNELGEN_CACHE_DIR"):
     os.environ["KERNELGEN_CACHE_DIR"] = _session_cache
     atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
 
+
 def pytest_sessionstart(session):
     """The recursion limit every kernelgen process has once it loads a kernel (runtime.launch), set before any
     test: hypothesis warns when a test's first kernel load changes it mid-example."""

@@ -299,9 +299,10 @@ def main(argv=None):
         parse_overrides(text)  # a typo fails here, before anything compiles
     jobs = [(l, d, a, alt) for l, d, a in jobs for alt in alternatives]
     plans = [set_fields(make_plan(l.problem(d), "cuda", a, precision=args.precision), alt) for l, d, a, alt in jobs]
-    compiled = [p for p in plans if not isinstance(p, str)]
-    failed = {id(p): e for p, e in zip(compiled, precompile(compiled)) if e}
-    plans = [failed.get(id(p), p) for p in plans]
+    runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
+    for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
+        if error:
+            plans[i] = error
     for (layer, d, a, alt), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
         label = {"forced": a} if a else {}
         label |= {"set": alt} if alt else {}
