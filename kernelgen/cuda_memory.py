@@ -1,4 +1,5 @@
-"""Wide global loads for generated CUDA kernels (ir.VectorLoad), imported by rendered modules.
+"""Wide global loads (ir.VectorLoad) and asynchronous copies (ir.AsyncCopy, AsyncCommit, AsyncWait) for
+generated CUDA kernels, imported by rendered modules.
 
 load4(a, i, cond) -> (a[i], a[i + 1], a[i + 2], a[i + 3]) if cond else four zeros, for a float32 array a.
 On a GPU that is one 16-byte ld.global.v4.f32 when a's data is 16-byte aligned (i is a multiple of 4 by
@@ -6,6 +7,14 @@ the template's promise): numba types a kernel's arrays as 4-byte aligned only, s
 scalar loads into one, and a caller's array (a torch slice, say) may start anywhere; the kernel therefore
 tests the pointer and otherwise issues four scalar loads, predicated, without branches.  In the
 simulator it is plain Python indexing.
+
+copy_async(dst, i, src, j, cond) / copy_async4(...): dst[i (.. i + 3)] = src[j (.. j + 3)] if cond else zeros,
+for a float32 shared array dst and a float32 global array src, by cp.async (sm_80+): the words go from
+global memory to shared memory without the thread's registers, and land some time before the thread's
+copy_async_wait(n) returns for their group (copy_async_commit() closes one).  Where cond fails the copy
+reads nothing (source size 0) and fills zeros.  copy_async4 is one 16-byte cp.async.cg when src is 16-byte
+aligned (dst is: its rows are 16-byte aligned shared arrays, alignment=16), else four 4-byte copies; as in
+load4 the kernel tests src's pointer.  In the simulator the copies are immediate and commit/wait do nothing.
 """
 from __future__ import annotations
 
@@ -19,9 +28,23 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
             return a[i], a[i + 1], a[i + 2], a[i + 3]
         z = np.float32(0.0)
         return z, z, z, z
+
+    def copy_async(dst, i, src, j, cond):
+        dst[i] = src[j] if cond else np.float32(0.0)
+
+    def copy_async4(dst, i, src, j, cond):
+        for w in range(4):
+            dst[i + w] = src[j + w] if cond else np.float32(0.0)
+
+    def copy_async_commit():
+        pass
+
+    def copy_async_wait(pending):
+        pass
 else:
     from llvmlite import ir
     from numba import types
+    from numba.core.errors import RequireLiteralValue
     from numba.cuda.extending import intrinsic
 
     _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
@@ -58,3 +81,73 @@ else:
                               [addr, ok, aligned], side_effect=False, name="load4")
             return context.make_tuple(builder, ret, [builder.extract_value(out, j) for j in range(4)])
         return ret(a, i, cond), codegen
+
+    # cp.async with a source size: `cond ? width : 0` bytes are read, the rest of the destination is zero-filled.
+    # The destination is a 32-bit shared-window address; the source, generic, goes through cvta.to.global.
+    # .cg (bypass L1) exists for 16-byte copies only; 4-byte ones are .ca.
+    _COPY4 = ("{ .reg .pred w, n; .reg .u64 g; .reg .u32 s4;"
+              " setp.ne.b32 w, $3, 0; setp.eq.b32 n, $3, 0; cvta.to.global.u64 g, $1; shr.u32 s4, $2, 2;"
+              " @w cp.async.cg.shared.global [$0], [g], 16, $2;"
+              " @n cp.async.ca.shared.global [$0], [g], 4, s4; @n cp.async.ca.shared.global [$0+4], [g+4], 4, s4;"
+              " @n cp.async.ca.shared.global [$0+8], [g+8], 4, s4;"
+              " @n cp.async.ca.shared.global [$0+12], [g+12], 4, s4; }")
+    _COPY1 = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [$0], [g], 4, $2; }"
+
+    def _element_address(context, builder, aty, ary_value, ity, index):
+        ary = context.make_array(aty)(context, builder, ary_value)
+        return ary, builder.gep(ary.data, [context.cast(builder, index, ity, types.intp)])
+
+    def _copy_codegen(width):
+        def codegen(context, builder, sig, args):
+            dty, ity, sty, jty, cty = sig.args
+            _, dptr = _element_address(context, builder, dty, args[0], ity, args[1])
+            src, sptr = _element_address(context, builder, sty, args[2], jty, args[3])
+            # the generic pointer of a shared array -> its shared-window address (NVVM folds the round trip)
+            shared = builder.ptrtoint(builder.addrspacecast(dptr, ir.PointerType(_F32, 3)), _I32)
+            ok = context.is_true(builder, cty, args[4])
+            size = builder.select(ok, ir.Constant(_I32, 4 * width), ir.Constant(_I32, 0))
+            operands = [shared, builder.ptrtoint(sptr, _I64), size]
+            if width == 4:
+                base = builder.ptrtoint(src.data, _I64)
+                operands.append(builder.zext(builder.icmp_unsigned(
+                    "==", builder.and_(base, ir.Constant(_I64, 15)), ir.Constant(_I64, 0)), _I32))
+            ftype = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
+            builder.asm(ftype, _COPY4 if width == 4 else _COPY1, ",".join(["r", "l", "r", "r"][:len(operands)])
+                        + ",~{memory}", operands, side_effect=True, name="cp_async")
+            return context.get_dummy_value()
+        return codegen
+
+    def _copy_signature(dst, i, src, j, cond):
+        ok = all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (dst, src)) \
+            and isinstance(i, types.Integer) and isinstance(j, types.Integer)
+        return types.void(dst, i, src, j, cond) if ok else None
+
+    @intrinsic
+    def copy_async(typingctx, dst, i, src, j, cond):
+        sig = _copy_signature(dst, i, src, j, cond)
+        return (sig, _copy_codegen(1)) if sig else None
+
+    @intrinsic
+    def copy_async4(typingctx, dst, i, src, j, cond):
+        sig = _copy_signature(dst, i, src, j, cond)
+        return (sig, _copy_codegen(4)) if sig else None
+
+    @intrinsic
+    def copy_async_commit(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.asm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}", [],
+                        side_effect=True, name="cp_async_commit")
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def copy_async_wait(typingctx, pending):
+        if not isinstance(pending, types.IntegerLiteral):
+            raise RequireLiteralValue(pending)
+        n = pending.literal_value
+
+        def codegen(context, builder, sig, args):
+            builder.asm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};", "~{memory}", [],
+                        side_effect=True, name="cp_async_wait")
+            return context.get_dummy_value()
+        return types.void(pending), codegen

@@ -235,6 +235,38 @@ class VectorLoad(Stmt):
     cond: Expr
 
 
+@dataclass(frozen=True)
+class AsyncCopy(Stmt):
+    """dst[dst_index + i] = src[src_index + i] for i < width when cond holds, else 0, copied without
+    passing through the issuing thread's registers (CUDA: cp.async, global -> shared).  dst is a shared
+    buffer, src a global one; width is 1 or 4, and for 4 the template promises that both indices are
+    multiples of 4 and that the elements share `cond`.  The copy completes asynchronously: the issuing
+    thread may rely on dst only after an AsyncWait that covers the copy's group (AsyncCommit closes a group),
+    other threads only after a Barrier that follows that wait.  src is not read where cond fails."""
+    dst: str
+    dst_index: Tuple[Expr, ...]
+    src: str
+    src_index: Tuple[Expr, ...]
+    cond: Expr
+    width: int = 1
+
+    def __post_init__(self):
+        if self.width not in (1, 4):
+            raise ValueError(f"AsyncCopy: width must be 1 or 4, got {self.width}")
+
+
+@dataclass(frozen=True)
+class AsyncCommit(Stmt):
+    """Close the issuing thread's group of AsyncCopy statements issued since the previous commit (possibly
+    none: an empty group, which keeps the group count of every pipeline iteration the same)."""
+
+
+@dataclass(frozen=True)
+class AsyncWait(Stmt):
+    """Wait until at most `pending` of the issuing thread's committed groups are still in flight."""
+    pending: int
+
+
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
 # Storage-only dtypes -> the dtype their values are computed in.  A global buffer may store float16
@@ -328,6 +360,8 @@ def map_stmt_exprs(s, fn):
         return Mma(tuple(map(fn, s.acc)), tuple(map(fn, s.a)), tuple(map(fn, s.b)), s.shape, s.dtype)
     if isinstance(s, VectorLoad):
         return VectorLoad(tuple(map(fn, s.dst)), s.buf, fn(s.index), fn(s.cond))
+    if isinstance(s, AsyncCopy):
+        return AsyncCopy(s.dst, tuple(map(fn, s.dst_index)), s.src, tuple(map(fn, s.src_index)), fn(s.cond), s.width)
     return s
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
-from .ir import (Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var, VectorLoad,
+from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var, VectorLoad,
                  expr_vars, map_expr, map_stmt_exprs, walk_stmts)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -185,6 +185,9 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
                 s = If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse))
             if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
                 s = Store(s.buf, linear(s.buf, s.index), s.value, s.accumulate)
+            if isinstance(s, AsyncCopy):
+                s = replace(s, dst_index=linear(s.dst, s.dst_index) if len(s.dst_index) != 1 else s.dst_index,
+                            src_index=linear(s.src, s.src_index) if len(s.src_index) != 1 else s.src_index)
             out.append(s)
         return tuple(out)
 
@@ -281,6 +284,8 @@ def _stmt_exprs(s):
         return [x for x in (s.extent, s.start) if isinstance(x, Expr)]
     if isinstance(s, VectorLoad):
         return [s.index, s.cond]
+    if isinstance(s, AsyncCopy):
+        return list(s.dst_index) + list(s.src_index) + [s.cond]
     return []
 
 
@@ -410,5 +415,6 @@ def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     """Readable, cheaper source: repeated index arithmetic is computed once and named."""
     stmts = list(walk_stmts(kernel.body))
     written = frozenset([s.buf for s in stmts if isinstance(s, Store)]
-                        + [d.buf for s in stmts if isinstance(s, VectorLoad) for d in s.dst if isinstance(d, Load)])
+                        + [d.buf for s in stmts if isinstance(s, VectorLoad) for d in s.dst if isinstance(d, Load)]
+                        + [s.dst for s in stmts if isinstance(s, AsyncCopy)])
     return replace(kernel, body=_cse_block(kernel.body, "_e", [0], written))

@@ -6,7 +6,7 @@ indexed.
 """
 from __future__ import annotations
 
-from .ir import (STORAGE_DTYPES, Assign, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select,
+from .ir import (STORAGE_DTYPES, Assign, AsyncCommit, AsyncCopy, AsyncWait, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select,
                  Store, Var, VectorLoad, compute_dtype)
 
 _PY_OPS = {"and": "and", "or": "or"}
@@ -109,6 +109,10 @@ class SourcePrinter:
             self.mma(s, depth)
         elif isinstance(s, VectorLoad):
             self.vector_load(s, depth)
+        elif isinstance(s, AsyncCopy):
+            self.async_copy(s, depth)
+        elif isinstance(s, (AsyncCommit, AsyncWait)):
+            self.async_fence(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
 
@@ -124,6 +128,24 @@ class SourcePrinter:
         self.emit(depth, "else:")
         for d in s.dst:
             self.emit(depth + 1, f"{self.expr(d)} = {self.float_type}(0.0)")
+
+    def async_copy(self, s, depth):
+        """A plain copy, finished when the statement is (targets with a copy engine override this)."""
+        if s.src in self.stored_narrow:
+            raise ValueError(f"AsyncCopy: {s.src} stores float16; an asynchronous copy moves bytes, it cannot widen")
+        (di,), (si,) = s.dst_index, s.src_index
+        self.emit(depth, f"if {self.expr(s.cond)}:")
+        for i in range(s.width):
+            self.emit(depth + 1, f"{s.dst}[{self.index(s.dst, (di + i if i else di,))}] = "
+                                 f"{s.src}[{self.index(s.src, (si + i if i else si,))}]")
+        self.emit(depth, "else:")
+        for i in range(s.width):
+            self.emit(depth + 1, f"{s.dst}[{self.index(s.dst, (di + i if i else di,))}] = {self.float_type}(0.0)")
+
+    def async_fence(self, s, depth):
+        """Copies finish when issued here: commit and wait have nothing to do."""
+        self.emit(depth, f"pass  # {type(s).__name__}{f'({s.pending})' if isinstance(s, AsyncWait) else ''}: "
+                         "copies are synchronous on this target")
 
     def serial_loop(self, s, depth):
         start = self.expr(s.start) if not isinstance(s.start, int) else str(s.start)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .ir import Assign, BinOp, Call, Const, For, Kernel, Select, Var
+from .ir import Assign, AsyncCopy, AsyncWait, BinOp, Call, Const, For, Kernel, Select, Var, walk_stmts
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 
@@ -28,7 +28,7 @@ class CudaPrinter(SourcePrinter):
         self.index32 = index32
         self.int_vars = set()
         self.nonneg_vars = set()  # ints proven >= 0 (grid, thread and loop indices, sums of those...)
-        self.vector_loads = False  # the module imports kernelgen.cuda_memory.load4
+        self.memory_helpers = set()  # what the module imports from kernelgen.cuda_memory
 
     def is_int(self, e) -> bool:
         if isinstance(e, Const):
@@ -99,9 +99,22 @@ class CudaPrinter(SourcePrinter):
     def vector_load(self, s, depth):
         if len(s.dst) != 4 or self.kernel.buffer(s.buf).dtype != "float32":  # load4 reads 4 float32 words
             return super().vector_load(s, depth)
-        self.vector_loads = True
+        self.memory_helpers.add("load4")
         dst = ", ".join(self.expr(d) for d in s.dst)
         self.emit(depth, f"{dst} = load4({s.buf}, {self.expr(s.index)}, {self.expr(s.cond)})")
+
+    def async_copy(self, s, depth):
+        if self.kernel.buffer(s.src).dtype != "float32" or self.kernel.buffer(s.dst).dtype != "float32":
+            raise ValueError(f"AsyncCopy {s.src} -> {s.dst}: the CUDA copies move float32 words only")
+        fn = "copy_async4" if s.width == 4 else "copy_async"
+        self.memory_helpers.add(fn)
+        (di,), (si,) = s.dst_index, s.src_index
+        self.emit(depth, f"{fn}({s.dst}, {self.expr(di)}, {s.src}, {self.expr(si)}, {self.expr(s.cond)})")
+
+    def async_fence(self, s, depth):
+        fn = "copy_async_wait" if isinstance(s, AsyncWait) else "copy_async_commit"
+        self.memory_helpers.add(fn)
+        self.emit(depth, f"{fn}({s.pending})" if isinstance(s, AsyncWait) else f"{fn}()")
 
     def thread_loop(self, s, depth):
         # every thread runs the phase once: the loop disappears
@@ -132,9 +145,12 @@ class CudaPrinter(SourcePrinter):
             self.int_vars.add(g.var)
             self.nonneg_vars.add(g.var)
             self.emit(1, f"{g.var} = cuda.blockIdx.{_AXES[g.axis]}")
+        # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size)
+        wide = {s.dst for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}
         for b in k.locals:
             kind = "shared" if b.scope == "shared" else "local"
-            self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {b.dtype})")
+            align = ", alignment=16" if b.name in wide else ""
+            self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {b.dtype}{align})")
         self.stmts(block, 1)
         return "\n".join(self.lines) + "\n" + launch_constants(k)
 
@@ -162,6 +178,6 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
     mma = f"from kernelgen.cuda_mma import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
     if lowered.meta.get("launch_bounds"):
         mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
-    if printer.vector_loads:
-        mma += "from kernelgen.cuda_memory import load4\n"
+    if printer.memory_helpers:
+        mma += f"from kernelgen.cuda_memory import {', '.join(sorted(printer.memory_helpers))}\n"
     return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body

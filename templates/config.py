@@ -31,6 +31,10 @@ class TileConfig:
     (fewer shared loads per FMA); the groups add their parts of the outputs in turn in the epilogue.
     min_blocks > 0: CUDA launch bounds (threads, min_blocks): ptxas caps registers so that min_blocks
     blocks fit on an SM.  Both 0 by default and then absent from the string and dict.
+    async_copy=1 (tensor-core tiles with swizzle=1, float32 arrays): slices move global -> shared by
+    asynchronous copies (ir.AsyncCopy; cp.async on CUDA) with no staging registers, `stages` slices in
+    flight (2..4; one barrier per slice), and operands rounded when fragments are loaded instead of when
+    staged.  0 by default and then absent from the string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -46,6 +50,7 @@ class TileConfig:
     swizzle: int = 0
     min_blocks: int = 0
     state_groups: int = 1
+    async_copy: int = 0
 
     @property
     def tensor_core(self):
@@ -74,8 +79,13 @@ class TileConfig:
                              f"got {self}")
         if self.min_blocks < 0 or self.swizzle not in (0, 1, 2):
             raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0, 1 or 2, got {self}")
-        if self.stages not in (1, 2):
-            raise ValueError(f"TileConfig: stages must be 1 or 2, got {self.stages}")
+        if self.async_copy not in (0, 1):
+            raise ValueError(f"TileConfig: async_copy must be 0 or 1, got {self}")
+        if self.async_copy and (self.swizzle != 1 or not 2 <= self.stages <= 4):
+            raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4, "
+                             f"got {self}")
+        if not self.async_copy and self.stages not in (1, 2):
+            raise ValueError(f"TileConfig: stages must be 1 or 2 (up to 4 with async_copy=1), got {self.stages}")
         if self.state_groups < 1:
             raise ValueError(f"TileConfig: state_groups must be >= 1, got {self.state_groups}")
         if self.split_k < 1:
@@ -86,7 +96,7 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        for k in ("states", "swizzle", "min_blocks"):  # newer fields: absent while unused (keys, entries unchanged)
+        for k in ("states", "swizzle", "min_blocks", "async_copy"):  # newer fields: absent while unused (keys, entries unchanged)
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -112,6 +122,8 @@ class TileConfig:
             s += f"_MB{self.min_blocks}"
         if self.state_groups > 1:
             s += f"_SG{self.state_groups}"
+        if self.async_copy:
+            s += "_ASYNC"
         return s
 
     @classmethod
@@ -126,6 +138,8 @@ class TileConfig:
             m = re.fullmatch(r"([A-Z]+)(\d*)", part)
             if m and m.group(1) == "SWZ":
                 kw["swizzle"] = int(m.group(2) or 1)
+            elif part == "ASYNC":
+                kw["async_copy"] = 1
             elif m and m.group(1) in fields and m.group(2):
                 kw[fields[m.group(1)]] = int(m.group(2))
             else:

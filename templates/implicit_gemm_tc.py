@@ -37,7 +37,7 @@ def applies(p):
 
 
 def config_ok(p, cfg):
-    return cfg.tensor_core
+    return cfg.tensor_core and not (cfg.async_copy and p.dtype != "float32")  # copies move float32 words
 
 
 def check_config(cfg, precision):
@@ -47,6 +47,9 @@ def check_config(cfg, precision):
         raise ValueError(f"precision must be one of {PRECISIONS} for {NAME}, got {precision!r}")
     if precision != "tf32" and cfg.BK % 16:  # one m16n8k16 per two 8-deep steps
         raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
+    if 4 * cfg.stages * (cfg.BM + cfg.BN) * cfg.BK > 48 * 1024:
+        raise ValueError(f"config: {cfg.stages} stages of {cfg.BM + cfg.BN} x {cfg.BK} float32 exceed a block's "
+                         f"49152 bytes of static shared memory, got {cfg}")
 
 
 def accepts(cfg, precision):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import (Assign, Barrier, Buffer, Call, Comment, Const, For, If, Kernel, Var, VectorLoad, all_of,
-                  compute_dtype, select)
+from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, Call, Comment, Const, For, If, Kernel,
+                  Var, VectorLoad, all_of, compute_dtype, select)
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
@@ -84,7 +84,15 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     # shared tiles are k-major so the compute phase reads a row of A and a row of B per k step; the swizzled
     # tensor-core layout stores rows along k instead, so a lane reads its fragments as vectors
     S = cfg.stages
-    wmma = WarpMma(cfg, dt, precision) if cfg.tensor_core else None  # tensor cores: warps of MMAs
+    if cfg.async_copy and view.dtype != "float32":
+        raise ValueError(f"config: async_copy copies float32 words into float32 shared tiles; {name} stores "
+                         f"{view.dtype} (use async_copy=0), got {cfg}")
+    if 4 * S * (BM + BN) * BK > 48 * 1024:  # numba's shared arrays are static: 48 KiB per block at most
+        raise ValueError(f"config: {S} stages of {BM + BN} x {BK} float32 need {4 * S * (BM + BN) * BK} bytes of "
+                         f"shared memory, over the 49152 of a block's static shared memory; got {cfg}")
+    # tensor cores: warps of MMAs; asynchronous copies bypass the staging registers, so operands are rounded
+    # where fragments are loaded
+    wmma = WarpMma(cfg, dt, precision, round_fragments=bool(cfg.async_copy)) if cfg.tensor_core else None
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
     ilv = swz and cfg.swizzle == 2  # A's rows g, g + 8 interleaved (warp_mma.interleaved_col)
     if swz:
@@ -196,21 +204,46 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
             return ((q + (line % 8) // (8 // C)) % C) * 4 + e % 4
         return swizzled_col(line, k, BK)
 
+    def shared_at(e, row, col, is_a, stage):
+        """Where element e (tile position row, col) of this thread's share of A or B goes in shared memory."""
+        if not is_a:
+            return (stage, col, shared_col(view.b, e, col, row, False)) if swz else (stage, row, col)
+        if ilv:
+            return (stage, pair_row(row), interleaved_col(col, (row % 16) // 8))
+        return (stage, row, shared_col(view.a, e, row, col, True)) if swz else (stage, col, row)
+
     def commit(stage):
         out = []
         for e in range(EA):
             row, col, in_tile = line_of(view.a, e, BM, BK, True)
-            if ilv:
-                at = (stage, pair_row(row), interleaved_col(col, (row % 16) // 8))
-            else:
-                at = (stage, row, shared_col(view.a, e, row, col, True)) if swz else (stage, col, row)
-            st = As.store(at, staged(ra[e]))
+            st = As.store(shared_at(e, row, col, True, stage), staged(ra[e]))
             out.append(st if (BM * BK) % NT == 0 else If(in_tile, (st,)))
         for e in range(EB):
             row, col, in_tile = line_of(view.b, e, BK, BN, False)
-            st = Bs.store((stage, col, shared_col(view.b, e, col, row, False)) if swz else (stage, row, col),
-                          staged(rb[e]))
+            st = Bs.store(shared_at(e, row, col, False, stage), staged(rb[e]))
             out.append(st if (BK * BN) % NT == 0 else If(in_tile, (st,)))
+        return out
+
+    def issue(kt, stage):
+        """Global -> shared for slice kt without staging registers (async_copy): one 16-byte AsyncCopy per
+        4-element chunk of a vectorized operand (its shared chunk is 4 consecutive words), else one 4-byte
+        copy per element; zeros where the element's predicate fails."""
+        out = []
+        for op, is_a in ((view.a, True), (view.b, False)):
+            rows, cols, E = (BM, BK, EA) if is_a else (BK, BN, EB)
+            inv, names = (inv_a, inv_names_a) if is_a else (inv_b, inv_names_b)
+            lines, base, bound, buf = (BM, m0, view.M, As) if is_a else (BN, n0, view.N, Bs)
+            vec = vectorized(op, is_a)
+            for e in range(0, E, 4 if vec else 1):
+                row, col, in_tile = line_of(op, e, rows, cols, is_a)
+                line, k = (row, col) if is_a else (col, row)
+                pred, val = op.element({n: inv[n][e] for n in names}, kt * BK + k, kt, k,
+                                       *([ctx] if op.context else []))
+                if bound % lines:
+                    pred = (base + line < bound) & pred
+                st = AsyncCopy(buf.name, shared_at(e, row, col, is_a, stage), val.buf, val.index, pred,
+                               4 if vec else 1)
+                out.append(st if (rows * cols) % NT == 0 else If(in_tile, (st,)))
         return out
 
     # --- register-tiled outer products ----------------------------------------------------------
@@ -241,7 +274,29 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
     kt = Var("kt")
     ragged = SK > 1 and nkt % SK  # the last split has fewer slices: guard each one
-    if S == 1:
+    if cfg.async_copy:
+        # S-stage pipeline (CUTLASS's multistage): S - 1 slices are in flight while one is computed.  Per slice:
+        # wait until this thread's copies of slice kt have landed, one barrier (everyone's have landed, and
+        # everyone has finished computing slice kt - 1, whose stage the next copies overwrite), issue slice
+        # kt + S - 1, compute slice kt.  Every iteration commits a group, empty past the end, so that "all
+        # but the S - 2 newest groups" is always slice kt.  Unrolled by S: every stage index is a constant.
+        def one_slice(kt, stage):
+            nxt = kt + (S - 1)
+            body = (For("tid", NT, (AsyncWait(S - 2),), "thread"), Barrier(),
+                    For("tid", NT, (Comment(f"copy slice + {S - 1} into stage {(stage + S - 1) % S}"),
+                                    If(nxt < k_end, tuple(issue(nxt, (stage + S - 1) % S))), AsyncCommit()),
+                        "thread"),
+                    *wmma.compute(tid, NT, As, Bs, stage))
+            return (If(kt < nkt, body),) if ragged else body
+        kp = Var("kp")
+        kloop = [For("kp", k_extent // S, sum((one_slice(k_lo + kp * S + r, r) for r in range(S)), ()), "serial")]
+        kloop += [st for r in range(k_extent % S) for st in one_slice(k_lo + (k_extent // S) * S + r, r)]
+        kloop += [For("tid", NT, (AsyncWait(0),), "thread")]  # nothing is in flight when the block ends
+        prefetch = [Comment(f"the first {S - 1} slices: global -> shared, asynchronously")]
+        for s_ in range(S - 1):
+            prefetch += [If(k_lo + s_ < k_end, tuple(issue(k_lo + s_, s_))), AsyncCommit()]
+        prologue = prologue + prefetch
+    elif S == 1:
         kloop_body = (For("tid", NT, tuple([Comment("stage A and B: global -> shared")] + fetch(kt) + commit(0)),
                           "thread"), Barrier(),
                       *(wmma.compute(tid, NT, As, Bs, 0) if wmma else [For("tid", NT, tuple(thread_xy + compute(0)),
@@ -274,7 +329,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
-    locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + (ra, rb) \
+    locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + (() if cfg.async_copy else (ra, rb)) \
         + tuple(inv_a.values()) + tuple(inv_b.values())
     meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": precision if wmma else "fp32",
             "work": view.M * view.N * view.K * view.groups, **view.meta}

@@ -21,7 +21,7 @@ fragments of a whole slice as one 64/128-bit vector per row (compute_swizzled).
 """
 from __future__ import annotations
 
-from ..ir import Assign, Buffer, Const, For, If, Mma, Var, all_of
+from ..ir import Assign, Buffer, Call, Const, For, If, Mma, Var, all_of
 
 
 def swizzled_col(line, k, BK):
@@ -72,10 +72,12 @@ def lane_columns(g, t, V):
 
 
 class WarpMma:
-    def __init__(self, cfg, dtype, precision="tf32"):
+    def __init__(self, cfg, dtype, precision="tf32", round_fragments=False):
+        """round_fragments: shared tiles hold unrounded operands (asynchronous copies); round each fragment
+        element to the MMA's format when it is loaded."""
         if precision != "tf32" and cfg.BK % 16:
             raise ValueError(f"config: precision={precision!r} (m16n8k16 MMAs) needs BK a multiple of 16, got {cfg}")
-        self.cfg, self.precision = cfg, precision
+        self.cfg, self.precision, self.round = cfg, precision, round_fragments
         self.pair = precision != "tf32"  # one m16n8k16 per two 8-deep steps
         self.MT, self.NT = cfg.WM // 16, cfg.WN // 8
         self.warps_n = cfg.BN // cfg.WN
@@ -92,6 +94,10 @@ class WarpMma:
             self.a_frag = Buffer("a_frag", (self.MT, 4), dtype, "register")
             self.b_frag = Buffer("b_frag", (self.NT, 2), dtype, "register")
         self.locals = (self.acc, self.a_frag, self.b_frag)
+
+    def operand(self, value):
+        """A fragment element as the MMA uses it (rounded here when the shared tiles are not)."""
+        return Call(self.precision, (value,)) if self.round else value
 
     def coords(self, tid):
         """Warp position in the block tile and the lane's (group, thread-in-group) as scalars."""
@@ -158,16 +164,16 @@ class WarpMma:
             setup = setup + [Assign("acol", interleaved_col(V * t, 0))]
             for i_ in range(MT):
                 prow = (wm * (cfg.WM // 16) + i_) * 8 + g  # pair_row of rows g, g + 8 of m-tile i_
-                loads += [self.a_frag.store((i_, x, w), As[stage, prow, Var("acol") + interleaved_col(w, x)])
+                loads += [self.a_frag.store((i_, x, w), self.operand(As[stage, prow, Var("acol") + interleaved_col(w, x)]))
                           for w in range(V) for x in range(2)]
         else:
             for i_ in range(MT):
                 for x in range(2):
                     row = wm * cfg.WM + (i_ * 16 + 8 * x) + g
-                    loads += [self.a_frag.store((i_, x, w), As[stage, row, col(w)]) for w in range(V)]
+                    loads += [self.a_frag.store((i_, x, w), self.operand(As[stage, row, col(w)])) for w in range(V)]
         for j_ in range(NT):
             line = wn * cfg.WN + j_ * 8 + g
-            loads += [self.b_frag.store((j_, w), Bs[stage, line, col(w)]) for w in range(V)]
+            loads += [self.b_frag.store((j_, w), self.operand(Bs[stage, line, col(w)])) for w in range(V)]
         if self.pair:  # 16-bit: one MMA per two steps, 2 ks and 2 ks + 1
             mma = Mma(tuple(self.acc[i, j, r] for r in range(4)),
                       tuple(self.a_frag[i, r % 2, ks * 4 + s * 2 + r // 2] for s in range(2) for r in range(4)),

@@ -186,7 +186,12 @@ SWIZZLED_CPU_TILES = [TileConfig(32, 16, 8, WM=16, WN=8, swizzle=1),
                       TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1, min_blocks=2),
                       # interleaved A rows (swizzle=2): BK 8 unpadded, BK 16 with padded pair rows
                       TileConfig(32, 16, 8, WM=16, WN=8, swizzle=2),
-                      TileConfig(64, 16, 16, WM=32, WN=8, stages=2, swizzle=2)]
+                      TileConfig(64, 16, 16, WM=32, WN=8, stages=2, swizzle=2),
+                      # asynchronous copies (no staging registers, fragments rounded when loaded): 2 to 4 stages,
+                      # element copies (ragged_groups: channels not in fours) and 16-byte chunk copies
+                      TileConfig(32, 16, 8, WM=16, WN=8, stages=3, swizzle=1, async_copy=1),
+                      TileConfig(32, 16, 16, WM=16, WN=8, stages=4, swizzle=1, async_copy=1),
+                      TileConfig(32, 32, 32, WM=16, WN=16, stages=2, swizzle=1, async_copy=1)]
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -217,6 +222,25 @@ def test_cuda_rendering_uses_the_intrinsics():
     assert "LAUNCH_BOUNDS = (256, 2)" in src and "**jit_launch_bounds(LAUNCH_BOUNDS)" in src
     fp32 = render_cuda(make_plan(p, "cuda").kernel_ir(), cache=False)
     assert "tf32" not in fp32 and "mma" not in fp32
+
+
+def test_async_copy_rendering_and_validation():
+    """async_copy=1: the CUDA module copies with cp.async into 16-byte aligned shared tiles and keeps no
+    staging registers; configs it cannot build are refused with the reason, before any kernel exists."""
+    p = make_problem("fwd", (4, 9, 9, 32), (64, 3, 3, 32), padding=1)
+    cfg = TileConfig(128, 64, 16, WM=64, WN=32, stages=3, swizzle=1, async_copy=1)
+    src = render_cuda(make_plan(p, "cuda", config=cfg, precision="tf32").kernel_ir(), cache=False)
+    assert "copy_async4(As, " in src and "copy_async4(Bs, " in src and "copy_async_wait(1)" in src
+    assert "alignment=16" in src and "ra_0" not in src and "load4(" not in src
+    # 3 unrolled slices x 4 x 4 MMA tiles x 2 k-steps; every fragment element rounded as it is loaded
+    assert src.count("= mma_m16n8k8_tf32(") == 96 and src.count("= tf32(As[") == 3 * 32
+    assert str(cfg) == "BM128_BN64_BK16_WM64_WN32_S3_SWZ_ASYNC" and TileConfig.parse(str(cfg)) == cfg
+    for bad in (dict(stages=5), dict(stages=1), dict(swizzle=2), dict(swizzle=0)):
+        with pytest.raises(ValueError, match="async_copy"):
+            TileConfig(128, 64, 16, WM=64, WN=32, **{**dict(stages=3, swizzle=1, async_copy=1), **bad}).validate()
+    with pytest.raises(ValueError, match="static shared memory"):
+        make_plan(p, "cuda", config=TileConfig(128, 64, 32, WM=64, WN=32, stages=3, swizzle=1, async_copy=1),
+                  precision="tf32").kernel_ir()
 
 
 def test_vector_staging_only_where_channels_come_in_fours():

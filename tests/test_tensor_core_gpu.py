@@ -70,7 +70,15 @@ GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
                TileConfig(64, 64, 32, WM=32, WN=32, swizzle=1),
                TileConfig(64, 32, 16, WM=32, WN=16, split_k=3, stages=2, swizzle=1),
                TileConfig(128, 64, 16, WM=64, WN=32, split_k=5, stages=2, swizzle=1),  # bwd-weight's new pick
-               TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)]
+               TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2),
+               # asynchronous copies (cp.async): 3 and 4 stages, BK 8 / 16 / 32, a ragged split-K
+               TileConfig(128, 64, 16, WM=64, WN=32, stages=3, swizzle=1, async_copy=1),
+               TileConfig(128, 64, 16, WM=64, WN=32, stages=4, swizzle=1, async_copy=1),
+               TileConfig(128, 64, 8, WM=64, WN=32, stages=4, swizzle=1, async_copy=1),
+               TileConfig(64, 64, 32, WM=32, WN=32, stages=3, swizzle=1, async_copy=1),
+               TileConfig(64, 32, 16, WM=32, WN=16, split_k=3, stages=3, swizzle=1, async_copy=1)]
+
+ASYNC_CONFIG = TileConfig(128, 64, 16, WM=64, WN=32, stages=3, swizzle=1, async_copy=1)
 
 
 LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
@@ -116,21 +124,26 @@ def test_gpu_tf32_layouts(config, direction, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, ASYNC_CONFIG], ids=str)
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
-def test_gpu_tf32_inputs_not_16_byte_aligned(direction, rng):
+def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
     """Arrays that start one float into an allocation (a torch or CuPy slice can): the vector staging
-    falls back to 4-byte loads instead of faulting or reading the wrong elements."""
+    (16-byte loads, or 16-byte asynchronous copies) falls back to 4-byte ones instead of faulting or
+    reading the wrong elements."""
     from numba import cuda
 
     def shifted(a):
-        return cuda.to_device(np.concatenate([np.float32([7.0]), a.ravel()]))[1:].reshape(a.shape)
+        return cuda.to_device(np.concatenate([np.float32([7.0]), a.ravel()]))[1:]
     x_shape, w_shape, kw = (4, 12, 12, 32), (64, 3, 3, 32), dict(padding=1)
     x, w, dy = tensors(rng, x_shape, w_shape, kw)
-    if direction == "fwd":
-        got = kernelgen.conv(shifted(x), shifted(w), **kw, precision="tf32")
-    else:
-        got = kernelgen.conv_backward_data(shifted(dy), shifted(w), x.shape, **kw, precision="tf32")
-    err = check_tf32(got.copy_to_host(), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
+    args = {"x": shifted(x), "w": shifted(w)} if direction == "fwd" else {"dy": shifted(dy), "w": shifted(w)}
+    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    args[launcher.outputs[0]] = out
+    launcher(args)
+    got = out.copy_to_host().reshape(p.output_shape)
+    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
     assert err <= 1e-4, f"{direction}: {err:.3g} from the TF32-rounded reference"
 
 
