@@ -12,7 +12,7 @@ copy_async(dst, i, src, j, cond) / copy_async4(...): dst[i (.. i + 3)] = src[j (
 for a float32 shared array dst and a float32 global array src, by cp.async (sm_80+): the words go from
 global memory to shared memory without the thread's registers, and land some time before the thread's
 copy_async_wait(n) returns for their group (copy_async_commit() closes one).  Where cond fails the copy
-reads nothing (source size 0) and fills zeros.  copy_async4 is one 16-byte cp.async.cg when src is 16-byte
+reads nothing (source size 0) and fills zeros.  copy_async4 is one 16-byte cp.async when src is 16-byte
 aligned (dst is: its rows are 16-byte aligned shared arrays, alignment=16), else four 4-byte copies; as in
 load4 the kernel tests src's pointer.  In the simulator the copies are immediate and commit/wait do nothing.
 """
@@ -84,10 +84,11 @@ else:
 
     # cp.async with a source size: `cond ? width : 0` bytes are read, the rest of the destination is zero-filled.
     # The destination is a 32-bit shared-window address; the source, generic, goes through cvta.to.global.
-    # .cg (bypass L1) exists for 16-byte copies only; 4-byte ones are .ca.
+    # .ca: cached in L1 too, as plain loads are: an implicit-GEMM block reads the same input rows for neighbouring
+    # filter taps, and those repeats hit in L1 instead of costing L2 bandwidth (.cg would bypass L1).
     _COPY4 = ("{ .reg .pred w, n; .reg .u64 g; .reg .u32 s4;"
               " setp.ne.b32 w, $3, 0; setp.eq.b32 n, $3, 0; cvta.to.global.u64 g, $1; shr.u32 s4, $2, 2;"
-              " @w cp.async.cg.shared.global [$0], [g], 16, $2;"
+              " @w cp.async.ca.shared.global [$0], [g], 16, $2;"
               " @n cp.async.ca.shared.global [$0], [g], 4, s4; @n cp.async.ca.shared.global [$0+4], [g+4], 4, s4;"
               " @n cp.async.ca.shared.global [$0+8], [g+8], 4, s4;"
               " @n cp.async.ca.shared.global [$0+12], [g+12], 4, s4; }")
