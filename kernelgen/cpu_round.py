@@ -79,3 +79,31 @@ def f32_to_f16_bits(x):
         return uint16(sign | int(math.ldexp(r, 24)))
     _, e = math.frexp(r)  # r = m * 2**e, 0.5 <= m < 1: exponent field e - 1 + 15, 10 fraction bits below the 1
     return uint16(sign | ((e + 14) << 10) | (int(math.ldexp(r, 11 - e)) - 1024))
+
+
+@njit(cache=True)
+def tf32_truncate(x):
+    """x with its low 13 mantissa bits dropped (toward zero): how a warpgroup MMA reads a float32 operand."""
+    if x == 0.0 or not math.isfinite(x):
+        return float32(x)
+    m, e = math.frexp(x)
+    return float32(math.copysign(math.ldexp(math.floor(abs(m) * 2048.0), e - 11), x))
+
+
+@njit(cache=True)
+def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread):
+    """ir.WarpgroupMma for one thread: acc[first + 4 j + r] += sum over k < 8 of A[row, k] B[col, k], with
+    row = 16 w + g + 8 (r // 2), col = 8 j + 2 t + r % 2 (w, g, t: the thread's warp in its warpgroup, group
+    and thread in group), both operands read from their core-matrix layout in shared memory and truncated to
+    TF32.  The products are exact in float32 (11 + 11 significant bits); they are summed in float32."""
+    w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
+    for i in range(n // 2):
+        j, r = i // 4, i % 4
+        row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
+        s = float32(0.0)
+        for k in range(8):
+            at = (k // 4) * lbo + k % 4
+            av = a[a0 + (row // 8) * sbo + (row % 8) * 4 + at]
+            bv = b[b0 + (col // 8) * sbo + (col % 8) * 4 + at]
+            s += tf32_truncate(av) * tf32_truncate(bv)
+        acc[first + i] += s

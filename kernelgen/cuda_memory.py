@@ -15,6 +15,10 @@ copy_async_wait(n) returns for their group (copy_async_commit() closes one).  Wh
 reads nothing (source size 0) and fills zeros.  copy_async4 is one 16-byte cp.async when src is 16-byte
 aligned (dst is: its rows are 16-byte aligned shared arrays, alignment=16), else four 4-byte copies; as in
 load4 the kernel tests src's pointer.  In the simulator the copies are immediate and commit/wait do nothing.
+
+load4_aligned / copy_async16: the same for an array known to start 16-byte aligned (render_cuda's KERNEL; the
+launcher checks each call's arrays and runs KERNEL_ANY_ALIGNMENT otherwise): the 16-byte access alone, with no
+test and no 4-byte fallback, whose predicated-off instructions still occupy the load/store queue.
 """
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     def copy_async_commit():
         pass
 
+    load4_aligned, copy_async16 = load4, copy_async4
+
     def copy_async_wait(pending):
         pass
 else:
@@ -59,6 +65,28 @@ else:
               " @w ld.global.v4.f32 {$0, $1, $2, $3}, [g];"
               " @n ld.global.f32 $0, [g]; @n ld.global.f32 $1, [g+4]; @n ld.global.f32 $2, [g+8];"
               " @n ld.global.f32 $3, [g+12]; }")
+
+    _LOAD16 = ("{ .reg .pred c; .reg .u64 g; setp.ne.b32 c, $5, 0; cvta.to.global.u64 g, $4;"
+               " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;"
+               " @c ld.global.v4.f32 {$0, $1, $2, $3}, [g]; }")
+
+    @intrinsic
+    def load4_aligned(typingctx, a, i, cond):
+        """load4 for an array the launcher has checked to start 16-byte aligned: the 16-byte load only."""
+        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
+            return None
+        ret = types.UniTuple(types.float32, 4)
+
+        def codegen(context, builder, sig, args):
+            aty, ity, cty = sig.args
+            ary = context.make_array(aty)(context, builder, args[0])
+            idx = context.cast(builder, args[1], ity, types.intp)
+            ok = builder.zext(context.is_true(builder, cty, args[2]), _I32)
+            addr = builder.ptrtoint(builder.gep(ary.data, [idx]), _I64)
+            out = builder.asm(ir.FunctionType(_V4, [_I64, _I32]), _LOAD16,
+                              "=f,=f,=f,=f,l,r", [addr, ok], side_effect=False, name="load16")
+            return context.make_tuple(builder, ret, [builder.extract_value(out, j) for j in range(4)])
+        return ret(a, i, cond), codegen
 
     @intrinsic
     def load4(typingctx, a, i, cond):
@@ -93,12 +121,14 @@ else:
               " @n cp.async.ca.shared.global [$0+8], [g+8], 4, s4;"
               " @n cp.async.ca.shared.global [$0+12], [g+12], 4, s4; }")
     _COPY1 = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [$0], [g], 4, $2; }"
+    # the source is known 16-byte aligned (the launcher checked the array): one 16-byte copy, nothing else
+    _COPY16 = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [$0], [g], 16, $2; }"
 
     def _element_address(context, builder, aty, ary_value, ity, index):
         ary = context.make_array(aty)(context, builder, ary_value)
         return ary, builder.gep(ary.data, [context.cast(builder, index, ity, types.intp)])
 
-    def _copy_codegen(width):
+    def _copy_codegen(width, aligned=False):
         def codegen(context, builder, sig, args):
             dty, ity, sty, jty, cty = sig.args
             _, dptr = _element_address(context, builder, dty, args[0], ity, args[1])
@@ -108,12 +138,12 @@ else:
             ok = context.is_true(builder, cty, args[4])
             size = builder.select(ok, ir.Constant(_I32, 4 * width), ir.Constant(_I32, 0))
             operands = [shared, builder.ptrtoint(sptr, _I64), size]
-            if width == 4:
+            if width == 4 and not aligned:
                 base = builder.ptrtoint(src.data, _I64)
                 operands.append(builder.zext(builder.icmp_unsigned(
                     "==", builder.and_(base, ir.Constant(_I64, 15)), ir.Constant(_I64, 0)), _I32))
             ftype = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
-            builder.asm(ftype, _COPY4 if width == 4 else _COPY1, ",".join(["r", "l", "r", "r"][:len(operands)])
+            builder.asm(ftype, _COPY16 if aligned else _COPY4 if width == 4 else _COPY1, ",".join(["r", "l", "r", "r"][:len(operands)])
                         + ",~{memory}", operands, side_effect=True, name="cp_async")
             return context.get_dummy_value()
         return codegen
@@ -132,6 +162,11 @@ else:
     def copy_async4(typingctx, dst, i, src, j, cond):
         sig = _copy_signature(dst, i, src, j, cond)
         return (sig, _copy_codegen(4)) if sig else None
+
+    @intrinsic
+    def copy_async16(typingctx, dst, i, src, j, cond):
+        sig = _copy_signature(dst, i, src, j, cond)
+        return (sig, _copy_codegen(4, aligned=True)) if sig else None
 
     @intrinsic
     def copy_async_commit(typingctx):

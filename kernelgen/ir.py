@@ -267,6 +267,61 @@ class AsyncWait(Stmt):
     pending: int
 
 
+@dataclass(frozen=True)
+class WarpgroupMma(Stmt):
+    """Warpgroup matrix multiply-accumulate, D[64 x n] += A[64 x 8] @ B[8 x n] in TF32, both operands read
+    from shared memory (CUDA: sm_90a wgmma.mma_async).  A warpgroup-collective statement: the 4 consecutive
+    warps of threads 128 q .. 128 q + 127 execute it together.  With w = (thread % 128) // 32, g = lane // 4,
+    t = lane % 4, the n / 2 accumulators `acc` (register-buffer elements, read and written) are
+
+        acc[4 j + r] = D[16 w + g + 8 (r // 2), 8 j + 2 t + r % 2]      (mma.sync's m16n8 layout along n)
+
+    Operand tiles are stored K-major in 8-row x 4-word core matrices (128 contiguous bytes): element (row, k)
+    of A is word  a_index + (row // 8) sbo + (k // 4) lbo + (row % 8) 4 + k % 4  of shared buffer `a`, B's
+    (column, k) likewise in `b`; a_index and b_index are multiples of 4.  Operands are used as TF32 by
+    truncation (their low 13 bits ignored), products accumulated in float32.
+    Asynchronous: a batch of these follows a WarpgroupFence and ends with a WarpgroupCommit; the accumulators
+    may be read only after a WarpgroupWait that covers the batch.  Shared memory written by the threads
+    (stores, AsyncCopy) is read correctly only after an AsyncProxyFence by the writers and then a Barrier."""
+    acc: Tuple[Expr, ...]
+    a: str
+    a_index: Tuple[Expr, ...]
+    b: str
+    b_index: Tuple[Expr, ...]
+    n: int
+    lbo: int  # words between core matrices adjacent along k
+    sbo: int  # words between core matrices adjacent along rows (m for A, n for B)
+
+    def __post_init__(self):
+        if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
+            raise ValueError(f"WarpgroupMma: n must be a multiple of 8 in 8..256 with n / 2 accumulators, got "
+                             f"n={self.n} and {len(self.acc)}")
+
+
+@dataclass(frozen=True)
+class WarpgroupFence(Stmt):
+    """Before a batch of WarpgroupMma: orders the thread's earlier accesses to the accumulators before it."""
+
+
+@dataclass(frozen=True)
+class WarpgroupCommit(Stmt):
+    """Closes the batch of WarpgroupMma issued since the last commit."""
+
+
+@dataclass(frozen=True)
+class WarpgroupWait(Stmt):
+    """Waits until at most `pending` committed batches are in flight; `acc` (the accumulators the batches
+    write) are valid afterwards."""
+    pending: int
+    acc: Tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class AsyncProxyFence(Stmt):
+    """Makes the thread's shared-memory writes (stores and landed AsyncCopy) visible to WarpgroupMma operand
+    reads; a Barrier after it extends that to every thread's writes."""
+
+
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
 # Storage-only dtypes -> the dtype their values are computed in.  A global buffer may store float16
@@ -362,6 +417,11 @@ def map_stmt_exprs(s, fn):
         return VectorLoad(tuple(map(fn, s.dst)), s.buf, fn(s.index), fn(s.cond))
     if isinstance(s, AsyncCopy):
         return AsyncCopy(s.dst, tuple(map(fn, s.dst_index)), s.src, tuple(map(fn, s.src_index)), fn(s.cond), s.width)
+    if isinstance(s, WarpgroupMma):
+        return WarpgroupMma(tuple(map(fn, s.acc)), s.a, tuple(map(fn, s.a_index)), s.b, tuple(map(fn, s.b_index)),
+                            s.n, s.lbo, s.sbo)
+    if isinstance(s, WarpgroupWait):
+        return WarpgroupWait(s.pending, tuple(map(fn, s.acc)))
     return s
 
 

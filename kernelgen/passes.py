@@ -9,6 +9,7 @@ import operator
 from dataclasses import replace
 
 from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var, VectorLoad,
+                 WarpgroupMma, WarpgroupWait,
                  expr_vars, map_expr, map_stmt_exprs, walk_stmts)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -188,6 +189,9 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
             if isinstance(s, AsyncCopy):
                 s = replace(s, dst_index=linear(s.dst, s.dst_index) if len(s.dst_index) != 1 else s.dst_index,
                             src_index=linear(s.src, s.src_index) if len(s.src_index) != 1 else s.src_index)
+            if isinstance(s, WarpgroupMma):
+                s = replace(s, a_index=linear(s.a, s.a_index) if len(s.a_index) != 1 else s.a_index,
+                            b_index=linear(s.b, s.b_index) if len(s.b_index) != 1 else s.b_index)
             out.append(s)
         return tuple(out)
 
@@ -286,6 +290,8 @@ def _stmt_exprs(s):
         return [s.index, s.cond]
     if isinstance(s, AsyncCopy):
         return list(s.dst_index) + list(s.src_index) + [s.cond]
+    if isinstance(s, WarpgroupMma):  # not the accumulators: they are written
+        return list(s.a_index) + list(s.b_index)
     return []
 
 
@@ -300,8 +306,8 @@ def _assigned(stmts, out=None):
             _assigned(s.body, out)
         elif isinstance(s, If):
             _assigned(s.body, out), _assigned(s.orelse, out)
-        elif isinstance(s, (Mma, VectorLoad)):  # rebind their accumulator / destination scalars
-            for e in (s.acc if isinstance(s, Mma) else s.dst):
+        elif isinstance(s, (Mma, VectorLoad, WarpgroupMma, WarpgroupWait)):  # rebind accumulator / destination scalars
+            for e in (s.dst if isinstance(s, VectorLoad) else s.acc):
                 if isinstance(e, Var):
                     out[e.name] = out.get(e.name, 0) + 1
     return out

@@ -6,7 +6,8 @@ indexed.
 """
 from __future__ import annotations
 
-from .ir import (STORAGE_DTYPES, Assign, AsyncCommit, AsyncCopy, AsyncWait, Barrier, BinOp, Call, Comment, Const, For, If, Kernel, Load, Mma, Select,
+from .ir import (STORAGE_DTYPES, Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Barrier, BinOp, Call, Comment,
+                 Const, For, If, Kernel, Load, Mma, Select, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                  Store, Var, VectorLoad, compute_dtype)
 
 _PY_OPS = {"and": "and", "or": "or"}
@@ -113,11 +114,22 @@ class SourcePrinter:
             self.async_copy(s, depth)
         elif isinstance(s, (AsyncCommit, AsyncWait)):
             self.async_fence(s, depth)
+        elif isinstance(s, WarpgroupMma):
+            self.warpgroup_mma(s, depth)
+        elif isinstance(s, (WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence)):
+            self.warpgroup_sync(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
 
     def mma(self, s, depth):
         raise TypeError(f"{type(self).__name__} cannot render a warp-level Mma")
+
+    def warpgroup_mma(self, s, depth):
+        raise TypeError(f"{type(self).__name__} cannot render a WarpgroupMma")
+
+    def warpgroup_sync(self, s, depth):
+        """Warpgroup MMAs finish when issued on targets that emulate them: fences and waits do nothing."""
+        self.emit(depth, f"pass  # {type(s).__name__}: warpgroup MMAs are synchronous on this target")
 
     def vector_load(self, s, depth):
         """Element by element (targets with a wide load override this)."""

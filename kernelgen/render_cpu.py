@@ -6,9 +6,11 @@ thread dimension so each simulated thread keeps its own copy across phases.
 """
 from __future__ import annotations
 
-from .ir import Kernel, Load
+import numpy as np
+
+from .ir import Const, Kernel, Load
 from .mma_layout import WARP
-from .passes import lower
+from .passes import _strides, lower
 from .render_base import SourcePrinter, launch_constants
 
 
@@ -51,6 +53,24 @@ class CpuPrinter(SourcePrinter):
                     self.emit(depth + 1, f"_s += {rnd}({frag(s.a[4 * st + h + 2 * half], '_g * 4 + _k')}) * "
                                          f"{rnd}({frag(s.b[2 * st + half], col + ' * 4 + _k')})")
             self.emit(depth, f"{acc.buf}[{self.index(acc.buf, acc.index)}] += _s")
+
+    def warpgroup_mma(self, s, depth):
+        """The warpgroup MMA per thread (kernelgen.cpu_round.wgmma_tf32): each thread reads the operands of its
+        own accumulators from shared memory, which earlier thread phases filled."""
+        first = s.acc[0]
+        shape = self.kernel.buffer(first.buf).shape if isinstance(first, Load) else ()
+        flat = lambda e: sum(i.value * st for i, st in zip(e.index, _strides(shape)))
+        ok = all(isinstance(e, Load) and e.buf == first.buf and self.scopes.get(e.buf) == "register"
+                 and all(isinstance(i, Const) for i in e.index) for e in s.acc)
+        if not ok or [flat(e) for e in s.acc] != list(range(flat(first), flat(first) + len(s.acc))):
+            raise ValueError("CPU WarpgroupMma: the accumulators must be consecutive elements of one register buffer")
+        # the thread's registers as one flat row: the helper indexes them from the first accumulator on
+        row = f"{first.buf}[{self.thread_var}]" + (f".reshape({int(np.prod(shape))})" if len(shape) > 1 else "")
+        self.helpers.add("wgmma_tf32")
+        (ai,), (bi,) = s.a_index, s.b_index
+        tid = self.thread_var
+        self.emit(depth, f"wgmma_tf32({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
+                         f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid})")
 
     # float16 buffers arrive as their uint16 bit patterns (numba's CPU target has no float16): kernelgen.cpu_round
     def widen(self, text):

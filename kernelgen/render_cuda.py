@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from .ir import Assign, AsyncCopy, AsyncWait, BinOp, Call, Const, For, Kernel, Select, Var, walk_stmts
+from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, Select, Var,
+                 WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait, walk_stmts)
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 
@@ -23,12 +24,18 @@ def index32_safe(kernel: Kernel) -> bool:
 
 
 class CudaPrinter(SourcePrinter):
-    def __init__(self, kernel: Kernel, index32: bool = False):
+    def __init__(self, kernel: Kernel, index32: bool = False, aligned: bool = False, name: str | None = None):
+        """aligned: every array argument starts 16-byte aligned (the launcher checks; see render_cuda), so
+        16-byte loads and copies need no run-time alignment test and no 4-byte fallback.  name: the function's
+        name (default: the kernel's)."""
         super().__init__(kernel)
         self.index32 = index32
+        self.aligned = aligned
+        self.name = name or kernel.name
         self.int_vars = set()
         self.nonneg_vars = set()  # ints proven >= 0 (grid, thread and loop indices, sums of those...)
         self.memory_helpers = set()  # what the module imports from kernelgen.cuda_memory
+        self.wgmma_helpers = set()  # ... and from kernelgen.cuda_wgmma
 
     def is_int(self, e) -> bool:
         if isinstance(e, Const):
@@ -99,14 +106,15 @@ class CudaPrinter(SourcePrinter):
     def vector_load(self, s, depth):
         if len(s.dst) != 4 or self.kernel.buffer(s.buf).dtype != "float32":  # load4 reads 4 float32 words
             return super().vector_load(s, depth)
-        self.memory_helpers.add("load4")
+        fn = "load4_aligned" if self.aligned else "load4"
+        self.memory_helpers.add(fn)
         dst = ", ".join(self.expr(d) for d in s.dst)
-        self.emit(depth, f"{dst} = load4({s.buf}, {self.expr(s.index)}, {self.expr(s.cond)})")
+        self.emit(depth, f"{dst} = {fn}({s.buf}, {self.expr(s.index)}, {self.expr(s.cond)})")
 
     def async_copy(self, s, depth):
         if self.kernel.buffer(s.src).dtype != "float32" or self.kernel.buffer(s.dst).dtype != "float32":
             raise ValueError(f"AsyncCopy {s.src} -> {s.dst}: the CUDA copies move float32 words only")
-        fn = "copy_async4" if s.width == 4 else "copy_async"
+        fn = ("copy_async16" if self.aligned else "copy_async4") if s.width == 4 else "copy_async"
         self.memory_helpers.add(fn)
         (di,), (si,) = s.dst_index, s.src_index
         self.emit(depth, f"{fn}({s.dst}, {self.expr(di)}, {s.src}, {self.expr(si)}, {self.expr(s.cond)})")
@@ -115,6 +123,26 @@ class CudaPrinter(SourcePrinter):
         fn = "copy_async_wait" if isinstance(s, AsyncWait) else "copy_async_commit"
         self.memory_helpers.add(fn)
         self.emit(depth, f"{fn}({s.pending})" if isinstance(s, AsyncWait) else f"{fn}()")
+
+    def warpgroup_mma(self, s, depth):
+        fn = f"wgmma_tf32_m64n{s.n}k8"
+        self.wgmma_helpers |= {fn, "smem_desc"}
+        acc = ", ".join(self.expr(e) for e in s.acc)
+        (ai,), (bi,) = s.a_index, s.b_index
+        # descriptors take byte offsets; the IR counts words
+        self.emit(depth, f"{acc} = {fn}(({acc},), smem_desc({s.a}, {self.expr(ai)}, {4 * s.lbo}, {4 * s.sbo}), "
+                         f"smem_desc({s.b}, {self.expr(bi)}, {4 * s.lbo}, {4 * s.sbo}))")
+
+    def warpgroup_sync(self, s, depth):
+        if isinstance(s, WarpgroupWait):
+            self.wgmma_helpers.add("wgmma_wait")
+            acc = ", ".join(self.expr(e) for e in s.acc)
+            self.emit(depth, f"{acc} = wgmma_wait(({acc},), {s.pending})")
+            return
+        fn = {WarpgroupFence: "wgmma_fence", WarpgroupCommit: "wgmma_commit", AsyncProxyFence: "async_proxy_fence"}[
+            type(s)]
+        self.wgmma_helpers.add(fn)
+        self.emit(depth, f"{fn}()")
 
     def thread_loop(self, s, depth):
         # every thread runs the phase once: the loop disappears
@@ -130,6 +158,7 @@ class CudaPrinter(SourcePrinter):
         self.emit(depth, "cuda.syncthreads()")
 
     def render(self) -> str:
+        """The kernel function; self.dynamic: its bytes of dynamic shared memory (0: static arrays only)."""
         k = self.kernel
         grid_loops, block = self.split_grid()
         args = ", ".join(b.name for b in k.params)
@@ -139,7 +168,7 @@ class CudaPrinter(SourcePrinter):
             self.emit(0, "@cuda.jit(cache=_CACHE, **jit_launch_bounds(LAUNCH_BOUNDS))")
         else:
             self.emit(0, "@cuda.jit(cache=_CACHE)")
-        self.emit(0, f"def {k.name}({args}):")
+        self.emit(0, f"def {self.name}({args}):")
         self.docstring(1)
         for g in grid_loops:
             self.int_vars.add(g.var)
@@ -147,13 +176,34 @@ class CudaPrinter(SourcePrinter):
             self.emit(1, f"{g.var} = cuda.blockIdx.{_AXES[g.axis]}")
         # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size)
         wide = {s.dst for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}
+        wide |= {b for s in walk_stmts(k.body) if isinstance(s, WarpgroupMma) for b in (s.a, s.b)}  # descriptors
+        shared = [b for b in k.locals if b.scope == "shared"]
+        dynamic = sum(b.size * _BYTES[b.dtype] for b in shared)
+        if dynamic > STATIC_SHARED_LIMIT and len({b.dtype for b in shared}) == 1:
+            # past 48 KiB a block's shared memory must be dynamic (the launcher opts in): one extern array,
+            # each buffer a slice of it at a 16-byte aligned offset
+            self.emit(1, f"_smem = cuda.shared.array(0, {shared[0].dtype}, alignment=16)")
+            at = 0
+            for b in shared:
+                self.emit(1, f"{b.name} = _smem[{at}:{at + b.size}]")
+                at += -(-b.size * _BYTES[b.dtype] // 16) * 16 // _BYTES[b.dtype]
+            dynamic = at * _BYTES[shared[0].dtype]
+        else:
+            dynamic = 0
         for b in k.locals:
+            if dynamic and b.scope == "shared":
+                continue
             kind = "shared" if b.scope == "shared" else "local"
             align = ", alignment=16" if b.name in wide else ""
             self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {b.dtype}{align})")
         self.stmts(block, 1)
-        return "\n".join(self.lines) + "\n" + launch_constants(k)
+        self.dynamic = dynamic
+        return "\n".join(self.lines) + "\n"
 
+
+ALIGNED_HELPERS = {"load4_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes; more must be dynamic shared memory (runtime.launch opts the kernel in)
+_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "float16": 2}
 
 HEADER = """\
 # Generated by kernelgen (CUDA target). Do not edit: regenerate with kernelgen.explain(...).
@@ -173,11 +223,28 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
     lowered = lower(kernel, "cuda")
     if index32 is None:
         index32 = index32_enabled() and index32_safe(lowered)
-    printer = CudaPrinter(lowered, index32)
+    # Specialised on alignment, as Triton specialises on 16-byte divisibility: KERNEL assumes every array starts
+    # 16-byte aligned (one 16-byte load or copy per vector, no test, no predicated-off 4-byte fallback in the
+    # load/store queue); a module whose kernel has 16-byte accesses also defines KERNEL_ANY_ALIGNMENT, which
+    # tests each array and falls back, and which the launcher runs (compiling it on first use) when a caller's
+    # array is not aligned (a slice starting one float in, say).
+    printer = CudaPrinter(lowered, index32, aligned=True)
     body = printer.render()
-    mma = f"from kernelgen.cuda_mma import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
+    printers = [printer]
+    constants = launch_constants(lowered)
+    if printer.memory_helpers & ALIGNED_HELPERS:
+        anywhere = CudaPrinter(lowered, index32, name=f"{lowered.name}_any_alignment")
+        body += "\n\n" + anywhere.render()
+        printers.append(anywhere)
+        constants += f"KERNEL_ANY_ALIGNMENT = {anywhere.name}\n"
+    if printer.dynamic:
+        constants += f"DYNAMIC_SHARED = {printer.dynamic}\n"
+    helpers = lambda attr: sorted(set().union(*(getattr(p, attr) for p in printers)))
+    mma = f"from kernelgen.cuda_mma import {', '.join(helpers('helpers'))}\n" if printer.helpers else ""
     if lowered.meta.get("launch_bounds"):
         mma += "from kernelgen.cuda_mma import jit_launch_bounds\n"
+    if printer.wgmma_helpers:
+        mma += f"from kernelgen.cuda_wgmma import {', '.join(helpers('wgmma_helpers'))}\n"
     if printer.memory_helpers:
-        mma += f"from kernelgen.cuda_memory import {', '.join(sorted(printer.memory_helpers))}\n"
-    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body
+        mma += f"from kernelgen.cuda_memory import {', '.join(helpers('memory_helpers'))}\n"
+    return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body + constants

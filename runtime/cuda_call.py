@@ -77,6 +77,11 @@ def _new_output(template, shape, dtype, nstream):
 def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
     result = out if out is not None else _new_output(template, shape, dtype, nstream)
     ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params]
+    if not launcher.aligned([p for p, _ in ptr_sizes]):  # the alignment-specialised kernel cannot take these
+        args = {name: arrays.to_device_view(result if name == out_name else inputs[name], name)
+                for name in launcher.params}
+        launcher({name: d.reshape(d.size) for name, d in args.items()}, nstream)
+        return result if out is not None or type(result) is type(template) else arrays.like_input(result, template)
 
     def zero():
         flat = arrays.to_device_view(result, "out")
@@ -94,12 +99,13 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
     launches) it is an ordinary call with out=."""
     result = run_cuda(prep, inputs, template, stream, out)
     launcher, nstream = prep.launcher, as_numba_stream(stream)
-    if not launcher.fast:
+    out_name = launcher.outputs[0]
+    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params] \
+        if launcher.fast else None
+    if not launcher.fast or not launcher.aligned([p for p, _ in ptr_sizes]):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call
-    out_name = launcher.outputs[0]
-    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params]
     launch = launcher._fast.bound(ptr_sizes, np.dtype(prep.problem.dtype).itemsize, stream_handle(nstream))
     flat = arrays.to_device_view(result, "out")
     flat = flat.reshape(flat.size)

@@ -71,7 +71,7 @@ class _FastLaunch:
 
     _lib = None
 
-    def __init__(self, dispatcher, grid, threads, n_params):
+    def __init__(self, dispatcher, grid, threads, n_params, shared_bytes=0):
         import ctypes
         import threading
         if _FastLaunch._lib is None:
@@ -81,6 +81,7 @@ class _FastLaunch:
         grid = tuple(grid) if isinstance(grid, tuple) else (grid,)
         self.grid = grid + (1,) * (3 - len(grid))
         self.threads = threads
+        self.shared = shared_bytes
         self.words = (ctypes.c_int64 * (7 * n_params))()
         base = ctypes.addressof(self.words)
         self.params = (ctypes.c_void_p * (7 * n_params))(*[base + 8 * i for i in range(7 * n_params)])
@@ -100,10 +101,10 @@ class _FastLaunch:
             words[7 * i + 2: 7 * i + 7] = [n, itemsize, ptr, n, itemsize]
         base = ctypes.addressof(words)
         params = (ctypes.c_void_p * len(words))(*[base + 8 * i for i in range(len(words))])
-        launch, handle, (gx, gy, gz), threads = self.launch, self.handle, self.grid, self.threads
+        launch, handle, (gx, gy, gz), threads, shared = self.launch, self.handle, self.grid, self.threads, self.shared
 
         def call():
-            err = launch(handle, gx, gy, gz, threads, 1, 1, 0, stream_handle, params, None)
+            err = launch(handle, gx, gy, gz, threads, 1, 1, shared, stream_handle, params, None)
             if err:
                 raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
         call.keep_alive = (words, params)
@@ -120,7 +121,7 @@ class _FastLaunch:
             words[i + 6] = itemsize
             i += 7
         gx, gy, gz = self.grid
-        err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, 0, stream_handle, self.params, None)
+        err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, self.shared, stream_handle, self.params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
 
@@ -143,6 +144,30 @@ def allow_deep_cfg_walks():
         sys.setrecursionlimit(CFG_RECURSION_LIMIT)
 
 
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of shared memory a block may use without opting in
+
+
+def allow_dynamic_shared(dispatcher, ordered, nbytes):
+    """Compile the kernel for these arguments and let it launch with `nbytes` of dynamic shared memory:
+    past STATIC_SHARED_LIMIT a CUDA function must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+    from cuda.bindings import driver as binding
+    from numba import cuda
+
+    dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in ordered))
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    device = cuda.get_current_device().id
+    for overload in dispatcher.overloads.values():
+        cufunc = overload._codelibrary.get_cufunc()
+        err, = binding.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cannot give {cufunc.name} {nbytes} bytes of dynamic shared memory: {err}")
+
+
+def _device_pointer(a) -> int:
+    cai = getattr(a, "__cuda_array_interface__", None)  # (the simulator's arrays may lack one: no alignment there)
+    return (cai["data"][0] or 0) if cai else 0
+
+
 @dataclass
 class Launcher:
     """A ready-to-call kernel: `launcher(args)` with args a dict of flat (1D) arrays by name."""
@@ -154,6 +179,10 @@ class Launcher:
     zero_output: bool
     backend: str
     source_path: str = ""
+    shared_bytes: int = 0  # dynamic shared memory per block (CUDA; the module's DYNAMIC_SHARED)
+    # the same kernel without the assumption that every array starts 16-byte aligned (KERNEL assumes it when
+    # the module defines this; render_cuda): run for arrays that do not
+    kernel_any: object = None
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
@@ -162,7 +191,8 @@ class Launcher:
     def from_module(cls, module, backend):
         allow_deep_cfg_walks()
         return cls(module.KERNEL, module.PARAMS, module.OUTPUTS, module.GRID, module.THREADS,
-                   module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""))
+                   module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""), getattr(module, "DYNAMIC_SHARED", 0),
+                   getattr(module, "KERNEL_ANY_ALIGNMENT", None))
 
     def __call__(self, args: dict, stream=None):
         ordered = [args[name] for name in self.params]
@@ -170,19 +200,32 @@ class Launcher:
             if self.zero_output:
                 for name in self.outputs:
                     fill_device(args[name], 0, stream)
+            if self.kernel_any is not None and not self.aligned([_device_pointer(a) for a in ordered]):
+                return self._launch_any_alignment(ordered, stream)
             launch = self._configured.get(stream)
             if launch is None:
-                launch = self.kernel[self.grid, self.threads] if stream is None else \
-                    self.kernel[self.grid, self.threads, stream]
+                if self.shared_bytes > STATIC_SHARED_LIMIT:
+                    allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
+                launch = self.kernel[self.grid, self.threads, stream or 0, self.shared_bytes]
                 self._configured[stream] = launch
             launch(*ordered)
             if self._fast is None and _fast_launch_available():
-                self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params))
+                self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params), self.shared_bytes)
         else:
             if self.zero_output:
                 for name in self.outputs:
                     args[name][:] = 0
             self.kernel(*map(cpu_kernel_arg, ordered))
+
+    def aligned(self, pointers) -> bool:
+        """May KERNEL run on arrays at these device addresses (True unless it assumes 16-byte alignment and one
+        of them is not)?"""
+        return self.kernel_any is None or not any(p & 15 for p in pointers)
+
+    def _launch_any_alignment(self, ordered, stream):
+        if self.shared_bytes > STATIC_SHARED_LIMIT:
+            allow_dynamic_shared(self.kernel_any, ordered, self.shared_bytes)
+        self.kernel_any[self.grid, self.threads, stream or 0, self.shared_bytes](*ordered)
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None, zero=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one

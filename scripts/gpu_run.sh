@@ -9,6 +9,9 @@
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
+#   mma-ceiling: scripts/mma_ceiling.py (TF32 mma.sync ceilings, $OUT/mma_ceiling.json)
+#   wgmma-check: scripts/wgmma_check.py (wgmma layout check + ceilings, $OUT/wgmma_check.json)
+#   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
@@ -83,6 +86,31 @@ if has nn-digits; then
 fi
 if has probe; then
   python3 -m kernelgen.tuning.probe --out "$OUT/probe.json" "$@" 2>&1 | tee "$OUT/probe.log" | grep -v Warning
+fi
+if has mma-ceiling; then  # mma.sync issue / feed / barrier ceilings (scripts/mma_ceiling.py)
+  python3 "$REPO/scripts/mma_ceiling.py" --out "$OUT/mma_ceiling.json" 2>&1 | tee "$OUT/mma_ceiling.log" | grep -v "Warning\|warn("
+  pack
+fi
+if has wgmma-check; then  # sm_90a wgmma: descriptor layout check and issue ceilings (scripts/wgmma_check.py)
+  python3 "$REPO/scripts/wgmma_check.py" --out "$OUT/wgmma_check.json" 2>&1 | tee "$OUT/wgmma_check.log" | grep -v "Warning\|warn("
+  pack
+fi
+if has ncu; then  # Nsight Compute on one layer (NCU_LAYER, NCU_DIR): kernelgen per ';'-separated NCU_SETS, then cuDNN
+  sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis ${NCU_EXTRA:-})
+  IFS=';' read -ra sets <<< "${NCU_SETS:-}"
+  i=0
+  base=(""); [ "${NCU_BASE:-1}" = 1 ] || base=()
+  for s in "${base[@]}" "${sets[@]}"; do
+    timeout 240 ncu "${sections[@]}" -k regex:conv_ --launch-skip 1 --launch-count 1 python3 "$REPO/scripts/profile_conv.py" \
+      "${NCU_LAYER:-r50_3x3_28}" "${NCU_DIR:-fwd}" --set "$s" > "$OUT/ncu_kg_$i.txt" 2>&1 || true
+    grep -v "^==PROF==\|Warning\|warn(" "$OUT/ncu_kg_$i.txt" | grep -i "BM\|Duration\|Throughput\|Registers\|Occupancy\|Stall\|Issued\|Eligible\|Active Warps\|Shared Memory\|L1/\|L2 \|DRAM\|Executed Ipc\|Block Limit\|Pipe" | head -60 || true
+    i=$((i+1)); pack
+  done
+  [ "${NCU_CUDNN:-1}" != 1 ] || timeout 240 ncu "${sections[@]}" --launch-skip 2 --launch-count 2 python3 "$REPO/scripts/profile_conv.py" \
+    "${NCU_LAYER:-r50_3x3_28}" "${NCU_DIR:-fwd}" --torch > "$OUT/ncu_cudnn.txt" 2>&1 || true
+  grep -v "^==PROF==\|Warning\|warn(" "$OUT/ncu_cudnn.txt" | grep -i "sm90\|xmma\|cutlass\|void\|Duration\|Throughput\|Registers\|Occupancy\|Issued\|Eligible\|Shared Memory Config\|Dynamic Shared\|Block Size\|Grid Size" | head -40 || true
+  pack
 fi
 if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/wino_sweep.py; args go to it)
   python3 "$REPO/scripts/wino_sweep.py" --out "$OUT/wino_sweep.json" "$@" 2>&1 | tee "$OUT/wino_sweep.log" | grep -v "Warning\|warn("

@@ -50,7 +50,7 @@ def make(kind):
             acc[i] = float32(0.0)
         for it in range(ITERS):
             if lds:
-                off = (it % 4) * 1024
+                off = (it % 2) * 2048  # two stages; the largest index is 2048 + 1794
                 for r in range(8):
                     for w in range(4):
                         a[r * 4 + w] = tf32(sh[off + base + r * 128 + w])
@@ -93,8 +93,7 @@ def main(argv=None):
                 cuda.synchronize()
                 best = min(best, time.perf_counter() - t0)
             flop = blocks * 4 * ITERS * 32 * 2 * 16 * 8 * 8
-            sig = k.signatures[0]
-            regs = k.get_regs_per_thread(sig)
+            regs = next(iter(k.get_regs_per_thread().values()))
             rows.append(dict(kind=kind, blocks_per_sm=per_sm, tflops=flop / best / 1e12, regs=regs,
                              ms=best * 1e3))
             print(f"{kind:14s} {per_sm:2d} blocks/SM  {flop / best / 1e12:7.1f} TFLOP/s  regs {regs}",

@@ -80,11 +80,14 @@ def compile_ptx(source, workdir, name):
     bounds = getattr(mod, "LAUNCH_BOUNDS", None)  # TileConfig.min_blocks (py_func drops jit's options)
     ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(float32[::1] for _ in mod.PARAMS), cc=(9, 0),
                               **({"launch_bounds": bounds} if bounds else {}))
-    return ptx
+    # wgmma is an sm_90a instruction: numba targets sm_90a on an H100 by itself; here the CC is forced
+    return ptx.replace(".target sm_90\n", ".target sm_90a\n") if "wgmma." in ptx else ptx
 
 
 def ptxas(ptx_path, cubin_path):
-    out = subprocess.run(["ptxas", "-arch=sm_90", "-v", ptx_path, "-o", cubin_path],
+    with open(ptx_path) as f:
+        arch = "sm_90a" if ".target sm_90a" in f.read() else "sm_90"
+    out = subprocess.run(["ptxas", f"-arch={arch}", "-v", ptx_path, "-o", cubin_path],
                          capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr)
@@ -118,7 +121,7 @@ def sass_census(cubin_path):
     if tool is None:
         return None  # no disassembler here (pip install nvidia-cuda-nvdisasm); the GPU probe counts SASS
     sass = subprocess.run([*tool, cubin_path], capture_output=True, text=True).stdout
-    out = {"HMMA": len(re.findall(r"\bHMMA\.", sass)),
+    out = {"HMMA": len(re.findall(r"\bHG?MMA\.", sass)),  # HGMMA: warpgroup MMAs
            "instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M))}
     for op in ("LDS", "STS"):
         for width in ("", ".64", ".128"):
@@ -167,7 +170,7 @@ def main(argv=None):
             with open(ptx_path, "w") as f:
                 f.write(ptx)
             _, res = ptxas(ptx_path, cubin)
-            n_mma = len(re.findall(MMA_PTX[args.precision], ptx))
+            n_mma = len(re.findall(MMA_PTX[args.precision], ptx)) + ptx.count("wgmma.mma_async")
             n_local = len(re.findall(r"\b(?:ld|st)\.local", ptx))
             sass = sass_census(cubin)
             blocks, occ = occupancy(res["registers"], res["smem_bytes"] or 0, kernel.threads)

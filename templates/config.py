@@ -35,6 +35,11 @@ class TileConfig:
     asynchronous copies (ir.AsyncCopy; cp.async on CUDA) with no staging registers, `stages` slices in
     flight (2..4; one barrier per slice), and operands rounded when fragments are loaded instead of when
     staged.  0 by default and then absent from the string and dict.
+    wgmma=1 (TF32, sm_90 GPUs): warpgroups of 4 warps instead of warps: each computes a WM x WN sub-tile (WM a
+    multiple of 64, WN a multiple of 8 up to 256) with warpgroup MMAs that read both operands from shared
+    memory (ir.WarpgroupMma; templates/warpgroup_mma.py), so the block has 128 * (BM / WM) * (BN / WN)
+    threads; slices arrive by asynchronous copies (needs async_copy=1, swizzle=0) into the MMA's core-matrix
+    layout; operands are truncated to TF32, not rounded.  0 by default and then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -51,6 +56,7 @@ class TileConfig:
     min_blocks: int = 0
     state_groups: int = 1
     async_copy: int = 0
+    wgmma: int = 0
 
     @property
     def tensor_core(self):
@@ -59,7 +65,7 @@ class TileConfig:
     @property
     def threads(self):
         if self.tensor_core:
-            return 32 * (self.BM // self.WM) * (self.BN // self.WN)
+            return (128 if self.wgmma else 32) * (self.BM // self.WM) * (self.BN // self.WN)
         return (self.BM // self.TM) * (self.BN // self.TN) * self.state_groups
 
     def validate(self):
@@ -81,9 +87,15 @@ class TileConfig:
             raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0, 1 or 2, got {self}")
         if self.async_copy not in (0, 1):
             raise ValueError(f"TileConfig: async_copy must be 0 or 1, got {self}")
-        if self.async_copy and (self.swizzle != 1 or not 2 <= self.stages <= 4):
-            raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4, "
-                             f"got {self}")
+        if self.wgmma not in (0, 1):
+            raise ValueError(f"TileConfig: wgmma must be 0 or 1, got {self}")
+        if self.wgmma and (not self.tensor_core or self.WM % 64 or self.WN > 256 or not self.async_copy
+                           or self.swizzle or self.smem_pad or self.BK not in (8, 16, 32)):
+            raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1, swizzle=0, "
+                             f"smem_pad=0 and BK in (8, 16, 32); got {self}")
+        if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
+            raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "
+                             f"wgmma=1 and stages 2..8), got {self}")
         if not self.async_copy and self.stages not in (1, 2):
             raise ValueError(f"TileConfig: stages must be 1 or 2 (up to 4 with async_copy=1), got {self.stages}")
         if self.state_groups < 1:
@@ -96,7 +108,7 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        for k in ("states", "swizzle", "min_blocks", "async_copy"):  # newer fields: absent while unused (keys, entries unchanged)
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma"):  # newer fields: absent while unused (keys, entries unchanged)
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -124,6 +136,8 @@ class TileConfig:
             s += f"_SG{self.state_groups}"
         if self.async_copy:
             s += "_ASYNC"
+        if self.wgmma:
+            s += "_WG"
         return s
 
     @classmethod
@@ -140,6 +154,8 @@ class TileConfig:
                 kw["swizzle"] = int(m.group(2) or 1)
             elif part == "ASYNC":
                 kw["async_copy"] = 1
+            elif part == "WG":
+                kw["wgmma"] = 1
             elif m and m.group(1) in fields and m.group(2):
                 kw[fields[m.group(1)]] = int(m.group(2))
             else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import implicit_gemm
 from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
-from .tiled_gemm import _cdiv, tiled_gemm
+from .tiled_gemm import _cdiv, shared_bytes, shared_limit, tiled_gemm
 
 NAME = "implicit_gemm_tc"
 DIRECTIONS = implicit_gemm.DIRECTIONS
@@ -45,11 +45,13 @@ def check_config(cfg, precision):
         raise ValueError(f"config: {NAME} needs a tensor-core TileConfig (WM, WN > 0), got {cfg}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} for {NAME}, got {precision!r}")
+    if precision != "tf32" and cfg.wgmma:
+        raise ValueError(f"config: wgmma=1 computes in TF32 only, got precision={precision!r} ({cfg})")
     if precision != "tf32" and cfg.BK % 16:  # one m16n8k16 per two 8-deep steps
         raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
-    if 4 * cfg.stages * (cfg.BM + cfg.BN) * cfg.BK > 48 * 1024:
+    if shared_bytes(cfg) > shared_limit(cfg):
         raise ValueError(f"config: {cfg.stages} stages of {cfg.BM + cfg.BN} x {cfg.BK} float32 exceed a block's "
-                         f"49152 bytes of static shared memory, got {cfg}")
+                         f"{shared_limit(cfg)} bytes of shared memory, got {cfg}")
 
 
 def accepts(cfg, precision):

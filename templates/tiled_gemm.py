@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, Call, Comment, Const, For, If, Kernel,
-                  Var, VectorLoad, all_of, compute_dtype, select)
+from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Barrier, Buffer, Call, Comment, Const, For,
+                  If, Kernel, Var, VectorLoad, all_of, compute_dtype, select)
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
+from .warpgroup_mma import WarpgroupGemm, core_word, tile_words
 
 
 @dataclass
@@ -70,6 +71,21 @@ def _tile_coords(idx, rows, cols, fast_is_col):
     return idx % rows, idx // rows
 
 
+def shared_limit(cfg):
+    """Bytes of shared memory a block of this config may use: 48 KiB of static shared arrays, or, for the
+    warpgroup-MMA tiles (sm_90 only), 227 KiB of dynamic shared memory (render_cuda switches to a dynamic
+    array past 48 KiB and the launcher opts the kernel in)."""
+    return 227 * 1024 if cfg.wgmma else 48 * 1024
+
+
+def shared_bytes(cfg):
+    """Shared memory of the A and B stages of a tensor-core or fp32 config (float32 words; the warpgroup layout
+    pads its core matrices)."""
+    if cfg.tensor_core and cfg.wgmma:
+        return 4 * cfg.stages * (tile_words(cfg.BM, cfg.BK) + tile_words(cfg.BN, cfg.BK))
+    return 4 * cfg.stages * (cfg.BM + cfg.BN) * cfg.BK
+
+
 def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf32") -> Kernel:
     """precision: the tensor-core operand format ("tf32", "fp16", "bf16"); fp32 configs ignore it."""
     cfg.validate()
@@ -87,15 +103,24 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     if cfg.async_copy and view.dtype != "float32":
         raise ValueError(f"config: async_copy copies float32 words into float32 shared tiles; {name} stores "
                          f"{view.dtype} (use async_copy=0), got {cfg}")
-    if 4 * S * (BM + BN) * BK > 48 * 1024:  # numba's shared arrays are static: 48 KiB per block at most
-        raise ValueError(f"config: {S} stages of {BM + BN} x {BK} float32 need {4 * S * (BM + BN) * BK} bytes of "
-                         f"shared memory, over the 49152 of a block's static shared memory; got {cfg}")
+    limit, need = shared_limit(cfg), shared_bytes(cfg)
+    if need > limit:
+        raise ValueError(f"config: {S} stages of {BM + BN} x {BK} float32 need {need} bytes of shared memory, over "
+                         f"the {limit} a block may have; got {cfg}")
     # tensor cores: warps of MMAs; asynchronous copies bypass the staging registers, so operands are rounded
     # where fragments are loaded
-    wmma = WarpMma(cfg, dt, precision, round_fragments=bool(cfg.async_copy)) if cfg.tensor_core else None
+    wg = cfg.tensor_core and cfg.wgmma  # warpgroups reading shared memory (warpgroup_mma.py)
+    if wg:
+        wmma = WarpgroupGemm(cfg, dt, precision)
+    else:
+        wmma = WarpMma(cfg, dt, precision, round_fragments=bool(cfg.async_copy)) if cfg.tensor_core else None
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
     ilv = swz and cfg.swizzle == 2  # A's rows g, g + 8 interleaved (warp_mma.interleaved_col)
-    if swz:
+    along_k = swz or wg  # shared rows run along k: operands are staged in 16-byte chunks of k
+    if wg:  # core matrices (warpgroup_mma.core_word), flat per stage
+        As = Buffer("As", (S, tile_words(BM, BK)), dt, "shared")
+        Bs = Buffer("Bs", (S, tile_words(BN, BK)), dt, "shared")
+    elif swz:
         As = Buffer("As", (S, BM // 2, interleaved_row_words(BK)) if ilv else (S, BM, BK), dt, "shared")
         Bs = Buffer("Bs", (S, BN, BK), dt, "shared")
     else:
@@ -113,14 +138,14 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     # --- per-thread invariants of the lines (A rows / B columns) this thread loads ---------------
     def chunked(operand, is_a):
         lines = BM if is_a else BN
-        return swz and operand.fast != "k" and (lines * BK) % (4 * NT) == 0
+        return along_k and operand.fast != "k" and (lines * BK) % (4 * NT) == 0
 
     def vectorized(operand, is_a):
         """A k-contiguous operand in the swizzled layout (shared rows along k too): each thread takes 4
         consecutive k of one line, one 16-byte global load (ir.VectorLoad) and, unless A is interleaved, one
         16-byte shared store."""
         lines = BM if is_a else BN
-        return swz and operand.fast == "k" and operand.vector and (lines * BK) % (4 * NT) == 0
+        return along_k and operand.fast == "k" and operand.vector and (lines * BK) % (4 * NT) == 0
 
     def chunk_of(operand, e, is_a):
         """(line, q): the line and the 16-byte chunk along k (k = 4 q + e % 4) of element e of a thread that
@@ -132,6 +157,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
             # (one STS.128, and the rotation puts the 8 lanes of a store phase in 8 distinct chunks)
             lines = BM if is_a else BN
             return u % lines, u // lines
+        if wg:  # 8 lanes take chunk q of 8 consecutive lines: 128 contiguous bytes of a core-matrix column
+            C = BK // 4
+            return u % 8 + 8 * (u // (8 * C)), (u // 8) % C
         return u // (BK // 4), u % (BK // 4)  # vectorized: 4 threads per 16-wide row of k, a warp 8 lines x 64 B
 
     def line_of(operand, e, rows, cols, is_a):
@@ -206,6 +234,10 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
 
     def shared_at(e, row, col, is_a, stage):
         """Where element e (tile position row, col) of this thread's share of A or B goes in shared memory."""
+        if wg:
+            op, line, k = (view.a, row, col) if is_a else (view.b, col, row)
+            q, w = (chunk_of(op, e, is_a)[1], e % 4) if chunked(op, is_a) or vectorized(op, is_a) else (k // 4, k % 4)
+            return (stage, core_word(line, q, w, BK))
         if not is_a:
             return (stage, col, shared_col(view.b, e, col, row, False)) if swz else (stage, row, col)
         if ilv:
@@ -282,7 +314,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         # but the S - 2 newest groups" is always slice kt.  Unrolled by S: every stage index is a constant.
         def one_slice(kt, stage):
             nxt = kt + (S - 1)
-            body = (For("tid", NT, (AsyncWait(S - 2),), "thread"), Barrier(),
+            # warpgroup MMAs read shared memory through the async proxy: each thread fences its landed copies
+            landed = (AsyncWait(S - 2), AsyncProxyFence()) if wg else (AsyncWait(S - 2),)
+            body = (For("tid", NT, landed, "thread"), Barrier(),
                     For("tid", NT, (Comment(f"copy slice + {S - 1} into stage {(stage + S - 1) % S}"),
                                     If(nxt < k_end, tuple(issue(nxt, (stage + S - 1) % S))), AsyncCommit()),
                         "thread"),

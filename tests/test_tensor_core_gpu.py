@@ -12,6 +12,7 @@ import kernelgen
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates.config import TileConfig
+from kernelgen.mma_layout import tf32_round, tf32_truncate
 from test_tensor_core import check_tf32, reference_fn, tensors
 
 # --- the real tensor-core kernels (H100) -----------------------------------------------------------
@@ -80,6 +81,17 @@ GPU_CONFIGS = [TileConfig(128, 64, 16, WM=64, WN=32, stages=2, swizzle=1),
 
 ASYNC_CONFIG = TileConfig(128, 64, 16, WM=64, WN=32, stages=3, swizzle=1, async_copy=1)
 
+# warpgroup MMAs (sm_90a wgmma): 1 and 2 warpgroups, two 64-row strips per warpgroup, n 16..128, BK 8 / 16 / 32,
+# 2..4 stages, a ragged split-K
+WGMMA_GPU_CONFIGS = [TileConfig(128, 128, 16, WM=64, WN=128, stages=3, async_copy=1, wgmma=1),
+                     TileConfig(128, 64, 16, WM=64, WN=64, stages=4, async_copy=1, wgmma=1),
+                     TileConfig(64, 128, 8, WM=64, WN=128, stages=4, async_copy=1, wgmma=1),
+                     TileConfig(128, 32, 32, WM=128, WN=32, stages=2, async_copy=1, wgmma=1),
+                     TileConfig(64, 16, 16, WM=64, WN=16, split_k=3, stages=3, async_copy=1, wgmma=1),
+                     # past 48 KiB: dynamic shared memory, the launcher opts the kernel in
+                     TileConfig(128, 128, 32, WM=64, WN=128, stages=6, async_copy=1, wgmma=1)]
+WG_CONFIG = WGMMA_GPU_CONFIGS[0]
+
 
 LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
                  ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]
@@ -124,7 +136,19 @@ def test_gpu_tf32_layouts(config, direction, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, ASYNC_CONFIG], ids=str)
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", WGMMA_GPU_CONFIGS, ids=str)
+def test_gpu_tf32_warpgroup_mma(config, direction, rng):
+    """wgmma kernels against the float64 reference, and against the GEMM of truncated operands (what wgmma
+    reads): the descriptors, the core-matrix layout and the accumulator layout are the hardware's."""
+    for got, reference, x, w, dy, res, threads in gpu_layout_runs(config, direction, "tf32", rng):
+        err = check_tf32(got, reference, x, w, dy, f"{direction} {config}", tf32_truncate)
+        assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-truncated reference"
+        assert res.get("local_bytes") == 0, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, ASYNC_CONFIG, WG_CONFIG], ids=str)
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
     """Arrays that start one float into an allocation (a torch or CuPy slice can): the vector staging
@@ -143,8 +167,9 @@ def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
     args[launcher.outputs[0]] = out
     launcher(args)
     got = out.copy_to_host().reshape(p.output_shape)
-    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
-    assert err <= 1e-4, f"{direction}: {err:.3g} from the TF32-rounded reference"
+    operands = tf32_truncate if config is not None and config.wgmma else tf32_round
+    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction, operands)
+    assert err <= 1e-4, f"{direction}: {err:.3g} from the reference of the operands as the MMA reads them"
 
 
 @pytest.mark.gpu

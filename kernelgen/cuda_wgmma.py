@@ -1,0 +1,20 @@
+"""Warpgroup MMA operations for generated CUDA kernels (imported by rendered modules): on a GPU the sm_90a
+intrinsics of _cuda_wgmma_intrinsics.py.  The simulator has no warpgroups or descriptors, so there the
+operations raise: warpgroup-MMA kernels are tested on the CPU backend (the same IR, emulated per thread by
+kernelgen.cpu_round.wgmma_tf32) and on the GPU."""
+from __future__ import annotations
+
+import os
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    def _unavailable(*args):
+        raise NotImplementedError("wgmma has no CUDA-simulator stand-in: run warpgroup-MMA kernels on the cpu "
+                                  "backend or an sm_90 GPU")
+
+    smem_desc = wgmma_fence = wgmma_commit = wgmma_wait = async_proxy_fence = _unavailable
+    globals().update({f"wgmma_tf32_m64n{n}k8": _unavailable for n in range(8, 257, 8)})
+else:
+    from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, wgmma_commit, wgmma_fence,  # noqa: F401
+                                         wgmma_wait)
+    from ._cuda_wgmma_intrinsics import WGMMA_TF32 as _WGMMA
+    globals().update({f"wgmma_tf32_m64n{n}k8": f for n, f in _WGMMA.items()})

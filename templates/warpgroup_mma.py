@@ -1,0 +1,99 @@
+"""The warpgroup-MMA inner product of the tiled-GEMM schedule (TileConfig.wgmma=1): sm_90's wgmma.
+
+The block's threads form warpgroups of 4 warps (128 threads); warpgroup (wgm, wgn) owns the WM x WN sub-tile
+at (wgm * WM, wgn * WN) of the block tile and computes it as WM / 64 strips of 64 x WN, one ir.WarpgroupMma
+per strip and 8-deep k step.  Both operands are read by the tensor cores straight from shared memory, so
+there are no fragment loads, no register shuffles and no rounding instructions (the MMA truncates its
+float32 operands to TF32), which is what held the warp-level mma.sync kernels at about a quarter of the
+tensor cores' issue rate (PERF_NOTES #31/#32).
+
+Shared layout (both operands, per stage): rows (m of A, n of B) along k in core matrices of 8 rows x 4 words
+(16 bytes per row, 128 contiguous bytes):  word(line, k) = ((line // 8) * BK / 4 + k // 4) * 36 + (line % 8) * 4
++ k % 4,  i.e. core matrices adjacent along k are 36 words apart (the descriptor's leading offset; 4 words of
+padding, CORE_STRIDE) and along rows 9 BK words (its stride offset).  A 16-byte chunk (line, k .. k + 3) is 4 consecutive words, so the
+k-contiguous operands arrive as one 16-byte asynchronous copy per chunk, and 8 lanes writing the chunks of 8
+consecutive lines fill 128 contiguous bytes (no bank conflicts).
+"""
+from __future__ import annotations
+
+from ..ir import (Assign, Buffer, Const, For, If, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
+                  all_of)
+
+WARPGROUP = 128
+
+
+# Words from one core matrix to the next along k: 32 (its 128 bytes) + 4 of padding.  A 16-byte asynchronous
+# copy writes shared memory per global request, i.e. the 4 or 8 chunks of one operand row (one line of x or w)
+# land together: 128 bytes apart they would all hit banks 0-3 (an 8-way conflict, measured: 6 shared wavefronts
+# per copy instead of 1); 144 bytes apart they fall on distinct banks.  The descriptor's offsets take any
+# multiple of 16 bytes, and each core matrix stays 128 contiguous bytes.
+CORE_STRIDE = 36
+
+
+def core_word(line, q, w, BK):
+    """Word of (line, k = 4 q + w) of a BK-deep operand tile in the core-matrix layout."""
+    return ((line // 8) * (BK // 4) + q) * CORE_STRIDE + (line % 8) * 4 + w
+
+
+def tile_words(lines, BK):
+    """Shared words of one stage of a lines x BK operand tile in the core-matrix layout."""
+    return (lines // 8) * (BK // 4) * CORE_STRIDE
+
+
+class WarpgroupGemm:
+    def __init__(self, cfg, dtype, precision="tf32"):
+        if precision != "tf32":
+            raise ValueError(f"config: wgmma=1 computes in TF32 only, got precision={precision!r} ({cfg})")
+        self.cfg = cfg
+        self.MT = cfg.WM // 64  # 64-row strips per warpgroup
+        self.groups_n = cfg.BN // cfg.WN
+        self.acc = Buffer("acc", (self.MT, cfg.WN // 8, 4), dtype, "register")
+        self.locals = (self.acc,)
+
+    def coords(self, tid):
+        """The thread's warpgroup position in the block tile, its warp in the warpgroup, and its lane's
+        (group, thread-in-group)."""
+        lane = Var("lane")
+        return [Assign("wgi", tid // WARPGROUP), Assign("wgm", Var("wgi") // self.groups_n),
+                Assign("wgn", Var("wgi") % self.groups_n), Assign("wq", (tid % WARPGROUP) // 32),
+                Assign("lane", tid % 32), Assign("lg", lane // 4), Assign("lt", lane % 4)]
+
+    def strip(self, i):
+        """The accumulators of 64-row strip i, in the WarpgroupMma order acc[4 j + r]."""
+        return tuple(self.acc[i, j, r] for j in range(self.cfg.WN // 8) for r in range(4))
+
+    def zero(self):
+        return [self.acc.store((i, j, r), Const(0.0))
+                for i in range(self.MT) for j in range(self.cfg.WN // 8) for r in range(4)]
+
+    def compute(self, tid, NT_threads, As, Bs, stage):
+        """One thread phase: acc += As[stage] x Bs[stage] for this warpgroup's sub-tile (one BK slice), as one
+        batch of warpgroup MMAs, waited for before the phase ends (the next slice's copies overwrite a stage
+        only after the barrier that follows)."""
+        cfg, BK = self.cfg, self.cfg.BK
+        wgm, wgn = Var("wgm"), Var("wgn")
+        mmas = []
+        for ks in range(BK // 8):  # k steps outer: the strips' independent accumulators interleave
+            for i in range(self.MT):
+                a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
+                b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
+                mmas.append(WarpgroupMma(self.strip(i), As.name, (Const(stage), a_first), Bs.name,
+                                         (Const(stage), b_first), cfg.WN, CORE_STRIDE, (BK // 4) * CORE_STRIDE))
+        every = tuple(a for i in range(self.MT) for a in self.strip(i))
+        return [For("tid", NT_threads, tuple(self.coords(tid) + [WarpgroupFence()] + mmas
+                                             + [WarpgroupCommit(), WarpgroupWait(0, every)]), "thread")]
+
+    def epilogue(self, tid, view, m0, n0, g_, split):
+        """Guarded stores through the view: acc[i, j, r] is row 64 i + 16 wq + g + 8 (r // 2), column
+        8 j + 2 t + r % 2 of the warpgroup's sub-tile."""
+        cfg = self.cfg
+        wgm, wgn, wq, g, t = Var("wgm"), Var("wgn"), Var("wq"), Var("lg"), Var("lt")
+        out = self.coords(tid)
+        for i in range(self.MT):
+            for j in range(cfg.WN // 8):
+                for r in range(4):
+                    m = m0 + wgm * cfg.WM + (64 * i + 8 * (r // 2)) + wq * 16 + g
+                    n = n0 + wgn * cfg.WN + (8 * j + r % 2) + t * 2
+                    guard = all_of(([m < view.M] if view.M % cfg.BM else []) + ([n < view.N] if view.N % cfg.BN else []))
+                    out.append(If(guard, tuple(view.store(m, n, g_, self.acc[i, j, r], split))))
+        return out
