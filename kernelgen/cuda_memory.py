@@ -70,45 +70,40 @@ else:
                " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;"
                " @c ld.global.v4.f32 {$0, $1, $2, $3}, [g]; }")
 
-    @intrinsic
-    def load4_aligned(typingctx, a, i, cond):
-        """load4 for an array the launcher has checked to start 16-byte aligned: the 16-byte load only."""
-        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
-            return None
-        ret = types.UniTuple(types.float32, 4)
-
+    def _load_codegen(aligned):
         def codegen(context, builder, sig, args):
             aty, ity, cty = sig.args
             ary = context.make_array(aty)(context, builder, args[0])
             idx = context.cast(builder, args[1], ity, types.intp)
-            ok = builder.zext(context.is_true(builder, cty, args[2]), _I32)
-            addr = builder.ptrtoint(builder.gep(ary.data, [idx]), _I64)
-            out = builder.asm(ir.FunctionType(_V4, [_I64, _I32]), _LOAD16,
-                              "=f,=f,=f,=f,l,r", [addr, ok], side_effect=False, name="load16")
+            operands = [builder.ptrtoint(builder.gep(ary.data, [idx]), _I64),
+                        builder.zext(context.is_true(builder, cty, args[2]), _I32)]
+            if not aligned:
+                # the template keeps i a multiple of 4, so the array's own alignment decides (one test per kernel
+                # once LLVM has merged the copies)
+                base = builder.ptrtoint(ary.data, _I64)
+                operands.append(builder.zext(builder.icmp_unsigned(
+                    "==", builder.and_(base, ir.Constant(_I64, 15)), ir.Constant(_I64, 0)), _I32))
+            out = builder.asm(ir.FunctionType(_V4, [o.type for o in operands]), _LOAD16 if aligned else _LOAD4,
+                              "=f,=f,=f,=f,l,r" + ("" if aligned else ",r"), operands, side_effect=False,
+                              name="load16" if aligned else "load4")
+            ret = sig.return_type
             return context.make_tuple(builder, ret, [builder.extract_value(out, j) for j in range(4)])
-        return ret(a, i, cond), codegen
+        return codegen
+
+    def _load_signature(a, i, cond):
+        ok = isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)
+        return types.UniTuple(types.float32, 4)(a, i, cond) if ok else None
 
     @intrinsic
     def load4(typingctx, a, i, cond):
-        if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
-            return None
-        ret = types.UniTuple(types.float32, 4)
+        sig = _load_signature(a, i, cond)
+        return (sig, _load_codegen(False)) if sig else None
 
-        def codegen(context, builder, sig, args):
-            aty, ity, cty = sig.args
-            ary = context.make_array(aty)(context, builder, args[0])
-            idx = context.cast(builder, args[1], ity, types.intp)
-            ok = builder.zext(context.is_true(builder, cty, args[2]), _I32)
-            # the template keeps i a multiple of 4, so the array's own alignment decides (one test per kernel
-            # once LLVM has merged the copies)
-            base = builder.ptrtoint(ary.data, _I64)
-            aligned = builder.zext(builder.icmp_unsigned("==", builder.and_(base, ir.Constant(_I64, 15)),
-                                                         ir.Constant(_I64, 0)), _I32)
-            addr = builder.ptrtoint(builder.gep(ary.data, [idx]), _I64)
-            out = builder.asm(ir.FunctionType(_V4, [_I64, _I32, _I32]), _LOAD4, "=f,=f,=f,=f,l,r,r",
-                              [addr, ok, aligned], side_effect=False, name="load4")
-            return context.make_tuple(builder, ret, [builder.extract_value(out, j) for j in range(4)])
-        return ret(a, i, cond), codegen
+    @intrinsic
+    def load4_aligned(typingctx, a, i, cond):
+        """load4 for an array the launcher has checked to start 16-byte aligned: the 16-byte load only."""
+        sig = _load_signature(a, i, cond)
+        return (sig, _load_codegen(True)) if sig else None
 
     # cp.async with a source size: `cond ? width : 0` bytes are read, the rest of the destination is zero-filled.
     # The destination is a 32-bit shared-window address; the source, generic, goes through cvta.to.global.

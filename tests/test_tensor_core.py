@@ -196,9 +196,9 @@ SWIZZLED_CPU_TILES = [TileConfig(32, 16, 8, WM=16, WN=8, swizzle=1),
                       TileConfig(32, 32, 32, WM=16, WN=16, stages=2, swizzle=1, async_copy=1)]
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-@pytest.mark.parametrize("config", SWIZZLED_CPU_TILES, ids=str)
-def test_cpu_swizzled_tiles(config, direction, rng):
+def run_cpu_tile(config, direction, rng, operands=tf32_round):
+    """One tensor-core config on the CPU backend, fresh data, poisoned output: its error against the GEMM of
+    the operands as the MMA reads them (check_tf32 also bounds it against float64)."""
     x_shape, w_shape, kw = CASES["ragged_groups"] if config.BK == 8 else CASES["c16_dilated"]
     x, w, dy = tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
@@ -208,8 +208,14 @@ def test_cpu_swizzled_tiles(config, direction, rng):
     out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
     args[launcher.outputs[0]] = out
     launcher(args)
-    err = check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
-    assert err <= EMULATED_TOL
+    return check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction,
+                      operands)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("config", SWIZZLED_CPU_TILES, ids=str)
+def test_cpu_swizzled_tiles(config, direction, rng):
+    assert run_cpu_tile(config, direction, rng) <= EMULATED_TOL
 
 
 # warpgroup MMAs (wgmma=1): one and two warpgroups, two 64-row strips per warpgroup, BK 8 / 16 / 32, element
@@ -225,18 +231,7 @@ WGMMA_CPU_TILES = [TileConfig(64, 16, 8, WM=64, WN=16, stages=2, async_copy=1, w
 def test_cpu_warpgroup_tiles(config, direction, rng):
     """The warpgroup-MMA schedule, emulated per thread: TF32 within bounds, and equal to the float64 GEMM
     of truncated operands (what wgmma reads) to float32 accuracy."""
-    x_shape, w_shape, kw = CASES["ragged_groups"] if config.BK == 8 else CASES["c16_dilated"]
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
-    p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
-    launcher = get_launcher(make_plan(p, "cpu", config=config, precision="tf32"))
-    inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-    args = {k: v.reshape(-1) for k, v in inputs.items()}
-    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    err = check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction,
-                     tf32_truncate)
-    assert err <= EMULATED_TOL
+    assert run_cpu_tile(config, direction, rng, tf32_truncate) <= EMULATED_TOL
 
 
 def aligned_kernel(src):

@@ -17,7 +17,7 @@ from kernelgen.mma_layout import ROUND, a_coord, b_coord, bf16_round, d_coord, f
 from kernelgen.problem import make_problem
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates.config import CPU_TC16_DEFAULT, CUDA_TC_DEFAULT, TileConfig
-from test_tensor_core import CASES, reference_fn, rel_err, run, tensors
+from test_tensor_core import CASES, aligned_kernel, reference_fn, rel_err, run, tensors
 from test_tensor_core_gpu import GPU_CASES, GPU_CONFIGS, _gpu_run, gpu_layout_runs
 
 HALF_TOL = 1e-2        # issue 9: fp16 / bf16 against float64, relative
@@ -116,8 +116,9 @@ def test_cuda_rendering(rng):
     for precision, fn in (("fp16", "mma_m16n8k16_f16"), ("bf16", "mma_m16n8k16_bf16")):
         k_major = TileConfig(128, 64, 16, WM=64, WN=32, smem_pad=8, stages=2)
         for cfg in (CUDA_TC_DEFAULT,) + ((k_major,) if precision == "fp16" else ()):
-            src = render_cuda(make_plan(p, "cuda", config=cfg, precision=precision).kernel_ir(), cache=False)
-            assert f"from kernelgen.cuda_mma import {precision}, {fn}\n" in src
+            module = render_cuda(make_plan(p, "cuda", config=cfg, precision=precision).kernel_ir(), cache=False)
+            assert f"from kernelgen.cuda_mma import {precision}, {fn}\n" in module
+            src = aligned_kernel(module)  # KERNEL alone, not its KERNEL_ANY_ALIGNMENT twin
             # 4 x 4 MMA tiles per warp x 1 pair of k-steps (BK=16) x 2 pipeline stages: half TF32's count
             assert src.count(f"= {fn}(") == 32 and "cuda.local.array" not in src and "tf32" not in src
             assert f"= {precision}(ra_" in src  # operands rounded once, when staged
