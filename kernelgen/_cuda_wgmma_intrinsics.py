@@ -7,6 +7,7 @@ memory through 64-bit matrix descriptors and accumulates into registers spread o
 smem_desc(arr, i, lbo, sbo) -> uint64: descriptor of the operand tile starting at shared arr[i] (16-byte
           aligned) in the no-swizzle ("interleave") K-major layout: 8 x 16-byte core matrices, 128 contiguous
           bytes each; lbo = bytes between core matrices adjacent along K, sbo = along M (or N).
+          smem_desc_sw128: the same for the 128-byte swizzled layout that TMA copies write.
 wgmma_tf32_m64n{N}k8(acc, da, db) -> acc': acc (N / 2 float32) += A (64 x 8) B (8 x N) in TF32; the hardware
           reads the top 19 bits of each float32 operand (truncation).  acc[4 j + r] of thread 32 w + 4 g + t is
           D[16 w + g + 8 (r // 2), 8 j + 2 t + r % 2], the m16n8 layout of mma.sync repeated along N.
@@ -31,26 +32,45 @@ def _asm_void(builder, text, name):
     builder.asm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}", [], side_effect=True, name=name)
 
 
-@intrinsic
-def smem_desc(typingctx, arr, i, lbo, sbo):
-    if not (isinstance(arr, types.Array) and all(isinstance(a, types.Integer) for a in (i, lbo, sbo))):
-        return None
+def shared_address(context, builder, aty, value, ity, index):
+    """The 32-bit shared-window address of shared array element value[index] (what PTX's [addr] operands of
+    .shared instructions and descriptors take)."""
+    ary = context.make_array(aty)(context, builder, value)
+    ptr = builder.gep(ary.data, [context.cast(builder, index, ity, types.intp)])
+    return builder.ptrtoint(builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3)), _I32)
 
+
+def _descriptor(swizzle128):
     def codegen(context, builder, sig, args):
         aty, ity, lty, sty = sig.args
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
-        addr = builder.zext(builder.ptrtoint(builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3)), _I32),
-                            _I64)
+        addr = builder.zext(shared_address(context, builder, aty, args[0], ity, args[1]), _I64)
         lbo_ = context.cast(builder, args[2], lty, types.uint64)
         sbo_ = context.cast(builder, args[3], sty, types.uint64)
         four = ir.Constant(_I64, 4)
         field = lambda v, shift: builder.shl(builder.and_(builder.lshr(v, four), ir.Constant(_I64, 0x3FFF)),
                                              ir.Constant(_I64, shift))
         # bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
-        # 49-51 base offset 0, 62-63 layout 0 (no swizzle)
-        return builder.or_(builder.or_(field(addr, 0), field(lbo_, 16)), field(sbo_, 32))
-    return types.uint64(arr, i, lbo, sbo), codegen
+        # 49-51 base offset 0 (swizzled tiles start 1024-byte aligned), 62-63 layout: 0 none, 1 128-byte swizzle
+        desc = builder.or_(builder.or_(field(addr, 0), field(lbo_, 16)), field(sbo_, 32))
+        return builder.or_(desc, ir.Constant(_I64, 1 << 62)) if swizzle128 else desc
+    return codegen
+
+
+@intrinsic
+def smem_desc(typingctx, arr, i, lbo, sbo):
+    if not (isinstance(arr, types.Array) and all(isinstance(a, types.Integer) for a in (i, lbo, sbo))):
+        return None
+    return types.uint64(arr, i, lbo, sbo), _descriptor(False)
+
+
+@intrinsic
+def smem_desc_sw128(typingctx, arr, i, lbo, sbo):
+    """The descriptor of a K-major tile in the 128-byte swizzled layout (what a TMA copy with
+    CU_TENSOR_MAP_SWIZZLE_128B writes): rows of 128 bytes, 8-row atoms of 1024 bytes (sbo), the 16-byte
+    chunk j of row r at chunk j ^ (r % 8).  A k step inside the 128-byte row moves the start address."""
+    if not (isinstance(arr, types.Array) and all(isinstance(a, types.Integer) for a in (i, lbo, sbo))):
+        return None
+    return types.uint64(arr, i, lbo, sbo), _descriptor(True)
 
 
 def _wgmma(n):

@@ -55,12 +55,6 @@ def tf32_round(x):
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def tf32_truncate(x):
-    """NumPy float32 -> float32 with the low 13 mantissa bits dropped: the TF32 value a warpgroup MMA (wgmma)
-    reads from a float32 operand (toward zero; cpu_round.tf32_truncate per scalar)."""
-    return (np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 def pack16(a, b):
     """The registers of an m16n8k16 f16/bf16 MMA as (low half, high half) pairs, from the 8 A and 4 B
     fragment values of an ir.Mma m16n8k16 (two m16n8k8 steps): (4 A pairs, 2 B pairs)."""

@@ -17,7 +17,7 @@ import kernelgen
 from kernelgen import reference as ref
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.ir import Load, Mma
-from kernelgen.mma_layout import a_coord, a_owner, b_coord, b_owner, d_coord, tf32_round, tf32_truncate
+from kernelgen.mma_layout import a_coord, a_owner, b_coord, b_owner, d_coord, tf32_round
 from kernelgen.problem import make_problem
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
@@ -67,7 +67,7 @@ def run(direction, x, w, dy, kw, **opts):
 
 def check_tf32(got, reference, x, w, dy, what, operands=tf32_round):
     """got within TF32_TOL of the float64 reference; returns its error against the reference of the operands
-    as the kernel's MMA reads them (operands: tf32_round, or tf32_truncate for warpgroup MMAs)."""
+    as the kernel's MMA reads them (operands: TF32-rounded by default)."""
     assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} outputs never written"
     exact = reference(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
     rounded = reference(*(operands(a).astype(np.float64) for a in (x, w, dy)))
@@ -229,9 +229,10 @@ WGMMA_CPU_TILES = [TileConfig(64, 16, 8, WM=64, WN=16, stages=2, async_copy=1, w
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("config", WGMMA_CPU_TILES, ids=str)
 def test_cpu_warpgroup_tiles(config, direction, rng):
-    """The warpgroup-MMA schedule, emulated per thread: TF32 within bounds, and equal to the float64 GEMM
-    of truncated operands (what wgmma reads) to float32 accuracy."""
-    assert run_cpu_tile(config, direction, rng, tf32_truncate) <= EMULATED_TOL
+    """The warpgroup-MMA schedule, emulated per thread (wgmma truncates what it reads): TF32 within bounds, and
+    equal to the float64 GEMM of TF32-rounded operands to float32 accuracy, because each thread rounds the
+    words its copies landed before the MMAs read them."""
+    assert run_cpu_tile(config, direction, rng) <= EMULATED_TOL
 
 
 def aligned_kernel(src):

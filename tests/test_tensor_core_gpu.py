@@ -12,7 +12,6 @@ import kernelgen
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates.config import TileConfig
-from kernelgen.mma_layout import tf32_round, tf32_truncate
 from test_tensor_core import check_tf32, reference_fn, tensors
 
 # --- the real tensor-core kernels (H100) -----------------------------------------------------------
@@ -139,11 +138,12 @@ def test_gpu_tf32_layouts(config, direction, rng):
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
 @pytest.mark.parametrize("config", WGMMA_GPU_CONFIGS, ids=str)
 def test_gpu_tf32_warpgroup_mma(config, direction, rng):
-    """wgmma kernels against the float64 reference, and against the GEMM of truncated operands (what wgmma
-    reads): the descriptors, the core-matrix layout and the accumulator layout are the hardware's."""
+    """wgmma kernels against the float64 reference, and against the GEMM of TF32-rounded operands (the
+    kernel rounds in shared memory what wgmma would truncate): the descriptors, the core-matrix layout and the
+    accumulator layout are the hardware's."""
     for got, reference, x, w, dy, res, threads in gpu_layout_runs(config, direction, "tf32", rng):
-        err = check_tf32(got, reference, x, w, dy, f"{direction} {config}", tf32_truncate)
-        assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-truncated reference"
+        err = check_tf32(got, reference, x, w, dy, f"{direction} {config}")
+        assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-rounded reference"
         assert res.get("local_bytes") == 0, res
 
 
@@ -167,8 +167,7 @@ def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
     args[launcher.outputs[0]] = out
     launcher(args)
     got = out.copy_to_host().reshape(p.output_shape)
-    operands = tf32_truncate if config is not None and config.wgmma else tf32_round
-    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction, operands)
+    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
     assert err <= 1e-4, f"{direction}: {err:.3g} from the reference of the operands as the MMA reads them"
 
 

@@ -323,6 +323,18 @@ def global_avg_pool_backward(g, x_shape):
     return dx
 
 
+@cuda.jit(device=True)
+def _row_max_sumexp(logits, row, k):
+    """(max, sum of exp(logit - max)) over the k logits of a row: a log-sum-exp that cannot overflow."""
+    mx = logits[row]
+    for j in range(1, k):
+        mx = max(mx, logits[row + j])
+    se = float64(0.0)
+    for j in range(k):
+        se += math.exp(float64(logits[row + j] - mx))
+    return mx, se
+
+
 @kernel
 def _ce_k(logits, labels, n, k, loss):
     # one block: each thread takes rows tid, tid + BLOCK, ...; the per-row losses are summed in float64,
@@ -331,12 +343,7 @@ def _ce_k(logits, labels, n, k, loss):
     s = float64(0.0)
     for i in range(tid, n, BLOCK):
         row = i * k
-        mx = logits[row]
-        for j in range(1, k):
-            mx = max(mx, logits[row + j])
-        se = float64(0.0)
-        for j in range(k):
-            se += math.exp(float64(logits[row + j] - mx))
+        mx, se = _row_max_sumexp(logits, row, k)
         s += math.log(se) - float64(logits[row + labels[i]] - mx)
     sh = cuda.shared.array(BLOCK, float64)
     sh[tid] = s
@@ -357,12 +364,7 @@ def _ce_bwd_k(logits, labels, g, n, k, dl):
     if i < n * k:
         r = udiv32(i, k)
         row = r * k
-        mx = logits[row]
-        for j in range(1, k):
-            mx = max(mx, logits[row + j])
-        se = float64(0.0)
-        for j in range(k):
-            se += math.exp(float64(logits[row + j] - mx))
+        mx, se = _row_max_sumexp(logits, row, k)
         p = math.exp(float64(logits[i] - mx)) / se
         if i - row == labels[r]:
             p -= 1.0
