@@ -132,8 +132,9 @@ def copy_kernel():
             mbarrier_expect_tx(bar, 0, (a_words + b_words) * 4)
             tma_load_im2col_4d(sm, 0, xmap, c[0], c[1], c[2], c[3], c[4], c[5], bar, 0)
             tma_load_2d(sm, a_words, wmap, c[6], c[7], bar, 0)
-        while mbarrier_try_wait(bar, 0, 0) == 0:
-            pass
+        spins = 0  # bounded: a bad map gives wrong words, not a hung GPU
+        while mbarrier_try_wait(bar, 0, 0) == 0 and spins < 4194304:
+            spins += 1
         for e in range(t, a_words + b_words, cuda.blockDim.x):
             out[e] = sm[e]
     return copy

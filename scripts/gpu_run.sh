@@ -98,7 +98,7 @@ if has wgmma-check; then  # sm_90a wgmma: descriptor layout check and issue ceil
   pack
 fi
 if has tma-check; then  # TMA copies, copy-stream throughput, TMA-fed wgmma conv vs cuDNN (scripts/tma_check.py)
-  python3 "$REPO/scripts/tma_check.py" --out "$OUT/tma_check.json" 2>&1 | tee "$OUT/tma_check.log" | grep -v "Warning\|warn("
+  timeout "${TMA_TIMEOUT:-360}" python3 "$REPO/scripts/tma_check.py" --out "$OUT/tma_check.json" 2>&1 | tee "$OUT/tma_check.log" | grep -v "Warning\|warn("
   pack
 fi
 if has ncu; then  # Nsight Compute on one layer (NCU_LAYER, NCU_DIR): kernelgen per ';'-separated NCU_SETS, then cuDNN

@@ -13,10 +13,12 @@ w 128x3x3x128, padding 1), the shapes the tiled-GEMM template would generate.
    16-byte cp.async from every thread (what the generated kernels do): GB/s and the TFLOP/s the layer would run
    at if the copies were all it did.
 3. conv: the layer computed by TMA copies feeding m64nBNk8 wgmma (two warpgroups, 128 x BN tiles, S stages;
-   operands not rounded, see PERF_NOTES #35) in two schedules: a block barrier per slice (what the generated
-   kernels do), and warp-specialised as cuDNN's (a producer warp, full/empty mbarriers per stage, wait_group 1),
-   each checked on sampled outputs against float64 of TF32-truncated operands and timed beside cuDNN (torch,
-   TF32 on, channels-last) in alternating rounds in the same process.
+   operands not rounded, see PERF_NOTES #35) in four schedules: a block barrier per slice (what the generated
+   kernels do); warp-specialised as cuDNN's (a producer warp, full/empty mbarriers per stage, wait_group 1); the
+   same with the consumers rounding each landed stage to TF32 in shared memory; the same persistent (one block
+   per SM slot looping over the tiles); each checked on sampled outputs against float64 of exact, TF32-truncated
+   and TF32-rounded operands, and timed beside cuDNN (torch, TF32 on, channels-last) in alternating rounds in the
+   same process.  mbarrier waits give up after SPIN_LIMIT rounds: a wrong protocol shows as wrong numbers.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ N, H, W, C, K, R, PAD = 32, 28, 28, 128, 128, 3, 1
 HW, M, KTOT, BK, BM = H * W, N * H * W, R * R * C, 32, 128
 SLICES, CCH = KTOT // BK, C // BK  # 36 k slices; 4 channel chunks of 32 per filter tap
 THREADS = 256
+SMS = 132
+SPIN_LIMIT = 1 << 22  # mbarrier try_wait rounds before a wait gives up (each round is a bounded hardware wait)
 FLOP = 2.0 * M * K * KTOT
 
 # --- kernels, as source text (the constants are literals: wgmma_wait / copy_async_wait take literal counts) --
@@ -83,21 +87,15 @@ TMA_BLOCK = TMA_HEAD + '''\
     {init}
     for kt in range({slices}):
         stage = kt % {s}
-        while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0:
-            pass
+        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
+        while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
+            spins += 1
 {body}
         cuda.syncthreads()
         if t == 0 and kt + {s} < {slices}:
 {issue_next}
 {epilogue}
 '''
-
-WGMMA_BODY = '''        wgmma_fence()
-        a0 = stage * {stage_words} + wg * 2048
-        b0 = stage * {stage_words} + 4096
-{mmas}
-        wgmma_commit()
-        {acc} = wgmma_wait(({acc},), 0)'''
 
 # cuDNN's way (warp specialisation): an extra warp produces (one thread waits for a stage to be released and
 # refills it), the two consumer warpgroups wait for a stage to fill, issue its MMAs, and release the previous
@@ -108,20 +106,56 @@ TMA_WS = TMA_HEAD + '''\
             for kt in range({slices}):
                 stage = kt % {s}
                 if kt >= {s}:
-                    while mbarrier_try_wait(empty, stage, (kt // {s} - 1) % 2) == 0:
-                        pass
+                    spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
+                    while mbarrier_try_wait(empty, stage, (kt // {s} - 1) % 2) == 0 and spins < {spin_limit}:
+                        spins += 1
 {issue}
     else:
         {init}
         for kt in range({slices}):
             stage = kt % {s}
-            while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0:
-                pass
+            spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
+            while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
+                spins += 1
 {rounding}
 {body}
             if kt > 0:
                 mbarrier_arrive(empty, (kt + {s} - 1) % {s})
         {acc} = wgmma_wait(({acc},), 0)
+{epilogue}
+'''
+
+# ws, persistent as cuDNN's: one block per SM slot walks the tiles tile = block, block + grid, ...; the producer
+# runs ahead into the next tile while the consumers store this one; stage and phase follow a running slice count
+TMA_WS_PERSISTENT = TMA_HEAD + '''\
+    if t >= 256:
+        if t == 256:
+            it = 0
+            for tile in range(cuda.blockIdx.x, {tiles}, cuda.gridDim.x):
+{tile_coords_producer}
+                for kt in range({slices}):
+                    stage = it % {s}
+                    if it >= {s}:
+                        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
+                        while mbarrier_try_wait(empty, stage, (it // {s} - 1) % 2) == 0 and spins < {spin_limit}:
+                            spins += 1
+{issue}
+                    it += 1
+    else:
+        it = 0
+        for tile in range(cuda.blockIdx.x, {tiles}, cuda.gridDim.x):
+{tile_coords_consumer}
+{init}
+            for kt in range({slices}):
+                stage = it % {s}
+                spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
+                while mbarrier_try_wait(full, stage, (it // {s}) % 2) == 0 and spins < {spin_limit}:
+                    spins += 1
+{body}
+                if it > 0:
+                    mbarrier_arrive(empty, (it + {s} - 1) % {s})
+                it += 1
+            {acc} = wgmma_wait(({acc},), 0)
 {epilogue}
 '''
 
@@ -174,7 +208,7 @@ def stream_ldgsts(x, w, y):
 
 def _fields(bn, s):
     stage_words = 4096 + bn * 32
-    return dict(threads=THREADS, cch=CCH, r=R, pad=PAD, hw=HW, h=H, w=W, c=C, ktot=KTOT, slices=SLICES, bn=bn, s=s,
+    return dict(spin_limit=SPIN_LIMIT, threads=THREADS, cch=CCH, r=R, pad=PAD, hw=HW, h=H, w=W, c=C, ktot=KTOT, slices=SLICES, bn=bn, s=s,
                 nbs=K // bn, stage_words=stage_words, stage_bytes=stage_words * 4, b_per=bn * 8 // THREADS)
 
 
@@ -189,7 +223,8 @@ def _indent(text, spaces):
 
 def tma_source(bn, s, kind):
     """Source of the TMA kernel of this kind: "stream" (copies only), "barrier" (wgmma, a block barrier per
-    slice), "ws" (wgmma, warp-specialised) or "ws_round" (ws, operands rounded to TF32 in shared memory)."""
+    slice), "ws" (wgmma, warp-specialised), "ws_round" (ws, operands rounded to TF32 in shared memory) or
+    "ws_persistent" (ws, one block per SM slot looping over the tiles)."""
     f = _fields(bn, s)
     f.update(issue_first=_snippet(ISSUE_TMA, f, 12, "kt", "kt"),
              issue_next=_snippet(ISSUE_TMA, f, 12, f"kt + {s}", "stage"))
@@ -217,6 +252,14 @@ def tma_source(bn, s, kind):
                             init=_indent(init, 8).lstrip(), rounding=rounding, body=_indent(body, 12), acc=acc,
                             epilogue=_indent("\n".join(lines), 8), **f)
         return PRELUDE + src, f"conv_tma_{kind}"
+    if kind == "ws_persistent":
+        coords = (f"mb = tile // {f['nbs']}\nnb = tile % {f['nbs']}\nm0 = mb * 128\nn_img = m0 // {HW}\n"
+                  f"ho = (m0 % {HW}) // {W}\nwo = m0 % {W}")
+        src = TMA_WS_PERSISTENT.format(
+            name="conv_tma_ws_persistent", tiles=(M // BM) * f["nbs"], tile_coords_producer=_indent(coords, 16),
+            tile_coords_consumer=_indent(coords, 12), issue=_snippet(ISSUE_TMA, f, 20, "kt", "stage"),
+            init=_indent(init, 12), body=_indent(body, 16), acc=acc, epilogue=_indent("\n".join(lines), 12), **f)
+        return PRELUDE + src, "conv_tma_ws_persistent"
     if kind == "stream":
         body, lines, init = f"seen += sm[stage * {f['stage_words']} + t]", [f"y[cuda.blockIdx.x * {THREADS} + t] = seen"], \
             "seen = float32(0.0)"
@@ -236,7 +279,7 @@ def kernels(bn, s):
     f = _fields(bn, s)
     nbytes = s * f["stage_bytes"]
     out = []
-    for kind in ("stream", "barrier", "ws", "ws_round"):
+    for kind in ("stream", "barrier", "ws", "ws_round", "ws_persistent"):
         src, name = tma_source(bn, s, kind)
         out.append((f"{name}_bn{bn}_s{s}", src, name, nbytes, THREADS + 32 * kind.startswith("ws")))
     f.update(issue_first=_snippet(ISSUE_LDGSTS, f, 8, "kt", "kt"),
@@ -328,7 +371,7 @@ def check_conv(y, x, w2d, rng):
 def run(args):
     from numba import cuda
     from kernelgen.runtime.launch import allow_dynamic_shared
-    from kernelgen.tuning.timing import time_cuda, time_side_by_side
+    from kernelgen.tuning.timing import time_cuda, time_host, time_side_by_side
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, H, W, C)).astype(np.float32)
     w = rng.standard_normal((K, R, R, C)).astype(np.float32)
@@ -338,16 +381,24 @@ def run(args):
     cudnn = cudnn_conv(x, w)
     for bn, s in ((64, 4), (128, 4), (128, 6)):
         xmap, wmap = tensor_maps(x_dev, w_dev, bn, 128)
-        blocks = (M // BM) * (K // bn)
+        tiles = (M // BM) * (K // bn)
         for label, src, name, nbytes, threads in kernels(bn, s):
             conv = name.startswith("conv_")
+            # persistent: as many blocks as fit at once (228 KiB of shared memory per SM, 1 KiB reserved a block)
+            blocks = SMS * min(2, 228 * 1024 // (nbytes + 2048)) if name.endswith("persistent") else tiles
             try:
                 k = build(src, name)
                 tma = name != "stream_ldgsts"
-                y = cuda.to_device(np.full(M * K if conv else blocks * THREADS, np.nan, np.float32))
+                y = cuda.to_device(np.full(M * K if conv else tiles * THREADS, np.nan, np.float32))
                 ordered = (xmap, wmap, y) if tma else (x_dev, w_dev, y)
                 allow_dynamic_shared(k, ordered, nbytes)
                 launch = lambda: k[blocks, threads, 0, nbytes](*ordered)
+                # one checked call first: a kernel that computes nonsense, or crawls through its bounded waits,
+                # is reported, not timed
+                first_ms = time_host(lambda: (launch(), cuda.synchronize()), warmup=0, repeat=1)
+                err = check_conv(y.copy_to_host(), x, w2d, rng) if conv else None  # exact / truncated / rounded
+                if (err and not min(err.values()) <= 1e-2) or first_ms > 200:  # garbage is ~1 off
+                    raise RuntimeError(f"not timed: first call {first_ms:.0f} ms, errors {err}")
                 if conv and cudnn:  # side by side, alternating rounds (tuning.timing)
                     us, base_us = (1e3 * ms for ms in time_side_by_side([launch, cudnn]))
                 else:
@@ -356,14 +407,13 @@ def run(args):
                 print(f"{label}: {type(e).__name__}: {e}", flush=True)
                 report["runs"].append(dict(kernel=label, error=f"{type(e).__name__}: {e}"))
                 continue
-            moved = blocks * SLICES * (4096 + bn * 32) * 4  # bytes landing in shared memory
+            moved = tiles * SLICES * (4096 + bn * 32) * 4  # bytes landing in shared memory
             row = dict(kernel=label, bn=bn, stages=s, us=us, gb_s=moved / us / 1e3, tflops=FLOP / us / 1e6,
                        regs=next(iter(k.get_regs_per_thread().values())))
             if conv:
-                row["max_rel_err"] = check_conv(y.copy_to_host(), x, w2d, rng)  # against exact/truncated/rounded
-                row.update(cudnn_us=base_us, vs_cudnn=base_us / us if base_us else None)
+                row.update(max_rel_err=err, cudnn_us=base_us, vs_cudnn=base_us / us if base_us else None)
             report["runs"].append(row)
-            print(f"{label:28s} {us:8.1f} us  {row['gb_s']:7.0f} GB/s into shared  {row['tflops']:6.1f} TFLOP/s"
+            print(f"{label:34s} {us:8.1f} us  {row['gb_s']:7.0f} GB/s into shared  {row['tflops']:6.1f} TFLOP/s"
                   + ("  err {exact:.1e} (truncated {truncated:.1e}, rounded {rounded:.1e})".format(**row["max_rel_err"])
                      + f"  {row['vs_cudnn'] or 0:.2f}x cuDNN" if 'max_rel_err' in row
                      else "  (copies alone)"), flush=True)
@@ -402,7 +452,7 @@ def compile_only():
             print("  ptxas:", advice.strip())  # e.g. wgmma serialised by ptxas
         sass = subprocess.run([*tool, path[:-4] + ".cubin"], capture_output=True, text=True).stdout if tool else ""
         census = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("UTMALDG", "HGMMA", "SYNCS", "LDGSTS")}
-        print(f"{label:28s} regs {res['registers']} spills {res['spill_stores']}/{res['spill_loads']} "
+        print(f"{label:34s} regs {res['registers']} spills {res['spill_stores']}/{res['spill_loads']} "
               f"stack {res['local_bytes']} {census}", flush=True)
     print("files in", workdir)
 
