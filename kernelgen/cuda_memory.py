@@ -19,6 +19,8 @@ load4 the kernel tests src's pointer.  In the simulator the copies are immediate
 load4_aligned / copy_async16: the same for an array known to start 16-byte aligned (render_cuda's KERNEL; the
 launcher checks each call's arrays and runs KERNEL_ANY_ALIGNMENT otherwise): the 16-byte access alone, with no
 test and no 4-byte fallback, whose predicated-off instructions still occupy the load/store queue.
+copy_async16_l2: copy_async16 through L2 only (cp.async.cg, nothing allocated in L1); not used by the templates
+yet: scripts/tma_check.py measures its copy stream against the L1-allocating one (PERF_NOTES #34).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         pass
 
     load4_aligned, copy_async16 = load4, copy_async4
+    copy_async16_l2 = copy_async16
 
     def copy_async_wait(pending):
         pass
@@ -118,12 +121,13 @@ else:
     _COPY1 = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [$0], [g], 4, $2; }"
     # the source is known 16-byte aligned (the launcher checked the array): one 16-byte copy, nothing else
     _COPY16 = "{ .reg .u64 g; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [$0], [g], 16, $2; }"
+    _COPY16_L2 = _COPY16.replace(".ca.", ".cg.")  # through L2 only: nothing allocated in L1
 
     def _element_address(context, builder, aty, ary_value, ity, index):
         ary = context.make_array(aty)(context, builder, ary_value)
         return ary, builder.gep(ary.data, [context.cast(builder, index, ity, types.intp)])
 
-    def _copy_codegen(width, aligned=False):
+    def _copy_codegen(width, aligned=False, text=None):
         def codegen(context, builder, sig, args):
             dty, ity, sty, jty, cty = sig.args
             _, dptr = _element_address(context, builder, dty, args[0], ity, args[1])
@@ -138,7 +142,8 @@ else:
                 operands.append(builder.zext(builder.icmp_unsigned(
                     "==", builder.and_(base, ir.Constant(_I64, 15)), ir.Constant(_I64, 0)), _I32))
             ftype = ir.FunctionType(ir.VoidType(), [o.type for o in operands])
-            builder.asm(ftype, _COPY16 if aligned else _COPY4 if width == 4 else _COPY1, ",".join(["r", "l", "r", "r"][:len(operands)])
+            text_ = text or (_COPY16 if aligned else _COPY4 if width == 4 else _COPY1)
+            builder.asm(ftype, text_, ",".join(["r", "l", "r", "r"][:len(operands)])
                         + ",~{memory}", operands, side_effect=True, name="cp_async")
             return context.get_dummy_value()
         return codegen
@@ -162,6 +167,11 @@ else:
     def copy_async16(typingctx, dst, i, src, j, cond):
         sig = _copy_signature(dst, i, src, j, cond)
         return (sig, _copy_codegen(4, aligned=True)) if sig else None
+
+    @intrinsic
+    def copy_async16_l2(typingctx, dst, i, src, j, cond):
+        sig = _copy_signature(dst, i, src, j, cond)
+        return (sig, _copy_codegen(4, aligned=True, text=_COPY16_L2)) if sig else None
 
     @intrinsic
     def copy_async_commit(typingctx):

@@ -10,8 +10,8 @@ w 128x3x3x128, padding 1), the shapes the tiled-GEMM template would generate.
    for the im2col offsets both readings ({dw, dh} and {dh, dw}) are reported.
 2. streams: the layer's whole operand stream (392 blocks x 36 k slices of a 128 x 64 tile, 24 KiB a slice)
    copied global -> shared with no arithmetic, by TMA (one thread per block issues, mbarriers) and by
-   16-byte cp.async from every thread (what the generated kernels do): GB/s and the TFLOP/s the layer would run
-   at if the copies were all it did.
+   16-byte cp.async from every thread (what the generated kernels do: .ca, allocating in L1; and .cg, through L2
+   only): GB/s and the TFLOP/s the layer would run at if the copies were all it did.
 3. conv: the layer computed by TMA copies feeding m64nBNk8 wgmma (two warpgroups, 128 x BN tiles, S stages;
    operands not rounded, see PERF_NOTES #35) in four schedules: a block barrier per slice (what the generated
    kernels do); warp-specialised as cuDNN's (a producer warp, full/empty mbarriers per stage, wait_group 1); the
@@ -46,7 +46,7 @@ from kernelgen._cuda_tma_intrinsics import (mbarrier_arrive, mbarrier_expect_tx,
 from kernelgen._cuda_mma_intrinsics import tf32
 from kernelgen._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc_sw128, wgmma_commit, wgmma_fence, wgmma_tf32_m64n64k8,
                                               wgmma_tf32_m64n128k8, wgmma_wait)
-from kernelgen.cuda_memory import copy_async16, copy_async_commit, copy_async_wait
+from kernelgen.cuda_memory import copy_async16, copy_async16_l2, copy_async_commit, copy_async_wait
 '''
 
 # one block per 128 x BN output tile; thread 0 keeps S slices in flight; a block barrier per slice frees its stage
@@ -175,17 +175,17 @@ for i in range(4):
     wi = m % {w} + s - {pad}
     ok = hi >= 0 and hi < {h} and wi >= 0 and wi < {w}
     src = ((n * {h} + hi) * {w} + wi) * {c} + c0 + 4 * q
-    copy_async16(sm, base + line * 32 + (q ^ (line % 8)) * 4, x, src if ok else 0, ok)
+    {copy}(sm, base + line * 32 + (q ^ (line % 8)) * 4, x, src if ok else 0, ok)
 for i in range({b_per}):
     u = t + {threads} * i
     line = u // 8
     q = u % 8
-    copy_async16(sm, base + 4096 + line * 32 + (q ^ (line % 8)) * 4, w,
+    {copy}(sm, base + 4096 + line * 32 + (q ^ (line % 8)) * 4, w,
                  (nb * {bn} + line) * {ktot} + ({kt}) * 32 + 4 * q, True)"""
 
 LDGSTS_STREAM = '''
 @cuda.jit
-def stream_ldgsts(x, w, y):
+def {name}(x, w, y):
     sm = cuda.shared.array(0, float32, alignment=1024)
     t = cuda.threadIdx.x
     mb = cuda.blockIdx.x // {nbs}
@@ -282,9 +282,11 @@ def kernels(bn, s):
     for kind in ("stream", "barrier", "ws", "ws_round", "ws_persistent"):
         src, name = tma_source(bn, s, kind)
         out.append((f"{name}_bn{bn}_s{s}", src, name, nbytes, THREADS + 32 * kind.startswith("ws")))
-    f.update(issue_first=_snippet(ISSUE_LDGSTS, f, 8, "kt", "kt"),
-             issue_next=_snippet(ISSUE_LDGSTS, f, 12, f"kt + {s - 1}", f"(kt + {s - 1}) % {s}"))
-    out.append((f"stream_ldgsts_bn{bn}_s{s}", PRELUDE + LDGSTS_STREAM.format(**f), "stream_ldgsts", nbytes, THREADS))
+    for name, copy in (("stream_ldgsts", "copy_async16"), ("stream_ldgsts_l2", "copy_async16_l2")):  # .ca / .cg
+        g = dict(f, copy=copy)
+        g.update(issue_first=_snippet(ISSUE_LDGSTS, g, 8, "kt", "kt"),
+                 issue_next=_snippet(ISSUE_LDGSTS, g, 12, f"kt + {s - 1}", f"(kt + {s - 1}) % {s}"))
+        out.append((f"{name}_bn{bn}_s{s}", PRELUDE + LDGSTS_STREAM.format(name=name, **g), name, nbytes, THREADS))
     return out
 
 
@@ -388,7 +390,7 @@ def run(args):
             blocks = SMS * min(2, 228 * 1024 // (nbytes + 2048)) if name.endswith("persistent") else tiles
             try:
                 k = build(src, name)
-                tma = name != "stream_ldgsts"
+                tma = not name.startswith("stream_ldgsts")
                 y = cuda.to_device(np.full(M * K if conv else tiles * THREADS, np.nan, np.float32))
                 ordered = (xmap, wmap, y) if tma else (x_dev, w_dev, y)
                 allow_dynamic_shared(k, ordered, nbytes)
@@ -439,7 +441,7 @@ def compile_only():
     todo = [("copy_kernel", copy_kernel(), (*maps, arr(types.float32), arr(types.int32), types.int64, types.int64))]
     for bn, s in ((64, 4), (128, 6)):
         for label, src, name, _, _ in kernels(bn, s):
-            first = (arr(types.float32),) * 2 if name == "stream_ldgsts" else maps
+            first = (arr(types.float32),) * 2 if name.startswith("stream_ldgsts") else maps
             todo.append((label, build(src, name), (*first, arr(types.float32))))
     tool = _disassembler()
     for label, k, sig in todo:
