@@ -379,10 +379,19 @@ def run(args):
     w = rng.standard_normal((K, R, R, C)).astype(np.float32)
     w2d = w.reshape(K, KTOT)
     x_dev, w_dev = cuda.to_device(x.ravel()), cuda.to_device(w2d.ravel())
-    report = {"copies": check_copies(x, w2d, x_dev, w_dev), "runs": []}
+    report = {"runs": []}
+    try:
+        report["copies"] = check_copies(x, w2d, x_dev, w_dev)
+    except Exception as e:  # e.g. the driver refuses a map: the cp.async streams can still run
+        print(f"copies: {type(e).__name__}: {e}", flush=True)
+        report["copies"] = f"{type(e).__name__}: {e}"
     cudnn = cudnn_conv(x, w)
     for bn, s in ((64, 4), (128, 4), (128, 6)):
-        xmap, wmap = tensor_maps(x_dev, w_dev, bn, 128)
+        try:
+            xmap, wmap = tensor_maps(x_dev, w_dev, bn, 128)
+        except Exception as e:
+            print(f"tensor maps for BN {bn}: {type(e).__name__}: {e}", flush=True)
+            xmap = wmap = None
         tiles = (M // BM) * (K // bn)
         for label, src, name, nbytes, threads in kernels(bn, s):
             conv = name.startswith("conv_")
@@ -391,6 +400,8 @@ def run(args):
             try:
                 k = build(src, name)
                 tma = not name.startswith("stream_ldgsts")
+                if tma and xmap is None:
+                    raise RuntimeError("no tensor maps")
                 y = cuda.to_device(np.full(M * K if conv else tiles * THREADS, np.nan, np.float32))
                 ordered = (xmap, wmap, y) if tma else (x_dev, w_dev, y)
                 allow_dynamic_shared(k, ordered, nbytes)
