@@ -322,6 +322,95 @@ class AsyncProxyFence(Stmt):
     reads; a Barrier after it extends that to every thread's writes."""
 
 
+@dataclass(frozen=True)
+class TensorMap:
+    """What a TensorCopy reads: a box of the global buffer `source` (CUDA: a TMA tensor map, which the launcher
+    encodes from the caller's array and passes as the uint64 parameter `name`).  Dims, byte strides (of dims
+    1..) and boxes are innermost first.  mode "tiled": boxes of `box` elements; "im2col": `box` = (channels,
+    pixels) of a channels-last (C, W, H, N) tensor, the pixels walking the base positions [lower, (W, H) - 1 +
+    upper] w, then h, then n.  swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy)."""
+    name: str
+    source: str
+    mode: str
+    dims: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    box: Tuple[int, ...]
+    lower: Tuple[int, ...] = ()
+    upper: Tuple[int, ...] = ()
+    swizzle: int = 0
+
+    def __post_init__(self):
+        if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128):
+            raise ValueError(f"TensorMap {self.name}: mode tiled|im2col and swizzle 0|128, got {self.mode}, {self.swizzle}")
+
+    @property
+    def box_elements(self):
+        n = 1
+        for b in self.box:
+            n *= b
+        return n
+
+
+@dataclass(frozen=True)
+class TensorCopy(Stmt):
+    """dst[dst_index ..] = the box of `tmap` at `coords` (innermost first; im2col: channel c and base pixel
+    (w, h, n), each pixel read at (h + offsets[1], w + offsets[0])), zeros outside the tensor.  The box lands as
+    rows of box[0] words; with swizzle 128 the 16-byte chunk j of row r lands at chunk j ^ (r % 8) (dst_index
+    then 1024-byte aligned).  Issued by one thread; it lands asynchronously and counts its bytes on mbarrier
+    bar[bar_index], whose MbarrierWait makes dst readable (CUDA: cp.async.bulk.tensor)."""
+    dst: str
+    dst_index: Tuple[Expr, ...]
+    tmap: TensorMap
+    coords: Tuple[Expr, ...]
+    offsets: Tuple[Expr, ...]
+    bar: str
+    bar_index: Expr
+
+    def __post_init__(self):
+        for f in ("dst_index", "coords", "offsets"):
+            object.__setattr__(self, f, tuple(as_expr(e) for e in getattr(self, f)))
+        _exprs(self, "bar_index")
+
+
+def _exprs(stmt, *fields):
+    for f in fields:
+        object.__setattr__(stmt, f, as_expr(getattr(stmt, f)))
+
+
+@dataclass(frozen=True)
+class MbarrierInit(Stmt):
+    """Shared int64 bar[index] becomes a barrier expecting `count` arrivals a phase; a Barrier must follow
+    before other threads use it."""
+    bar: str
+    index: Expr
+    count: int
+
+    def __post_init__(self):
+        _exprs(self, "index")
+
+
+@dataclass(frozen=True)
+class MbarrierExpect(Stmt):
+    """One arrival on bar[index] that also announces `nbytes` of TensorCopy still to land this phase."""
+    bar: str
+    index: Expr
+    nbytes: int
+
+    def __post_init__(self):
+        _exprs(self, "index")
+
+
+@dataclass(frozen=True)
+class MbarrierWait(Stmt):
+    """Wait until the phase of bar[index] with this parity (0, 1, 0, .. for its 1st, 2nd, 3rd .. phase) completed."""
+    bar: str
+    index: Expr
+    parity: Expr
+
+    def __post_init__(self):
+        _exprs(self, "index", "parity")
+
+
 BINDINGS = ("grid", "thread", "serial", "unroll")
 SCOPES = ("global", "shared", "register")
 # Storage-only dtypes -> the dtype their values are computed in.  A global buffer may store float16
@@ -422,6 +511,13 @@ def map_stmt_exprs(s, fn):
                             s.n, s.lbo, s.sbo)
     if isinstance(s, WarpgroupWait):
         return WarpgroupWait(s.pending, tuple(map(fn, s.acc)))
+    if isinstance(s, TensorCopy):
+        return TensorCopy(s.dst, tuple(map(fn, s.dst_index)), s.tmap, tuple(map(fn, s.coords)),
+                          tuple(map(fn, s.offsets)), s.bar, fn(s.bar_index))
+    if isinstance(s, (MbarrierInit, MbarrierExpect)):
+        return type(s)(s.bar, fn(s.index), s.count if isinstance(s, MbarrierInit) else s.nbytes)
+    if isinstance(s, MbarrierWait):
+        return MbarrierWait(s.bar, fn(s.index), fn(s.parity))
     return s
 
 

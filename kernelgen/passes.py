@@ -8,8 +8,8 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
-from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Select, Store, Var, VectorLoad,
-                 WarpgroupMma, WarpgroupWait,
+from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, MbarrierExpect, MbarrierInit,
+                 MbarrierWait, Mma, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait,
                  expr_vars, map_expr, map_stmt_exprs, walk_stmts)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -192,6 +192,8 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
             if isinstance(s, WarpgroupMma):
                 s = replace(s, a_index=linear(s.a, s.a_index) if len(s.a_index) != 1 else s.a_index,
                             b_index=linear(s.b, s.b_index) if len(s.b_index) != 1 else s.b_index)
+            if isinstance(s, TensorCopy) and len(s.dst_index) != 1:
+                s = replace(s, dst_index=linear(s.dst, s.dst_index))
             out.append(s)
         return tuple(out)
 
@@ -292,6 +294,12 @@ def _stmt_exprs(s):
         return list(s.dst_index) + list(s.src_index) + [s.cond]
     if isinstance(s, WarpgroupMma):  # not the accumulators: they are written
         return list(s.a_index) + list(s.b_index)
+    if isinstance(s, TensorCopy):
+        return list(s.dst_index) + list(s.coords) + list(s.offsets) + [s.bar_index]
+    if isinstance(s, (MbarrierInit, MbarrierExpect)):
+        return [s.index]
+    if isinstance(s, MbarrierWait):
+        return [s.index, s.parity]
     return []
 
 
@@ -422,5 +430,5 @@ def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     stmts = list(walk_stmts(kernel.body))
     written = frozenset([s.buf for s in stmts if isinstance(s, Store)]
                         + [d.buf for s in stmts if isinstance(s, VectorLoad) for d in s.dst if isinstance(d, Load)]
-                        + [s.dst for s in stmts if isinstance(s, AsyncCopy)])
+                        + [s.dst for s in stmts if isinstance(s, (AsyncCopy, TensorCopy))])
     return replace(kernel, body=_cse_block(kernel.body, "_e", [0], written))

@@ -7,7 +7,8 @@ indexed.
 from __future__ import annotations
 
 from .ir import (STORAGE_DTYPES, Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Barrier, BinOp, Call, Comment,
-                 Const, For, If, Kernel, Load, Mma, Select, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
+                 Const, For, If, Kernel, Load, MbarrierExpect, MbarrierInit, MbarrierWait, Mma, Select, TensorCopy,
+                 WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                  Store, Var, VectorLoad, compute_dtype)
 
 _PY_OPS = {"and": "and", "or": "or"}
@@ -118,6 +119,10 @@ class SourcePrinter:
             self.warpgroup_mma(s, depth)
         elif isinstance(s, (WarpgroupFence, WarpgroupCommit, WarpgroupWait, AsyncProxyFence)):
             self.warpgroup_sync(s, depth)
+        elif isinstance(s, TensorCopy):
+            self.tensor_copy(s, depth)
+        elif isinstance(s, (MbarrierInit, MbarrierExpect, MbarrierWait)):
+            self.mbarrier(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
 
@@ -130,6 +135,13 @@ class SourcePrinter:
     def warpgroup_sync(self, s, depth):
         """Warpgroup MMAs finish when issued on targets that emulate them: fences and waits do nothing."""
         self.emit(depth, f"pass  # {type(s).__name__}: warpgroup MMAs are synchronous on this target")
+
+    def tensor_copy(self, s, depth):
+        raise TypeError(f"{type(self).__name__} cannot render a TensorCopy")
+
+    def mbarrier(self, s, depth):
+        """Tensor copies land when issued on targets that copy synchronously: mbarriers have nothing to count."""
+        self.emit(depth, f"pass  # {type(s).__name__}: copies are synchronous on this target")
 
     def vector_load(self, s, depth):
         """Element by element (targets with a wide load override this)."""

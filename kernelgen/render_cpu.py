@@ -15,6 +15,10 @@ from .render_base import SourcePrinter, launch_constants
 
 
 class CpuPrinter(SourcePrinter):
+    def __init__(self, kernel: Kernel):
+        super().__init__(kernel)
+        self.tma_helpers = set()  # what the module imports from kernelgen.cpu_tma
+
     def index(self, buf, index):
         idx = super().index(buf, index)
         if self.scopes.get(buf) == "register":
@@ -71,6 +75,22 @@ class CpuPrinter(SourcePrinter):
         tid = self.thread_var
         self.emit(depth, f"wgmma_tf32({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
                          f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid})")
+
+    def tensor_copy(self, s, depth):
+        """The box, copied now (kernelgen.cpu_tma): the thread phases after the MbarrierWait read it."""
+        m, (di,) = s.tmap, s.dst_index
+        if self.kernel.buffer(m.source).dtype != "float32":
+            raise ValueError(f"TensorCopy {m.source}: the CPU copy moves float32 words only")
+        args = [s.dst, self.expr(di), m.source]
+        if m.mode == "tiled" and len(m.dims) == 2:
+            fn, geometry = "tma_tiled_2d", [*m.dims, m.strides[0] // 4, *m.box]
+        elif m.mode == "im2col" and len(m.dims) == 4:
+            fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box]
+        else:
+            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D tiled and 4-D im2col boxes, got {m.mode} {m.dims}")
+        self.tma_helpers.add(fn)
+        coords = [self.expr(e) for e in s.coords + s.offsets]
+        self.emit(depth, f"{fn}({', '.join(args + [str(g) for g in geometry] + coords)}, {int(m.swizzle == 128)})")
 
     # float16 buffers arrive as their uint16 bit patterns (numba's CPU target has no float16): kernelgen.cpu_round
     def widen(self, text):
@@ -141,4 +161,6 @@ def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = No
     printer = CpuPrinter(lowered)
     body = printer.render()
     helpers = f"from kernelgen.cpu_round import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
+    if printer.tma_helpers:
+        helpers += f"from kernelgen.cpu_tma import {', '.join(sorted(printer.tma_helpers))}\n"
     return HEADER.format(cache=cache, parallel=parallel, helpers=helpers) + body

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 
-from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, Select, Var,
-                 WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait, walk_stmts)
+from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, MbarrierExpect,
+                 MbarrierInit, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
+                 walk_stmts)
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 
@@ -36,6 +37,7 @@ class CudaPrinter(SourcePrinter):
         self.nonneg_vars = set()  # ints proven >= 0 (grid, thread and loop indices, sums of those...)
         self.memory_helpers = set()  # what the module imports from kernelgen.cuda_memory
         self.wgmma_helpers = set()  # ... and from kernelgen.cuda_wgmma
+        self.tma_helpers = set()  # ... and from kernelgen.cuda_tma
 
     def is_int(self, e) -> bool:
         if isinstance(e, Const):
@@ -144,6 +146,29 @@ class CudaPrinter(SourcePrinter):
         self.wgmma_helpers.add(fn)
         self.emit(depth, f"{fn}()")
 
+    def tensor_copy(self, s, depth):
+        m, (di,) = s.tmap, s.dst_index
+        fn = {("tiled", 2): "tma_load_2d", ("im2col", 4): "tma_load_im2col_4d"}.get((m.mode, len(m.dims)))
+        if fn is None:
+            raise ValueError(f"TensorCopy {m.name}: 2-D tiled and 4-D im2col boxes are rendered, got {m.mode} {m.dims}")
+        self.tma_helpers.add(fn)
+        where = ", ".join(self.expr(e) for e in s.coords + s.offsets)
+        self.emit(depth, f"{fn}({s.dst}, {self.expr(di)}, {m.name}, {where}, {s.bar}, {self.expr(s.bar_index)})")
+
+    def mbarrier(self, s, depth):
+        at = f"{s.bar}, {self.expr(s.index)}"
+        if isinstance(s, MbarrierInit):
+            self.tma_helpers |= {"mbarrier_init", "mbarrier_init_fence"}
+            self.emit(depth, f"mbarrier_init({at}, {s.count})")
+            self.emit(depth, "mbarrier_init_fence()")
+        elif isinstance(s, MbarrierExpect):
+            self.tma_helpers.add("mbarrier_expect_tx")
+            self.emit(depth, f"mbarrier_expect_tx({at}, {s.nbytes})")
+        else:
+            self.tma_helpers.add("mbarrier_try_wait")
+            self.emit(depth, f"while mbarrier_try_wait({at}, {self.expr(s.parity)}) == 0:")
+            self.emit(depth + 1, "pass")
+
     def thread_loop(self, s, depth):
         # every thread runs the phase once: the loop disappears
         self.emit(depth, f"{s.var} = cuda.threadIdx.x")
@@ -174,28 +199,35 @@ class CudaPrinter(SourcePrinter):
             self.int_vars.add(g.var)
             self.nonneg_vars.add(g.var)
             self.emit(1, f"{g.var} = cuda.blockIdx.{_AXES[g.axis]}")
-        # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size)
-        wide = {s.dst for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}
-        wide |= {b for s in walk_stmts(k.body) if isinstance(s, WarpgroupMma) for b in (s.a, s.b)}  # descriptors
+        # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size), tensor
+        # copies 128-byte aligned ones (1024 for the 128-byte swizzle, whose pattern follows the address)
+        align = {s.dst: 16 for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}
+        align |= {b: 16 for s in walk_stmts(k.body) if isinstance(s, WarpgroupMma) for b in (s.a, s.b)}  # descriptors
+        for s in walk_stmts(k.body):
+            if isinstance(s, TensorCopy):
+                align[s.dst] = max(align.get(s.dst, 0), 1024 if s.tmap.swizzle else 128)
         shared = [b for b in k.locals if b.scope == "shared"]
-        dynamic = sum(b.size * _BYTES[b.dtype] for b in shared)
-        if dynamic > STATIC_SHARED_LIMIT and len({b.dtype for b in shared}) == 1:
-            # past 48 KiB a block's shared memory must be dynamic (the launcher opts in): one extern array,
-            # each buffer a slice of it at a 16-byte aligned offset
-            self.emit(1, f"_smem = cuda.shared.array(0, {shared[0].dtype}, alignment=16)")
-            at = 0
-            for b in shared:
+        tiles = max({b.dtype for b in shared}, key=lambda d: sum(b.size for b in shared if b.dtype == d), default=None)
+        pooled = [b for b in shared if b.dtype == tiles]
+        dynamic = 0
+        if sum(b.size * _BYTES[b.dtype] for b in shared) > STATIC_SHARED_LIMIT:
+            # past 48 KiB a block's shared memory must be dynamic (the launcher opts in): one extern array, each
+            # buffer of its dtype a slice of it at an aligned offset (others, e.g. int64 mbarriers, stay static)
+            base = max([16] + [align.get(b.name, 16) for b in pooled])
+            self.emit(1, f"_smem = cuda.shared.array(0, {pooled[0].dtype}, alignment={base})")
+            for b in pooled:
+                step = align.get(b.name, 16)
+                dynamic = -(-dynamic // step) * step
+                at = dynamic // _BYTES[b.dtype]
                 self.emit(1, f"{b.name} = _smem[{at}:{at + b.size}]")
-                at += -(-b.size * _BYTES[b.dtype] // 16) * 16 // _BYTES[b.dtype]
-            dynamic = at * _BYTES[shared[0].dtype]
-        else:
-            dynamic = 0
+                dynamic += b.size * _BYTES[b.dtype]
+            dynamic = -(-dynamic // 16) * 16
         for b in k.locals:
-            if dynamic and b.scope == "shared":
+            if dynamic and b in pooled:
                 continue
             kind = "shared" if b.scope == "shared" else "local"
-            align = ", alignment=16" if b.name in wide else ""
-            self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {b.dtype}{align})")
+            at = f", alignment={align[b.name]}" if b.name in align else ""
+            self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {b.dtype}{at})")
         self.stmts(block, 1)
         self.dynamic = dynamic
         return "\n".join(self.lines) + "\n"
@@ -203,12 +235,12 @@ class CudaPrinter(SourcePrinter):
 
 ALIGNED_HELPERS = {"load4_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
 STATIC_SHARED_LIMIT = 48 * 1024  # bytes; more must be dynamic shared memory (runtime.launch opts the kernel in)
-_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "float16": 2}
+_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2}
 
 HEADER = """\
 # Generated by kernelgen (CUDA target). Do not edit: regenerate with kernelgen.explain(...).
 import math
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, int32, int64
 {index32}{mma}_CACHE = {cache}
 
 """
@@ -247,4 +279,6 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         mma += f"from kernelgen.cuda_wgmma import {', '.join(helpers('wgmma_helpers'))}\n"
     if printer.memory_helpers:
         mma += f"from kernelgen.cuda_memory import {', '.join(helpers('memory_helpers'))}\n"
+    if printer.tma_helpers:
+        mma += f"from kernelgen.cuda_tma import {', '.join(helpers('tma_helpers'))}\n"
     return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body + constants

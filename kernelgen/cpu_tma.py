@@ -1,0 +1,47 @@
+"""ir.TensorCopy on the CPU backend (imported by rendered modules): the box a TMA copy would bring, copied
+synchronously into the shared array, zeros outside the tensor, in the same shared layout (rows of box[0]
+words; with a 128-byte swizzle the 16-byte chunk j of row r at chunk j ^ (r % 8)).
+
+The im2col walk is the reading that scripts/tma_check.py checks on the H100: `pixels` base positions from
+(w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw)."""
+from __future__ import annotations
+
+from numba import float32, njit
+
+
+@njit(cache=True)
+def _place(row, e, row_words, swizzle):
+    if swizzle:
+        return row * 32 + ((e // 4) ^ (row % 8)) * 4 + e % 4
+    return row * row_words + e
+
+
+@njit(cache=True)
+def tma_tiled_2d(dst, d0, src, dim0, dim1, stride1, box0, box1, c0, c1, swizzle):
+    """box1 rows of box0 elements at (c0, c1) of the 2-D tensor src (row stride `stride1` elements)."""
+    for r in range(box1):
+        y = c1 + r
+        for e in range(box0):
+            x = c0 + e
+            inside = 0 <= x < dim0 and 0 <= y < dim1
+            dst[d0 + _place(r, e, box0, swizzle)] = src[y * stride1 + x] if inside else float32(0.0)
+
+
+@njit(cache=True)
+def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, channels, pixels, c, w, h, n,
+                  dw, dh, swizzle):
+    """`pixels` rows of `channels` channels of the channels-last src[N, H, W, C] (see the module docstring)."""
+    for p in range(pixels):
+        hi, wi = h + dh, w + dw
+        for e in range(channels):
+            ch = c + e
+            inside = 0 <= ch < C and 0 <= wi < W and 0 <= hi < H and 0 <= n < N
+            dst[d0 + _place(p, e, channels, swizzle)] = (src[((n * H + hi) * W + wi) * C + ch] if inside
+                                                         else float32(0.0))
+        w += 1
+        if w > W - 1 + upper_w:
+            w = lower_w
+            h += 1
+            if h > H - 1 + upper_h:
+                h = lower_h
+                n += 1

@@ -1,0 +1,17 @@
+"""TMA copies and mbarriers for generated CUDA kernels (imported by rendered modules): on a GPU the sm_90
+intrinsics of _cuda_tma_intrinsics.py.  The simulator has no tensor maps, so there the operations raise:
+kernels with ir.TensorCopy run on the CPU backend (kernelgen.cpu_tma) and on the GPU."""
+from __future__ import annotations
+
+import os
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    def _unavailable(*args):
+        raise NotImplementedError("TMA copies have no CUDA-simulator stand-in: run such kernels on the cpu "
+                                  "backend or an sm_90 GPU")
+
+    mbarrier_init = mbarrier_init_fence = mbarrier_expect_tx = mbarrier_try_wait = _unavailable
+    tma_load_2d = tma_load_im2col_4d = _unavailable
+else:
+    from ._cuda_tma_intrinsics import (mbarrier_expect_tx, mbarrier_init, mbarrier_init_fence,  # noqa: F401
+                                       mbarrier_try_wait, tma_load_2d, tma_load_im2col_4d)
