@@ -91,19 +91,28 @@ def tf32_truncate(x):
 
 
 @njit(cache=True)
-def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread):
+def _operand_word(start, row, k, lbo, sbo, swizzle):
+    """Shared word of (row, k) of a WarpgroupMma operand whose descriptor starts at word `start`."""
+    if swizzle:  # 128-byte rows, the 16-byte chunk XORed with row % 8 (bits 4-6 of the address with bits 7-9)
+        byte = 4 * (start + (row // 8) * sbo + (row % 8) * 32 + k)
+        return (byte ^ (((byte >> 7) & 7) << 4)) // 4
+    return start + (row // 8) * sbo + (row % 8) * 4 + (k // 4) * lbo + k % 4
+
+
+@njit(cache=True)
+def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
     """ir.WarpgroupMma for one thread: acc[first + 4 j + r] += sum over k < 8 of A[row, k] B[col, k], with
     row = 16 w + g + 8 (r // 2), col = 8 j + 2 t + r % 2 (w, g, t: the thread's warp in its warpgroup, group
-    and thread in group), both operands read from their core-matrix layout in shared memory and truncated to
-    TF32.  The products are exact in float32 (11 + 11 significant bits); they are summed in float32."""
+    and thread in group), both operands read from their core-matrix (or 128-byte swizzled) layout in shared
+    memory and truncated to TF32.  The products are exact in float32 (11 + 11 significant bits); they are summed
+    in float32."""
     w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
     for i in range(n // 2):
         j, r = i // 4, i % 4
         row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
         s = float32(0.0)
         for k in range(8):
-            at = (k // 4) * lbo + k % 4
-            av = a[a0 + (row // 8) * sbo + (row % 8) * 4 + at]
-            bv = b[b0 + (col // 8) * sbo + (col % 8) * 4 + at]
+            av = a[_operand_word(a0, row, k, lbo, sbo, swizzle)]
+            bv = b[_operand_word(b0, col, k, lbo, sbo, swizzle)]
             s += tf32_truncate(av) * tf32_truncate(bv)
         acc[first + i] += s

@@ -11,10 +11,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         raise NotImplementedError("wgmma has no CUDA-simulator stand-in: run warpgroup-MMA kernels on the cpu "
                                   "backend or an sm_90 GPU")
 
-    smem_desc = wgmma_fence = wgmma_commit = wgmma_wait = async_proxy_fence = _unavailable
+    smem_desc = smem_desc_sw128 = wgmma_fence = wgmma_commit = wgmma_wait = async_proxy_fence = _unavailable
     globals().update({f"wgmma_tf32_m64n{n}k8": _unavailable for n in range(8, 257, 8)})
 else:
-    from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, wgmma_commit, wgmma_fence,  # noqa: F401
-                                         wgmma_wait)
+    from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, smem_desc_sw128, wgmma_commit,  # noqa: F401
+                                         wgmma_fence, wgmma_wait)
     from ._cuda_wgmma_intrinsics import WGMMA_TF32 as _WGMMA
     globals().update({f"wgmma_tf32_m64n{n}k8": f for n, f in _WGMMA.items()})

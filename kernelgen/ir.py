@@ -291,6 +291,10 @@ class WarpgroupMma(Stmt):
     n: int
     lbo: int  # words between core matrices adjacent along k
     sbo: int  # words between core matrices adjacent along rows (m for A, n for B)
+    # 128: the 128-byte swizzled layout instead (what TensorCopy writes): (row, k) at word  index + (row // 8) sbo
+    # + (row % 8) 32 + k with its 16-byte chunk (bits 4-6 of the byte address) XORed with row % 8 (bits 7-9);
+    # the tile starts 1024-byte aligned and index moves along k within the 128-byte rows; lbo unused
+    swizzle: int = 0
 
     def __post_init__(self):
         if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
@@ -508,7 +512,7 @@ def map_stmt_exprs(s, fn):
         return AsyncCopy(s.dst, tuple(map(fn, s.dst_index)), s.src, tuple(map(fn, s.src_index)), fn(s.cond), s.width)
     if isinstance(s, WarpgroupMma):
         return WarpgroupMma(tuple(map(fn, s.acc)), s.a, tuple(map(fn, s.a_index)), s.b, tuple(map(fn, s.b_index)),
-                            s.n, s.lbo, s.sbo)
+                            s.n, s.lbo, s.sbo, s.swizzle)
     if isinstance(s, WarpgroupWait):
         return WarpgroupWait(s.pending, tuple(map(fn, s.acc)))
     if isinstance(s, TensorCopy):

@@ -210,6 +210,11 @@ def launch_constants(kernel: Kernel) -> str:
     """Module-level facts the runtime needs to launch the kernel without rebuilding its IR."""
     params = tuple(b.name for b in kernel.params)
     outs = tuple(b.name for b in kernel.params if b.role != "in")
-    return (f"\nKERNEL = {kernel.name}\nPARAMS = {params!r}\nOUTPUTS = {outs!r}\n"
-            f"GRID = {tuple(kernel.grid)!r}\nTHREADS = {kernel.threads}\n"
-            f"ZERO_OUTPUT = {bool(kernel.meta.get('zero_output'))}\n")
+    out = (f"\nKERNEL = {kernel.name}\nPARAMS = {params!r}\nOUTPUTS = {outs!r}\n"
+           f"GRID = {tuple(kernel.grid)!r}\nTHREADS = {kernel.threads}\n"
+           f"ZERO_OUTPUT = {bool(kernel.meta.get('zero_output'))}\n")
+    maps = kernel.meta.get("tensor_maps")
+    if maps:  # parameters the launcher derives: (name, source, mode, dims, strides, box, lower, upper, swizzle)
+        specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle) for m in maps)
+        out += f"TENSOR_MAPS = {specs!r}\n"
+    return out

@@ -74,7 +74,7 @@ class CpuPrinter(SourcePrinter):
         (ai,), (bi,) = s.a_index, s.b_index
         tid = self.thread_var
         self.emit(depth, f"wgmma_tf32({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
-                         f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid})")
+                         f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid}, {s.swizzle})")
 
     def tensor_copy(self, s, depth):
         """The box, copied now (kernelgen.cpu_tma): the thread phases after the MbarrierWait read it."""

@@ -127,13 +127,13 @@ class CudaPrinter(SourcePrinter):
         self.emit(depth, f"{fn}({s.pending})" if isinstance(s, AsyncWait) else f"{fn}()")
 
     def warpgroup_mma(self, s, depth):
-        fn = f"wgmma_tf32_m64n{s.n}k8"
-        self.wgmma_helpers |= {fn, "smem_desc"}
+        fn, desc = f"wgmma_tf32_m64n{s.n}k8", "smem_desc_sw128" if s.swizzle else "smem_desc"
+        self.wgmma_helpers |= {fn, desc}
         acc = ", ".join(self.expr(e) for e in s.acc)
         (ai,), (bi,) = s.a_index, s.b_index
         # descriptors take byte offsets; the IR counts words
-        self.emit(depth, f"{acc} = {fn}(({acc},), smem_desc({s.a}, {self.expr(ai)}, {4 * s.lbo}, {4 * s.sbo}), "
-                         f"smem_desc({s.b}, {self.expr(bi)}, {4 * s.lbo}, {4 * s.sbo}))")
+        self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {4 * s.lbo}, {4 * s.sbo}), "
+                         f"{desc}({s.b}, {self.expr(bi)}, {4 * s.lbo}, {4 * s.sbo}))")
 
     def warpgroup_sync(self, s, depth):
         if isinstance(s, WarpgroupWait):

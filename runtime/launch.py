@@ -10,6 +10,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kernelgen.arrays import cpu_kernel_arg
 
 _fill_kernel = None
@@ -183,8 +185,12 @@ class Launcher:
     # the same kernel without the assumption that every array starts 16-byte aligned (KERNEL assumes it when
     # the module defines this; render_cuda): run for arrays that do not
     kernel_any: object = None
+    # TMA tensor maps the kernel takes as parameters, derived from the arrays they describe (ir.TensorMap fields
+    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle); encoded per device pointer
+    tensor_maps: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
+    _maps: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -192,9 +198,33 @@ class Launcher:
         allow_deep_cfg_walks()
         return cls(module.KERNEL, module.PARAMS, module.OUTPUTS, module.GRID, module.THREADS,
                    module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""), getattr(module, "DYNAMIC_SHARED", 0),
-                   getattr(module, "KERNEL_ANY_ALIGNMENT", None))
+                   getattr(module, "KERNEL_ANY_ALIGNMENT", None), getattr(module, "TENSOR_MAPS", ()))
+
+    def _tensor_map(self, spec, array):
+        """The map `spec` describes, for this array: CUDA encodes it (once per device pointer) and hands it over
+        as a device array; the CPU copies from the array itself and gets a placeholder."""
+        if self.backend != "cuda":
+            return np.zeros(16, np.uint64)
+        name, source, mode, dims, strides, box, lower, upper, swizzle = spec
+        ptr = _device_pointer(array)
+        found = self._maps.get((name, ptr))
+        if found is None:
+            from numba import cuda
+
+            from .tensor_map import encode_im2col, encode_tiled
+            if ptr % 16:
+                raise ValueError(f"{source}: a TMA config (tma=1) needs the array 16-byte aligned, got address {ptr:#x}")
+            swz = swizzle or None
+            host = (encode_tiled(ptr, np.float32, dims, strides, box, swizzle=swz) if mode == "tiled" else
+                    encode_im2col(ptr, np.float32, dims, strides, lower, upper, box[0], box[1], swizzle=swz))
+            if len(self._maps) >= 64:  # arrays come and go: keep the recent ones
+                self._maps.clear()
+            found = self._maps[(name, ptr)] = cuda.to_device(host)
+        return found
 
     def __call__(self, args: dict, stream=None):
+        if self.tensor_maps:
+            args = {**args, **{spec[0]: self._tensor_map(spec, args[spec[1]]) for spec in self.tensor_maps}}
         ordered = [args[name] for name in self.params]
         if self.backend == "cuda":
             if self.zero_output:
@@ -236,5 +266,5 @@ class Launcher:
         self._fast(ptr_sizes, itemsize, stream_handle(stream))
 
     @property
-    def fast(self) -> bool:
-        return self._fast is not None and self._fast.usable()
+    def fast(self) -> bool:  # the pointer routes pass the caller's arrays only: no derived tensor maps
+        return self._fast is not None and self._fast.usable() and not self.tensor_maps

@@ -39,7 +39,12 @@ class TileConfig:
     multiple of 64, WN a multiple of 8 up to 256) with warpgroup MMAs that read both operands from shared
     memory (ir.WarpgroupMma; templates/warpgroup_mma.py), so the block has 128 * (BM / WM) * (BN / WN)
     threads; slices arrive by asynchronous copies (needs async_copy=1, swizzle=0) into the MMA's core-matrix
-    layout; operands are truncated to TF32, not rounded.  0 by default and then absent from string and dict.
+    layout, where each thread rounds the words its copies landed to TF32 (wgmma would truncate them).  0 by
+    default and then absent from string and dict.
+    tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last float32 at stride 1, channels
+    a multiple of 32): each slice arrives by two TMA copies that one thread issues (ir.TensorCopy: an im2col box of
+    x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared mbarrier per stage; BK = 32.
+    0 by default and then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -57,6 +62,7 @@ class TileConfig:
     state_groups: int = 1
     async_copy: int = 0
     wgmma: int = 0
+    tma: int = 0
 
     @property
     def tensor_core(self):
@@ -89,14 +95,18 @@ class TileConfig:
             raise ValueError(f"TileConfig: async_copy must be 0 or 1, got {self}")
         if self.wgmma not in (0, 1):
             raise ValueError(f"TileConfig: wgmma must be 0 or 1, got {self}")
-        if self.wgmma and (not self.tensor_core or self.WM % 64 or self.WN > 256 or not self.async_copy
+        if self.wgmma and (not self.tensor_core or self.WM % 64 or self.WN > 256 or not (self.async_copy or self.tma)
                            or self.swizzle or self.smem_pad or self.BK not in (8, 16, 32)):
-            raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1, swizzle=0, "
-                             f"smem_pad=0 and BK in (8, 16, 32); got {self}")
+            raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1 or tma=1, "
+                             f"swizzle=0, smem_pad=0 and BK in (8, 16, 32); got {self}")
+        if self.tma not in (0, 1) or self.tma and (not self.wgmma or self.async_copy or self.BK != 32
+                                                   or self.split_k != 1 or not 2 <= self.stages <= 8):
+            raise ValueError(f"TileConfig: tma=1 needs wgmma=1, async_copy=0, BK=32, split_k=1 and stages 2..8; "
+                             f"got {self}")
         if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
             raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "
                              f"wgmma=1 and stages 2..8), got {self}")
-        if not self.async_copy and self.stages not in (1, 2):
+        if not (self.async_copy or self.tma) and self.stages not in (1, 2):
             raise ValueError(f"TileConfig: stages must be 1 or 2 (up to 4 with async_copy=1), got {self.stages}")
         if self.state_groups < 1:
             raise ValueError(f"TileConfig: state_groups must be >= 1, got {self.state_groups}")
@@ -108,7 +118,7 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma"):  # newer fields: absent while unused (keys, entries unchanged)
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma"):  # newer fields: absent while unused (keys, entries unchanged)
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -138,6 +148,8 @@ class TileConfig:
             s += "_ASYNC"
         if self.wgmma:
             s += "_WG"
+        if self.tma:
+            s += "_TMA"
         return s
 
     @classmethod
@@ -154,8 +166,8 @@ class TileConfig:
                 kw["swizzle"] = int(m.group(2) or 1)
             elif part == "ASYNC":
                 kw["async_copy"] = 1
-            elif part == "WG":
-                kw["wgmma"] = 1
+            elif part in ("WG", "TMA"):
+                kw["wgmma" if part == "WG" else "tma"] = 1
             elif m and m.group(1) in fields and m.group(2):
                 kw[fields[m.group(1)]] = int(m.group(2))
             else:

@@ -109,7 +109,36 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     params.append(Buffer("y", (M * p.K,), p.dtype, role="out"))
     vec = p.Cg % 4 == 0  # a tap's channels in chunks of 4: consecutive addresses of x and of w
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=vec), Operand("k", b_inv, b_elem, vector=vec),
-                    store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w")
+                    store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w",
+                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
+
+
+def forward_tma(p, cfg: TileConfig, m0, n0):
+    """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x 32
+    channels at one filter tap (x seen as (C, W, H, N), base pixel = the first pixel's window corner, the tap as
+    the offsets), B's the tiled box of BN filters x 32 of their k (w seen as Kr x K)."""
+    from .tma_schedule import ROW, TmaOperands
+    from ..ir import TensorMap
+    why = [w for bad, w in ((p.dtype != "float32", "float32 arrays"), (p.groups != 1, "groups=1"),
+                            (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
+                            (p.stride != (1, 1, 1), "stride 1"),
+                            (p.Cg % ROW, f"channels a multiple of {ROW}")) if bad]
+    if why:
+        raise ValueError(f"config: tma=1 needs {', '.join(why)}; got {p.key()} with {cfg}")
+    (_, fh, fw), (_, ph, pw), (_, dh, dw) = p.filter_size, p.padding, p.dilation
+    (_, H, W), (_, OH, OW) = p.in_size, p.out_size
+    Kr = fh * fw * p.C
+    a = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (4 * p.C, 4 * W * p.C, 4 * H * W * p.C), (ROW, cfg.BM),
+                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128)
+    b = TensorMap("w_map", "w", "tiled", (Kr, p.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128)
+    n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
+    chunks = p.C // ROW  # 32-channel slices per filter tap
+
+    def a_box(kt):
+        tap = kt // chunks
+        return (((kt % chunks) * ROW, wo - pw, ho - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
+
+    return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
 
 
 def backward_data_view(p, cfg: TileConfig) -> GemmView:

@@ -15,6 +15,7 @@ from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Ba
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
+from .tma_schedule import ROW, tma_pipeline
 from .warpgroup_mma import WarpgroupGemm, core_word, tile_words
 
 
@@ -58,6 +59,9 @@ class GemmView:
     doc: str = ""
     meta: dict = field(default_factory=dict)
     k_tiles: Callable | None = None  # (BlockContext) -> Expr: a per-block count of BK slices (ConvV2)
+    # (cfg, m0, n0) -> tma_schedule.TmaOperands: the operands as TMA boxes (TileConfig.tma); raises ValueError
+    # naming what the problem lacks
+    tma: Callable | None = None
 
 
 def _cdiv(a, b):
@@ -82,7 +86,8 @@ def shared_bytes(cfg):
     """Shared memory of the A and B stages of a tensor-core or fp32 config (float32 words; the warpgroup layout
     pads its core matrices)."""
     if cfg.tensor_core and cfg.wgmma:
-        return 4 * cfg.stages * (tile_words(cfg.BM, cfg.BK) + tile_words(cfg.BN, cfg.BK))
+        rows = (cfg.BM + cfg.BN) * ROW if cfg.tma else tile_words(cfg.BM, cfg.BK) + tile_words(cfg.BN, cfg.BK)
+        return 4 * cfg.stages * rows
     return 4 * cfg.stages * (cfg.BM + cfg.BN) * cfg.BK
 
 
@@ -117,7 +122,10 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
     ilv = swz and cfg.swizzle == 2  # A's rows g, g + 8 interleaved (warp_mma.interleaved_col)
     along_k = swz or wg  # shared rows run along k: operands are staged in 16-byte chunks of k
-    if wg:  # core matrices (warpgroup_mma.core_word), flat per stage
+    if wg and cfg.tma:  # 128-byte swizzled rows of 32 words, as the tensor copies write them
+        As = Buffer("As", (S, BM * ROW), dt, "shared")
+        Bs = Buffer("Bs", (S, BN * ROW), dt, "shared")
+    elif wg:  # core matrices (warpgroup_mma.core_word), flat per stage
         As = Buffer("As", (S, tile_words(BM, BK)), dt, "shared")
         Bs = Buffer("Bs", (S, tile_words(BN, BK)), dt, "shared")
     elif swz:
@@ -321,7 +329,16 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
     kt = Var("kt")
     ragged = SK > 1 and nkt % SK  # the last split has fewer slices: guard each one
-    if cfg.async_copy:
+    tma_locals, tma_params, tma_maps = (), (), ()
+    if cfg.tma:
+        if view.tma is None or view.k_tiles is not None:
+            raise ValueError(f"config: tma=1 needs a GEMM view whose operands are TMA boxes (the forward implicit "
+                             f"GEMM); {name} has none, got {cfg}")
+        ops = view.tma(cfg, m0, n0)
+        tma_prologue, kloop, tma_locals = tma_pipeline(ops, cfg, nkt, wmma, As, Bs, NT, tid)
+        prologue = prologue + tma_prologue
+        tma_params, tma_maps = ops.params(), (ops.a, ops.b)
+    elif cfg.async_copy:
         # S-stage pipeline (CUTLASS's multistage): S - 1 slices are in flight while one is computed.  Per slice:
         # wait until this thread's copies of slice kt have landed, one barrier (everyone's have landed, and
         # everyone has finished computing slice kt - 1, whose stage the next copies overwrite), issue slice
@@ -379,10 +396,13 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     grid = (_cdiv(view.M, BM), _cdiv(view.N, BN), view.groups * SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
-    locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + (() if cfg.async_copy else (ra, rb)) \
-        + tuple(inv_a.values()) + tuple(inv_b.values())
+    staging = () if cfg.async_copy or cfg.tma else (ra, rb)
+    locals_ = (As, Bs) + (wmma.locals if wmma else (acc, a_frag, b_frag)) + staging + tuple(inv_a.values()) \
+        + tuple(inv_b.values()) + tma_locals
     meta = {"doc": view.doc, "config": str(cfg), "zero_output": SK > 1, "precision": precision if wmma else "fp32",
             "work": view.M * view.N * view.K * view.groups, **view.meta}
+    if tma_maps:  # the launcher encodes these from the arrays they name (render_base.launch_constants)
+        meta["tensor_maps"] = tma_maps
     if cfg.min_blocks:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM)
         meta["launch_bounds"] = (NT, cfg.min_blocks)
-    return Kernel(name, view.params, locals_, body, grid, NT, meta)
+    return Kernel(name, tuple(view.params) + tma_params, locals_, body, grid, NT, meta)

@@ -76,10 +76,15 @@ class WarpgroupGemm:
         mmas = []
         for ks in range(BK // 8):  # k steps outer: the strips' independent accumulators interleave
             for i in range(self.MT):
-                a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
-                b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
+                if cfg.tma:  # 128-byte swizzled rows of 32 words (TMA's layout): a k step moves the start 8 words
+                    a_first, b_first = (wgm * cfg.WM + 64 * i) * 32 + 8 * ks, wgn * cfg.WN * 32 + 8 * ks
+                    layout = dict(lbo=4, sbo=8 * 32, swizzle=128)
+                else:
+                    a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
+                    b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
+                    layout = dict(lbo=CORE_STRIDE, sbo=(BK // 4) * CORE_STRIDE)
                 mmas.append(WarpgroupMma(self.strip(i), As.name, (Const(stage), a_first), Bs.name,
-                                         (Const(stage), b_first), cfg.WN, CORE_STRIDE, (BK // 4) * CORE_STRIDE))
+                                         (Const(stage), b_first), cfg.WN, **layout))
         every = tuple(a for i in range(self.MT) for a in self.strip(i))
         return [For("tid", NT_threads, tuple(self.coords(tid) + [WarpgroupFence()] + mmas
                                              + [WarpgroupCommit(), WarpgroupWait(0, every)]), "thread")]

@@ -90,6 +90,14 @@ WGMMA_GPU_CONFIGS = [TileConfig(128, 128, 16, WM=64, WN=128, stages=3, async_cop
                      # past 48 KiB: dynamic shared memory, the launcher opts the kernel in
                      TileConfig(128, 128, 32, WM=64, WN=128, stages=6, async_copy=1, wgmma=1)]
 WG_CONFIG = WGMMA_GPU_CONFIGS[0]
+# TMA copies (tma=1, forward only): one and two warpgroups, 3..6 stages (6: dynamic shared memory), 128-wide n
+TMA_GPU_CONFIGS = [TileConfig(128, 64, 32, WM=64, WN=64, stages=4, wgmma=1, tma=1),
+                   TileConfig(64, 128, 32, WM=64, WN=128, stages=3, wgmma=1, tma=1),
+                   TileConfig(128, 128, 32, WM=64, WN=128, stages=6, wgmma=1, tma=1)]
+# a 3x3 with padding, a dilated 3x3 with ragged M and N, a 1x1 over three 32-channel slices
+TMA_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
+              ((3, 13, 11, 32), (40, 3, 3, 32), dict(padding=2, dilation=2)),
+              ((2, 9, 7, 96), (24, 1, 1, 96), dict())]
 
 
 LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
@@ -145,6 +153,32 @@ def test_gpu_tf32_warpgroup_mma(config, direction, rng):
         err = check_tf32(got, reference, x, w, dy, f"{direction} {config}")
         assert err <= 1e-4, f"{direction} {config}: {err:.3g} from the TF32-rounded reference"
         assert res.get("local_bytes") == 0, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", TMA_GPU_CONFIGS, ids=str)
+def test_gpu_tf32_tma(config, rng):
+    """TMA-fed warpgroup MMAs (the launcher encodes the tensor maps): the im2col and tiled boxes, the 128-byte
+    swizzle, the mbarrier phases and the rounding in shared memory, against the TF32-rounded reference."""
+    for shape in TMA_SHAPES:
+        got, reference, x, w, dy, res, threads = gpu_run_plan(shape, "fwd", config, "tf32", rng)
+        err = check_tf32(got, reference, x, w, dy, f"fwd {config} {shape}")
+        assert err <= 1e-4, f"fwd {config} {shape}: {err:.3g} from the TF32-rounded reference"
+        assert res.get("local_bytes") == 0, res
+
+
+@pytest.mark.gpu
+def test_gpu_tma_refuses_an_unaligned_array(rng):
+    from numba import cuda
+    x_shape, w_shape, kw = TMA_SHAPES[0]
+    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    p = make_problem("fwd", x_shape, w_shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", config=TMA_GPU_CONFIGS[0], precision="tf32"))
+    shifted = cuda.to_device(np.concatenate([np.float32([7.0]), x.ravel()]))[1:]
+    out = cuda.to_device(np.full(dy.size, np.nan, np.float32))
+    with pytest.raises(ValueError, match="x: a TMA config"):
+        launcher({"x": shifted, "w": cuda.to_device(w.ravel()), "y": out})
+    assert np.isnan(out.copy_to_host()).all()  # nothing ran
 
 
 @pytest.mark.gpu

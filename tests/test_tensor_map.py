@@ -181,3 +181,67 @@ def test_gpu_im2col_and_tiled_copies(swizzle, rng):
             else:
                 ir_kernel[1, 128](x_dev, xmap, w_dev, wmap, c, out)
             np.testing.assert_array_equal(landed(out.copy_to_host(), swizzle), expected(x, w2d, *case), err_msg=run)
+
+
+# --- TileConfig.tma=1: the forward implicit GEMM fed by TensorCopy, emulated on the CPU ---------------------
+
+TMA_CPU_CASES = [((2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), dict(BM=64, BN=32, WN=32, stages=2)),
+                 ((1, 7, 9, 64), (24, 3, 3, 64), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=3)),
+                 ((2, 5, 5, 32), (16, 1, 1, 32), {}, dict(BM=64, BN=16, WN=16, stages=2)),
+                 ((1, 6, 6, 32), (32, 5, 3, 32), dict(padding=(2, 0)), dict(BM=128, BN=32, WN=32, stages=4))]
+
+
+def tma_config(**kw):
+    from kernelgen.templates.config import TileConfig
+    return TileConfig(**{"BK": 32, "WM": 64, "wgmma": 1, "tma": 1, **kw})
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", TMA_CPU_CASES)
+def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
+    """The TMA schedule on the CPU backend (copies when issued, wgmma emulated per thread, truncating): ragged M
+    and N, 1..2 warpgroups, 2..4 stages, dilation and asymmetric padding.  Equal to the float64 GEMM of
+    TF32-rounded operands to float32 accuracy, because the threads round each landed stage."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.mma_layout import tf32_round
+    from kernelgen.problem import make_problem
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    p = make_problem("fwd", x_shape, w_shape, **kw)
+    launcher = get_launcher(make_plan(p, "cpu", config=tma_config(**tile), precision="tf32"))
+    assert [m[0] for m in launcher.tensor_maps] == ["x_map", "w_map"]
+    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float32)
+    launcher({"x": x.ravel(), "w": w.ravel(), "y": y})
+    y = y.reshape(p.y_shape).astype(np.float64)
+    rounded = ref.conv_forward(tf32_round(x).astype(np.float64), tf32_round(w).astype(np.float64), **kw)
+    exact = ref.conv_forward(x.astype(np.float64), w.astype(np.float64), **kw)
+    assert np.abs(y - rounded).max() <= 1e-5 * np.abs(rounded).max()
+    assert np.abs(y - exact).max() <= 1e-3 * np.abs(exact).max()
+
+
+def test_tma_module_names_its_maps():
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.render_cuda import render_cuda
+    p = make_problem("fwd", (2, 6, 10, 32), (40, 3, 3, 32), padding=1)
+    src = render_cuda(make_plan(p, "cuda", config=tma_config(BM=64, BN=32, WN=32, stages=2), precision="tf32")
+                      .kernel_ir(), cache=False)
+    assert "PARAMS = ('x', 'w', 'y', 'x_map', 'w_map')" in src
+    assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
+           "128), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128))" in src
+    assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
+
+
+@pytest.mark.parametrize("direction, x_shape, w_shape, kw, tile, match", [
+    ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "tma=1 needs a GEMM view whose operands"),
+    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=2), {}, "tma=1 needs stride 1"),
+    ("fwd", (2, 6, 10, 16), (40, 3, 3, 16), {}, {}, "tma=1 needs channels a multiple of 32"),
+    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(BK=16), "tma=1 needs wgmma=1, async_copy=0, BK=32"),
+    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(async_copy=1), "tma=1 needs wgmma=1, async_copy=0"),
+])
+def test_tma_configs_it_cannot_build_are_refused(direction, x_shape, w_shape, kw, tile, match):
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    p = make_problem(direction, x_shape, w_shape, **kw)
+    with pytest.raises(ValueError, match=match):
+        make_plan(p, "cpu", config=tma_config(BM=64, BN=32, WN=32, stages=2, **tile), precision="tf32").kernel_ir()

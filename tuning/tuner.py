@@ -167,11 +167,13 @@ def _compile_one(args):
 
 
 def _compile(launcher):
-    """Compile the launcher's kernel for its float32 signature (the simulator's dispatcher compiles
-    nothing); numba reports registers and local memory only for a compiled overload."""
-    from numba import float32
+    """Compile the launcher's kernel for its float32 signature, TMA tensor maps as uint64 words (the
+    simulator's dispatcher compiles nothing); numba reports registers and local memory only for a compiled
+    overload."""
+    from numba import float32, uint64
+    maps = {spec[0] for spec in launcher.tensor_maps}
     if hasattr(launcher.kernel, "compile"):
-        launcher.kernel.compile(tuple(float32[::1] for _ in launcher.params))
+        launcher.kernel.compile(tuple(uint64[::1] if name in maps else float32[::1] for name in launcher.params))
 
 
 def _reference_job(args):
