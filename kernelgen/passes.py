@@ -9,8 +9,8 @@ import operator
 from dataclasses import replace
 
 from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, MbarrierExpect, MbarrierInit,
-                 MbarrierWait, Mma, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait,
-                 expr_vars, map_expr, map_stmt_exprs, walk_stmts)
+                 MbarrierWait, Mma, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
+from .ir_walk import expr_vars, map_expr, map_stmt_exprs, walk_stmts
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, MbarrierExpect,
-                 MbarrierInit, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
-                 walk_stmts)
+                 MbarrierInit, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait)
+from .ir_walk import walk_stmts
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 

@@ -21,7 +21,8 @@ from kernelgen import api, arrays
 from kernelgen import reference as ref
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.cpu_round import f16_bits_to_f32, f32_to_f16_bits
-from kernelgen.ir import Buffer, VectorLoad, walk_stmts
+from kernelgen.ir import Buffer, VectorLoad
+from kernelgen.ir_walk import walk_stmts
 from kernelgen.problem import make_problem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda

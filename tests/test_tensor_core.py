@@ -284,7 +284,8 @@ def test_async_copy_rendering_and_validation():
 def test_vector_staging_only_where_channels_come_in_fours():
     """k-contiguous operands (forward x and w, backward-data dy) are staged 4 channels per VectorLoad when
     the reduction's channel count is a multiple of 4; otherwise element by element."""
-    from kernelgen.ir import VectorLoad, walk_stmts
+    from kernelgen.ir import VectorLoad
+    from kernelgen.ir_walk import walk_stmts
 
     def vector_loads(direction, x_shape, w_shape, **kw):
         p = make_problem(direction, x_shape, w_shape, **kw)
