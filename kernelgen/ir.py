@@ -345,7 +345,8 @@ class TensorMap:
 
     def __post_init__(self):
         if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128):
-            raise ValueError(f"TensorMap {self.name}: mode tiled|im2col and swizzle 0|128, got {self.mode}, {self.swizzle}")
+            raise ValueError(f"TensorMap {self.name}: mode tiled|im2col and swizzle 0|128, got {self.mode}, "
+                             f"{self.swizzle}")
 
     @property
     def box_elements(self):

@@ -19,6 +19,8 @@ w 128x3x3x128, padding 1), the shapes the tiled-GEMM template would generate.
    per SM slot looping over the tiles); each checked on sampled outputs against float64 of exact, TF32-truncated
    and TF32-rounded operands, and timed beside cuDNN (torch, TF32 on, channels-last) in alternating rounds in the
    same process.  mbarrier waits give up after SPIN_LIMIT rounds: a wrong protocol shows as wrong numbers.
+4. generated: kernelgen's own TMA kernels for the layer (TileConfig.tma=1, GENERATED), through the launcher,
+   checked and timed beside cuDNN the same way.
 """
 from __future__ import annotations
 
@@ -29,268 +31,10 @@ import sys
 
 import numpy as np
 
-N, H, W, C, K, R, PAD = 32, 28, 28, 128, 128, 3, 1
-HW, M, KTOT, BK, BM = H * W, N * H * W, R * R * C, 32, 128
-SLICES, CCH = KTOT // BK, C // BK  # 36 k slices; 4 channel chunks of 32 per filter tap
-THREADS = 256
-SMS = 132
-SPIN_LIMIT = 1 << 22  # mbarrier try_wait rounds before a wait gives up (each round is a bounded hardware wait)
-FLOP = 2.0 * M * K * KTOT
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tma_check_kernels import (BM, C, FLOP, H, HW, K, KTOT, M, N, PAD, R, SLICES, SMS, THREADS, W,  # noqa: E402
+                               build, kernels)
 
-# --- kernels, as source text (the constants are literals: wgmma_wait / copy_async_wait take literal counts) --
-
-PRELUDE = '''
-from numba import cuda, float32, int64
-from kernelgen._cuda_tma_intrinsics import (mbarrier_arrive, mbarrier_expect_tx, mbarrier_init, mbarrier_init_fence,
-                                            mbarrier_try_wait, named_barrier, tma_load_2d, tma_load_im2col_4d)
-from kernelgen._cuda_mma_intrinsics import tf32
-from kernelgen._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc_sw128, wgmma_commit, wgmma_fence, wgmma_tf32_m64n64k8,
-                                              wgmma_tf32_m64n128k8, wgmma_wait)
-from kernelgen.cuda_memory import copy_async16, copy_async16_l2, copy_async_commit, copy_async_wait
-'''
-
-# one block per 128 x BN output tile; thread 0 keeps S slices in flight; a block barrier per slice frees its stage
-ISSUE_TMA = """tap = ({kt}) // {cch}
-mbarrier_expect_tx(full, {stage}, {stage_bytes})
-tma_load_im2col_4d(sm, {stage} * {stage_words}, xmap, (({kt}) % {cch}) * 32, wo - {pad}, ho - {pad}, n_img,
-                   tap % {r}, tap // {r}, full, {stage})
-tma_load_2d(sm, {stage} * {stage_words} + 4096, wmap, ({kt}) * 32, nb * {bn}, full, {stage})"""
-
-# every TMA kernel's start: its tile, and the stages' mbarriers (full: the producer's arrival and the bytes;
-# empty, when warp-specialised: the 256 consumers' arrivals)
-TMA_HEAD = '''
-@cuda.jit
-def {name}(xmap, wmap, y):
-    sm = cuda.shared.array(0, float32, alignment=1024)
-    full = cuda.shared.array({s}, int64)
-    empty = cuda.shared.array({s}, int64)
-    t = cuda.threadIdx.x
-    wg = t // 128
-    mb = cuda.blockIdx.x // {nbs}
-    nb = cuda.blockIdx.x % {nbs}
-    m0 = mb * 128
-    n_img = m0 // {hw}
-    ho = (m0 % {hw}) // {w}
-    wo = m0 % {w}
-    if t == 0:
-        for s in range({s}):
-            mbarrier_init(full, s, 1)
-            mbarrier_init(empty, s, 256)
-        mbarrier_init_fence()
-    cuda.syncthreads()
-'''
-
-TMA_BLOCK = TMA_HEAD + '''\
-    if t == 0:
-        for kt in range({s}):
-{issue_first}
-    {init}
-    for kt in range({slices}):
-        stage = kt % {s}
-        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-        while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
-            spins += 1
-{body}
-        cuda.syncthreads()
-        if t == 0 and kt + {s} < {slices}:
-{issue_next}
-{epilogue}
-'''
-
-# cuDNN's way (warp specialisation): an extra warp produces (one thread waits for a stage to be released and
-# refills it), the two consumer warpgroups wait for a stage to fill, issue its MMAs, and release the previous
-# stage once wgmma.wait_group 1 says its MMAs are done: no block barrier, one batch of MMAs always in flight
-TMA_WS = TMA_HEAD + '''\
-    if t >= 256:
-        if t == 256:
-            for kt in range({slices}):
-                stage = kt % {s}
-                if kt >= {s}:
-                    spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                    while mbarrier_try_wait(empty, stage, (kt // {s} - 1) % 2) == 0 and spins < {spin_limit}:
-                        spins += 1
-{issue}
-    else:
-        {init}
-        for kt in range({slices}):
-            stage = kt % {s}
-            spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-            while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
-                spins += 1
-{rounding}
-{body}
-            if kt > 0:
-                mbarrier_arrive(empty, (kt + {s} - 1) % {s})
-        {acc} = wgmma_wait(({acc},), 0)
-{epilogue}
-'''
-
-# ws, persistent as cuDNN's: one block per SM slot walks the tiles tile = block, block + grid, ...; the producer
-# runs ahead into the next tile while the consumers store this one; stage and phase follow a running slice count
-TMA_WS_PERSISTENT = TMA_HEAD + '''\
-    if t >= 256:
-        if t == 256:
-            it = 0
-            for tile in range(cuda.blockIdx.x, {tiles}, cuda.gridDim.x):
-{tile_coords_producer}
-                for kt in range({slices}):
-                    stage = it % {s}
-                    if it >= {s}:
-                        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                        while mbarrier_try_wait(empty, stage, (it // {s} - 1) % 2) == 0 and spins < {spin_limit}:
-                            spins += 1
-{issue}
-                    it += 1
-    else:
-        it = 0
-        for tile in range(cuda.blockIdx.x, {tiles}, cuda.gridDim.x):
-{tile_coords_consumer}
-{init}
-            for kt in range({slices}):
-                stage = it % {s}
-                spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                while mbarrier_try_wait(full, stage, (it // {s}) % 2) == 0 and spins < {spin_limit}:
-                    spins += 1
-{body}
-                if it > 0:
-                    mbarrier_arrive(empty, (it + {s} - 1) % {s})
-                it += 1
-            {acc} = wgmma_wait(({acc},), 0)
-{epilogue}
-'''
-
-# the generated kernels' way: every thread copies 16-byte chunks with cp.async, S - 1 slices ahead
-ISSUE_LDGSTS = """tap = ({kt}) // {cch}
-r = tap // {r}
-s = tap % {r}
-c0 = (({kt}) % {cch}) * 32
-base = ({stage}) * {stage_words}
-for i in range(4):
-    u = t + {threads} * i
-    line = u // 8
-    q = u % 8
-    m = m0 + line
-    n = m // {hw}
-    hi = (m % {hw}) // {w} + r - {pad}
-    wi = m % {w} + s - {pad}
-    ok = hi >= 0 and hi < {h} and wi >= 0 and wi < {w}
-    src = ((n * {h} + hi) * {w} + wi) * {c} + c0 + 4 * q
-    {copy}(sm, base + line * 32 + (q ^ (line % 8)) * 4, x, src if ok else 0, ok)
-for i in range({b_per}):
-    u = t + {threads} * i
-    line = u // 8
-    q = u % 8
-    {copy}(sm, base + 4096 + line * 32 + (q ^ (line % 8)) * 4, w,
-                 (nb * {bn} + line) * {ktot} + ({kt}) * 32 + 4 * q, True)"""
-
-LDGSTS_STREAM = '''
-@cuda.jit
-def {name}(x, w, y):
-    sm = cuda.shared.array(0, float32, alignment=1024)
-    t = cuda.threadIdx.x
-    mb = cuda.blockIdx.x // {nbs}
-    nb = cuda.blockIdx.x % {nbs}
-    m0 = mb * 128
-    for kt in range({s} - 1):
-{issue_first}
-        copy_async_commit()
-    seen = float32(0.0)
-    for kt in range({slices}):
-        copy_async_wait({s} - 2)
-        cuda.syncthreads()
-        if kt + {s} - 1 < {slices}:
-{issue_next}
-        copy_async_commit()
-        seen += sm[(kt % {s}) * {stage_words} + t]
-    y[cuda.blockIdx.x * {threads} + t] = seen
-'''
-
-
-def _fields(bn, s):
-    stage_words = 4096 + bn * 32
-    return dict(spin_limit=SPIN_LIMIT, threads=THREADS, cch=CCH, r=R, pad=PAD, hw=HW, h=H, w=W, c=C, ktot=KTOT, slices=SLICES, bn=bn, s=s,
-                nbs=K // bn, stage_words=stage_words, stage_bytes=stage_words * 4, b_per=bn * 8 // THREADS)
-
-
-def _snippet(text, f, indent, kt, stage):
-    """A copy-issuing snippet for slice kt into stage, indented into a kernel's source."""
-    return "\n".join(" " * indent + line for line in text.format(kt=kt, stage=stage, **f).splitlines())
-
-
-def _indent(text, spaces):
-    return "\n".join(" " * spaces + line if line else line for line in text.splitlines())
-
-
-def tma_source(bn, s, kind):
-    """Source of the TMA kernel of this kind: "stream" (copies only), "barrier" (wgmma, a block barrier per
-    slice), "ws" (wgmma, warp-specialised), "ws_round" (ws, operands rounded to TF32 in shared memory) or
-    "ws_persistent" (ws, one block per SM slot looping over the tiles)."""
-    f = _fields(bn, s)
-    f.update(issue_first=_snippet(ISSUE_TMA, f, 12, "kt", "kt"),
-             issue_next=_snippet(ISSUE_TMA, f, 12, f"kt + {s}", "stage"))
-    regs = bn // 2
-    acc = ", ".join(f"c{i}" for i in range(regs))  # named scalars: the accumulators stay in registers
-    mmas = "\n".join(f"{acc} = wgmma_tf32_m64n{bn}k8(({acc},), smem_desc_sw128(sm, a0 + {8 * ks}, 16, 1024), "
-                     f"smem_desc_sw128(sm, b0 + {8 * ks}, 16, 1024))" for ks in range(4))
-    body = (f"wgmma_fence()\na0 = stage * {f['stage_words']} + wg * 2048\nb0 = stage * {f['stage_words']} + 4096\n"
-            f"{mmas}\nwgmma_commit()\n{acc} = wgmma_wait(({acc},), {1 if kind.startswith('ws') else 0})")
-    # acc[4 j + r] of lane 4 g + q in warp wq of the warpgroup: row 16 wq + g + 8 (r // 2), column 8 j + 2 q + r % 2
-    lines = ["wq = (t % 128) // 32", "g = (t % 32) // 4", "q = t % 4", "row = m0 + wg * 64 + 16 * wq + g",
-             f"col = nb * {bn} + 2 * q"]
-    lines += [f"y[(row + {8 * (r // 2)}) * {K} + col + {8 * j + r % 2}] = c{4 * j + r}"
-              for j in range(bn // 8) for r in range(4)]
-    init = "\n".join(f"c{i} = float32(0.0)" for i in range(regs))
-    if kind in ("ws", "ws_round"):
-        # ws_round: the consumers round the landed stage to TF32 in place (wgmma would truncate it), 16 bytes a
-        # thread at a time, then fence it for the async proxy and meet at a barrier of their own (id 1)
-        rounding = "" if kind == "ws" else _indent(
-            f"for e in range(t, {f['stage_words'] // 4}, 256):\n"
-            f"    i = stage * {f['stage_words']} + 4 * e\n"
-            + "".join(f"    sm[i + {j}] = tf32(sm[i + {j}])\n" for j in range(4))
-            + "async_proxy_fence()\nnamed_barrier(1, 256)", 12)
-        src = TMA_WS.format(name=f"conv_tma_{kind}", issue=_snippet(ISSUE_TMA, f, 16, "kt", "stage"),
-                            init=_indent(init, 8).lstrip(), rounding=rounding, body=_indent(body, 12), acc=acc,
-                            epilogue=_indent("\n".join(lines), 8), **f)
-        return PRELUDE + src, f"conv_tma_{kind}"
-    if kind == "ws_persistent":
-        coords = (f"mb = tile // {f['nbs']}\nnb = tile % {f['nbs']}\nm0 = mb * 128\nn_img = m0 // {HW}\n"
-                  f"ho = (m0 % {HW}) // {W}\nwo = m0 % {W}")
-        src = TMA_WS_PERSISTENT.format(
-            name="conv_tma_ws_persistent", tiles=(M // BM) * f["nbs"], tile_coords_producer=_indent(coords, 16),
-            tile_coords_consumer=_indent(coords, 12), issue=_snippet(ISSUE_TMA, f, 20, "kt", "stage"),
-            init=_indent(init, 12), body=_indent(body, 16), acc=acc, epilogue=_indent("\n".join(lines), 12), **f)
-        return PRELUDE + src, "conv_tma_ws_persistent"
-    if kind == "stream":
-        body, lines, init = f"seen += sm[stage * {f['stage_words']} + t]", [f"y[cuda.blockIdx.x * {THREADS} + t] = seen"], \
-            "seen = float32(0.0)"
-    src = TMA_BLOCK.format(name="stream_tma" if kind == "stream" else "conv_tma_wgmma", init=_indent(init, 4).lstrip(),
-                           body=_indent(body, 8), epilogue=_indent("\n".join(lines), 4), **f)
-    return PRELUDE + src, "stream_tma" if kind == "stream" else "conv_tma_wgmma"
-
-
-def build(src, name):
-    ns = {}
-    exec(compile(src, f"<{name}>", "exec"), ns)
-    return ns[name]
-
-
-def kernels(bn, s):
-    """(label, source, kernel name, dynamic shared bytes, threads) of the probe's kernels for BN x S."""
-    f = _fields(bn, s)
-    nbytes = s * f["stage_bytes"]
-    out = []
-    for kind in ("stream", "barrier", "ws", "ws_round", "ws_persistent"):
-        src, name = tma_source(bn, s, kind)
-        out.append((f"{name}_bn{bn}_s{s}", src, name, nbytes, THREADS + 32 * kind.startswith("ws")))
-    for name, copy in (("stream_ldgsts", "copy_async16"), ("stream_ldgsts_l2", "copy_async16_l2")):  # .ca / .cg
-        g = dict(f, copy=copy)
-        g.update(issue_first=_snippet(ISSUE_LDGSTS, g, 8, "kt", "kt"),
-                 issue_next=_snippet(ISSUE_LDGSTS, g, 12, f"kt + {s - 1}", f"(kt + {s - 1}) % {s}"))
-        out.append((f"{name}_bn{bn}_s{s}", PRELUDE + LDGSTS_STREAM.format(name=name, **g), name, nbytes, THREADS))
-    return out
-
-
-# --- host side ------------------------------------------------------------------------------------------------
 
 def tensor_maps(x_dev, w_dev, bn, swizzle):
     from kernelgen.runtime.tensor_map import channels_last, encode_im2col, encode_tiled
@@ -323,7 +67,8 @@ def check_copies(x, w2d, x_dev, w_dev):
     results = []
     for swizzle in (None, 128):
         xmap, wmap = tensor_maps(x_dev, w_dev, 64, swizzle)
-        for m0, (r, s), c0, kb, nb0 in ((0, (0, 2), 0, 64, 0), (768, (2, 1), 96, 1120, 64), (M - 128, (1, 0), 32, 0, 64)):
+        cases = ((0, (0, 2), 0, 64, 0), (768, (2, 1), 96, 1120, 64), (M - 128, (1, 0), 32, 0, 64))
+        for m0, (r, s), c0, kb, nb0 in cases:
             n, ho, wo = m0 // HW, (m0 % HW) // W, m0 % W
             coords = np.array([c0, wo - PAD, ho - PAD, n, s, r, kb, nb0], np.int32)
             out = cuda.to_device(np.full(6144, np.nan, np.float32))
@@ -362,7 +107,8 @@ def check_conv(y, x, w2d, rng):
     got = y.reshape(M, K)[ms].astype(np.float64)
     bits = lambda a, add: ((a.view(np.uint32) + np.uint32(add)) & np.uint32(0xFFFFE000)).view(np.float32)
     out = {}
-    for label, op in (("exact", lambda a: a), ("truncated", lambda a: bits(a, 0)), ("rounded", lambda a: bits(a, 0x1000))):
+    readings = (("exact", lambda a: a), ("truncated", lambda a: bits(a, 0)), ("rounded", lambda a: bits(a, 0x1000)))
+    for label, op in readings:
         xr, wr = op(x).astype(np.float64), op(w2d).astype(np.float64)
         patches = np.stack([np.concatenate([tap_row(xr, m, r, s) for r in range(R) for s in range(R)]) for m in ms])
         ref = patches @ wr.T
@@ -430,8 +176,50 @@ def run(args):
                   + ("  err {exact:.1e} (truncated {truncated:.1e}, rounded {rounded:.1e})".format(**row["max_rel_err"])
                      + f"  {row['vs_cudnn'] or 0:.2f}x cuDNN" if 'max_rel_err' in row
                      else "  (copies alone)"), flush=True)
+    report["generated"] = generated_rows(x, w, w2d, x_dev, w_dev, cudnn, rng)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+
+
+GENERATED = ("BM=128,BN=64,BK=32,WM=64,WN=64,stages=4,wgmma=1,tma=1",
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=4,wgmma=1,tma=1",
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=1")
+
+
+def generated_rows(x, w, w2d, x_dev, w_dev, cudnn, rng):
+    """The same layer by kernelgen's own generated TMA kernels (TileConfig.tma=1, PERF_NOTES #36: the "barrier"
+    schedule with the rounding), through the launcher, checked and timed beside cuDNN like the probe's."""
+    from numba import cuda
+
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.templates.config import TileConfig
+    from kernelgen.tuning.timing import time_side_by_side
+    p = make_problem("fwd", x.shape, w.shape, padding=PAD)
+    rows = []
+    for text in GENERATED:
+        cfg = TileConfig(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
+        try:
+            launcher = get_launcher(make_plan(p, "cuda", config=cfg, precision="tf32"))
+            y = cuda.to_device(np.full(M * K, np.nan, np.float32))
+            args = {"x": x_dev, "w": w_dev, "y": y}
+            launcher(args)
+            cuda.synchronize()
+            err = check_conv(y.copy_to_host(), x, w2d, rng)
+            if not min(err.values()) <= 1e-2:
+                raise RuntimeError(f"not timed: errors {err}")
+            fns = [lambda: launcher(args)] + ([cudnn] if cudnn else [])
+            times = [1e3 * ms for ms in time_side_by_side(fns)]
+        except Exception as e:
+            print(f"generated {cfg}: {type(e).__name__}: {e}", flush=True)
+            rows.append(dict(config=str(cfg), error=f"{type(e).__name__}: {e}"))
+            continue
+        us, base_us = times[0], times[1] if cudnn else None
+        rows.append(dict(config=str(cfg), us=us, tflops=FLOP / us / 1e6, max_rel_err=err, cudnn_us=base_us,
+                         vs_cudnn=base_us / us if base_us else None))
+        print(f"generated {str(cfg):34s} {us:8.1f} us  {FLOP / us / 1e6:6.1f} TFLOP/s  err {err['exact']:.1e} "
+              f"(rounded {err['rounded']:.1e})  {base_us / us if base_us else 0:.2f}x cuDNN", flush=True)
+    return rows
 
 
 def compile_only():
@@ -443,7 +231,6 @@ def compile_only():
     from numba import cuda, types
 
     from kernelgen.runtime.tensor_map import copy_kernel
-    sys.path.insert(0, os.path.dirname(__file__))
     from ptx_check import _allow_missing_nvrtc, _disassembler, ptxas
     _allow_missing_nvrtc()
     workdir = tempfile.mkdtemp(prefix="kg_tma_")
