@@ -8,11 +8,13 @@ issues every copy; per slice kt:
     all threads   wait for full[kt % S] (phase kt // S), round their share of the stage to TF32 in place
                   (wgmma would truncate it), fence it for the async proxy
     barrier       everyone's rounding is done, and everyone's MMAs of slice kt - 1 (waited for) are too
-    thread 0      refills stage (kt - 1) % S with slice kt - 1 + S
-    warpgroups    the MMAs of slice kt, waited for
+    thread 0      refills the stage of slice kt - 1 - slack with slice kt - 1 - slack + S
+    warpgroups    the MMAs of slice kt, waited for down to `slack` batches in flight
 
-S slices are in flight from the start, S - 1 after.  On the CPU the copies happen when issued and the waits are
-no-ops (render_cpu), so the same IR runs there.
+slack = 1 from 3 stages on (wgmma.wait_group 1, CUTLASS's habit): a slice's MMAs run on through the next slice's
+wait, rounding and barrier, and a stage is refilled one slice later, when every warpgroup has waited for the
+MMAs that read it; with 2 stages slack = 0.  S slices are in flight from the start, S - 1 - slack after.  On the
+CPU the copies happen when issued and the waits are no-ops (render_cpu), so the same IR runs there.
 """
 from __future__ import annotations
 
@@ -61,18 +63,22 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
                 out += list(st) if chunks % NT == 0 else [If(q < chunks, st)]
         return out
 
+    slack = 1 if S >= 3 else 0
+
     def one_slice(kt, stage, parity):
-        nxt = kt + (S - 1)
-        refill = all_of([first, kt >= 1, nxt < nkt])
+        back = 1 + slack  # the slice whose stage is free now: kt - back
+        nxt = kt + (S - back)
+        refill = all_of([first, kt >= back, nxt < nkt])
         return (For("tid", NT, (MbarrierWait("full", stage, parity), *round_stage(stage), AsyncProxyFence()),
                     "thread"),
                 Barrier(),
-                For("tid", NT, (If(refill, issue(nxt, (stage + S - 1) % S)),), "thread"),
-                *wmma.compute(tid, NT, As, Bs, stage))
+                For("tid", NT, (If(refill, issue(nxt, (stage + S - back) % S)),), "thread"),
+                *wmma.compute(tid, NT, As, Bs, stage, pending=slack))
 
     prologue = [If(first, tuple(MbarrierInit("full", s, 1) for s in range(S))
                    + tuple(st for s in range(min(S, nkt)) for st in issue(Const(s), s)))]
     kp = Var("kp")
     kloop = [For("kp", nkt // S, sum((one_slice(kp * S + r, r, kp % 2) for r in range(S)), ()), "serial")]
     kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]
+    kloop += wmma.wait_all(NT) if slack else []
     return prologue, kloop, (Buffer("full", (S,), "int64", "shared"),)

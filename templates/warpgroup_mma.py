@@ -67,10 +67,11 @@ class WarpgroupGemm:
         return [self.acc.store((i, j, r), Const(0.0))
                 for i in range(self.MT) for j in range(self.cfg.WN // 8) for r in range(4)]
 
-    def compute(self, tid, NT_threads, As, Bs, stage):
+    def compute(self, tid, NT_threads, As, Bs, stage, pending=0):
         """One thread phase: acc += As[stage] x Bs[stage] for this warpgroup's sub-tile (one BK slice), as one
-        batch of warpgroup MMAs, waited for before the phase ends (the next slice's copies overwrite a stage
-        only after the barrier that follows)."""
+        batch of warpgroup MMAs, waited for before the phase ends down to `pending` batches in flight (0: the
+        next slice's copies may overwrite any stage after the barrier that follows; 1: the previous slice's
+        batch is done, this one may still run: wait_all() before the accumulators are read)."""
         cfg, BK = self.cfg, self.cfg.BK
         wgm, wgn = Var("wgm"), Var("wgn")
         mmas = []
@@ -85,9 +86,15 @@ class WarpgroupGemm:
                     layout = dict(lbo=CORE_STRIDE, sbo=(BK // 4) * CORE_STRIDE)
                 mmas.append(WarpgroupMma(self.strip(i), As.name, (Const(stage), a_first), Bs.name,
                                          (Const(stage), b_first), cfg.WN, **layout))
-        every = tuple(a for i in range(self.MT) for a in self.strip(i))
         return [For("tid", NT_threads, tuple(self.coords(tid) + [WarpgroupFence()] + mmas
-                                             + [WarpgroupCommit(), WarpgroupWait(0, every)]), "thread")]
+                                             + [WarpgroupCommit(), WarpgroupWait(pending, self.every())]), "thread")]
+
+    def every(self):
+        return tuple(a for i in range(self.MT) for a in self.strip(i))
+
+    def wait_all(self, NT_threads):
+        """A thread phase that waits for every batch still in flight (after compute(..., pending=1))."""
+        return [For("tid", NT_threads, (WarpgroupWait(0, self.every()),), "thread")]
 
     def epilogue(self, tid, view, m0, n0, g_, split):
         """Guarded stores through the view: acc[i, j, r] is row 64 i + 16 wq + g + 8 (r // 2), column
