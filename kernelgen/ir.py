@@ -347,13 +347,8 @@ class TensorMap:
         if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128):
             raise ValueError(f"TensorMap {self.name}: mode tiled|im2col and swizzle 0|128, got {self.mode}, "
                              f"{self.swizzle}")
-
-    @property
-    def box_elements(self):
-        n = 1
-        for b in self.box:
-            n *= b
-        return n
+        if self.swizzle and self.box[0] != 32:  # the swizzled layout is one of 128-byte rows of float32 words
+            raise ValueError(f"TensorMap {self.name}: swizzle 128 needs box[0] = 32 words, got {self.box}")
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,9 @@ def allow_dynamic_shared(dispatcher, ordered, nbytes):
             raise RuntimeError(f"cannot give {cufunc.name} {nbytes} bytes of dynamic shared memory: {err}")
 
 
+_NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
+
+
 def _device_pointer(a) -> int:
     cai = getattr(a, "__cuda_array_interface__", None)  # (the simulator's arrays may lack one: no alignment there)
     return (cai["data"][0] or 0) if cai else 0
@@ -204,7 +207,7 @@ class Launcher:
         """The map `spec` describes, for this array: CUDA encodes it (once per device pointer) and hands it over
         as a device array; the CPU copies from the array itself and gets a placeholder."""
         if self.backend != "cuda":
-            return np.zeros(16, np.uint64)
+            return _NO_TENSOR_MAP
         name, source, mode, dims, strides, box, lower, upper, swizzle = spec
         ptr = _device_pointer(array)
         found = self._maps.get((name, ptr))

@@ -180,8 +180,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         r, c = _tile_coords(idx, rows, cols, operand.fast == "k" if is_a else operand.fast != "k")
         return r, c, idx < rows * cols
 
-    inv_names_a = sorted(view.a.invariant(Var("_m"), Var("_g")).keys())
-    inv_names_b = sorted(view.b.invariant(Var("_n"), Var("_g")).keys())
+    # the gather addresses of per-thread copies; TMA copies (tma=1) take block coordinates and need none
+    inv_names_a = [] if cfg.tma else sorted(view.a.invariant(Var("_m"), Var("_g")).keys())
+    inv_names_b = [] if cfg.tma else sorted(view.b.invariant(Var("_n"), Var("_g")).keys())
     inv_a = {n: Buffer(f"ia_{n}", (EA,), "int64", "register") for n in inv_names_a}
     inv_b = {n: Buffer(f"ib_{n}", (EB,), "int64", "register") for n in inv_names_b}
 
