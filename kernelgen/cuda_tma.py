@@ -10,8 +10,9 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         raise NotImplementedError("TMA copies have no CUDA-simulator stand-in: run such kernels on the cpu "
                                   "backend or an sm_90 GPU")
 
-    mbarrier_init = mbarrier_init_fence = mbarrier_expect_tx = mbarrier_try_wait = _unavailable
-    tma_load_2d = tma_load_im2col_4d = _unavailable
+    mbarrier_init = mbarrier_init_fence = mbarrier_expect_tx = mbarrier_try_wait = mbarrier_arrive = _unavailable
+    tma_load_2d = tma_load_im2col_4d = named_barrier = _unavailable
 else:
-    from ._cuda_tma_intrinsics import (mbarrier_expect_tx, mbarrier_init, mbarrier_init_fence,  # noqa: F401
-                                       mbarrier_try_wait, tma_load_2d, tma_load_im2col_4d)
+    from ._cuda_tma_intrinsics import (mbarrier_arrive, mbarrier_expect_tx, mbarrier_init,  # noqa: F401
+                                       mbarrier_init_fence, mbarrier_try_wait, named_barrier, tma_load_2d,
+                                       tma_load_im2col_4d)

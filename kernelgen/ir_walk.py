@@ -2,8 +2,32 @@
 statements bottom-up, walk statement trees, collect the variables and loads of an expression."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .ir import (AsyncCopy, Assign, BinOp, Call, Expr, For, If, Load, MbarrierExpect, MbarrierInit, MbarrierWait,
-                 Mma, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
+                 Mma, Pipeline, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
+
+
+def bodies(s):
+    """The statement lists nested in s: a loop's body, a branch's two arms, a pipeline's sides and finish."""
+    if isinstance(s, For):
+        return (s.body,)
+    if isinstance(s, If):
+        return (s.body, s.orelse)
+    if isinstance(s, Pipeline):
+        return (s.produce, s.consume, s.finish)
+    return ()
+
+
+def map_bodies(s, fn):
+    """s with each nested statement list replaced by fn(list) (s itself if it nests none)."""
+    if isinstance(s, For):
+        return replace(s, body=fn(s.body))
+    if isinstance(s, If):
+        return replace(s, body=fn(s.body), orelse=fn(s.orelse))
+    if isinstance(s, Pipeline):
+        return replace(s, produce=fn(s.produce), consume=fn(s.consume), finish=fn(s.finish))
+    return s
 
 
 def map_expr(e, fn):
@@ -50,6 +74,8 @@ def map_stmt_exprs(s, fn):
         return type(s)(s.bar, fn(s.index), s.count if isinstance(s, MbarrierInit) else s.nbytes)
     if isinstance(s, MbarrierWait):
         return MbarrierWait(s.bar, fn(s.index), fn(s.parity))
+    if isinstance(s, Pipeline):
+        return map_bodies(s, lambda body: tuple(map_stmt_exprs(b, fn) for b in body))
     return s
 
 
@@ -57,11 +83,8 @@ def walk_stmts(stmts):
     """Every statement in `stmts`, loop and branch bodies included (pre-order)."""
     for s in stmts:
         yield s
-        if isinstance(s, For):
-            yield from walk_stmts(s.body)
-        elif isinstance(s, If):
-            yield from walk_stmts(s.body)
-            yield from walk_stmts(s.orelse)
+        for body in bodies(s):
+            yield from walk_stmts(body)
 
 
 def expr_vars(e, out=None):

@@ -9,8 +9,8 @@ import operator
 from dataclasses import replace
 
 from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, MbarrierExpect, MbarrierInit,
-                 MbarrierWait, Mma, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
-from .ir_walk import expr_vars, map_expr, map_stmt_exprs, walk_stmts
+                 MbarrierWait, Mma, Pipeline, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
+from .ir_walk import bodies, expr_vars, map_bodies, map_expr, map_stmt_exprs, walk_stmts
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -84,8 +84,10 @@ def fold_expr(e):
 def _fold_stmts(stmts):
     out = []
     for s in stmts:
-        s = map_stmt_exprs(s, fold_expr) if not isinstance(s, (For, If)) else s
-        if isinstance(s, For):
+        s = map_stmt_exprs(s, fold_expr) if not isinstance(s, (For, If, Pipeline)) else s
+        if isinstance(s, Pipeline):
+            out.append(map_bodies(s, _fold_stmts))
+        elif isinstance(s, For):
             ext = fold_expr(s.extent) if isinstance(s.extent, Expr) else s.extent
             if isinstance(ext, Const):
                 ext = ext.value
@@ -125,8 +127,8 @@ def _unroll_stmts(stmts):
                     out.extend(_fold_stmts(substitute(body, s.var, Const(i))))
             else:
                 out.append(replace(s, body=body))
-        elif isinstance(s, If):
-            out.append(If(s.cond, _unroll_stmts(s.body), _unroll_stmts(s.orelse)))
+        elif isinstance(s, (If, Pipeline)):
+            out.append(map_bodies(s, _unroll_stmts))
         else:
             out.append(s)
     return tuple(out)
@@ -144,10 +146,8 @@ def demote_unroll(kernel: Kernel) -> Kernel:
         for s in stmts:
             if isinstance(s, For):
                 out.append(replace(s, body=walk(s.body), binding="serial" if s.binding == "unroll" else s.binding))
-            elif isinstance(s, If):
-                out.append(If(s.cond, walk(s.body), walk(s.orelse)))
             else:
-                out.append(s)
+                out.append(map_bodies(s, walk))
         return tuple(out)
     return replace(kernel, body=walk(kernel.body))
 
@@ -179,9 +179,9 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
     def walk(stmts):
         out = []
         for s in stmts:
-            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite)) if not isinstance(s, (For, If)) else s
-            if isinstance(s, For):
-                s = replace(s, body=walk(s.body))
+            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite)) if not isinstance(s, (For, If, Pipeline)) else s
+            if isinstance(s, (For, Pipeline)):
+                s = map_bodies(s, walk)
             elif isinstance(s, If):
                 s = If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse))
             if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
@@ -228,8 +228,8 @@ def scalarize_registers(kernel: Kernel) -> Kernel:
     def walk(stmts):
         out = []
         for s in stmts:
-            if isinstance(s, For):
-                out.append(replace(s, body=walk(s.body)))
+            if isinstance(s, (For, Pipeline)):
+                out.append(map_bodies(s, walk))
                 continue
             if isinstance(s, If):
                 out.append(If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse)))
@@ -314,6 +314,11 @@ def _assigned(stmts, out=None):
             _assigned(s.body, out)
         elif isinstance(s, If):
             _assigned(s.body, out), _assigned(s.orelse, out)
+        elif isinstance(s, Pipeline):  # its loop variable and stage index, like a loop's
+            for v in (s.var, s.stage):
+                out[v] = out.get(v, 0) + 2
+            for body in bodies(s):
+                _assigned(body, out)
         elif isinstance(s, (Mma, VectorLoad, WarpgroupMma, WarpgroupWait)):  # rebind accumulator / destination scalars
             for e in (s.dst if isinstance(s, VectorLoad) else s.acc):
                 if isinstance(e, Var):
@@ -347,7 +352,7 @@ def _cse_block(stmts, prefix, counter, written=frozenset()):
         for s in stmts:
             for e in _stmt_exprs(s):
                 _count(e, counts, written)
-            for body in ([s.body] if isinstance(s, For) else [s.body, s.orelse] if isinstance(s, If) else []):
+            for body in bodies(s):
                 for inner in body:  # uses one level down count too (the name is visible there)
                     for e in _stmt_exprs(inner):
                         _count(e, counts, written)
@@ -381,11 +386,7 @@ def _mentions(s, target):
 
 
 def _cse_stmt(s, prefix, counter, written):
-    if isinstance(s, For):
-        return replace(s, body=_cse_block(s.body, prefix, counter, written))
-    if isinstance(s, If):
-        return If(s.cond, _cse_block(s.body, prefix, counter, written), _cse_block(s.orelse, prefix, counter, written))
-    return s
+    return map_bodies(s, lambda body: _cse_block(body, prefix, counter, written))
 
 
 def propagate_constants(kernel: Kernel) -> Kernel:
@@ -398,10 +399,8 @@ def propagate_constants(kernel: Kernel) -> Kernel:
         for st in stmts:
             if isinstance(st, Assign) and counts.get(st.var) == 1 and isinstance(st.value, Const):
                 consts[st.var] = st.value
-            elif isinstance(st, For):
-                scan(st.body)
-            elif isinstance(st, If):
-                scan(st.body), scan(st.orelse)
+            for body in bodies(st):
+                scan(body)
 
     scan(kernel.body)
     if not consts:
@@ -417,6 +416,8 @@ def propagate_constants(kernel: Kernel) -> Kernel:
                 st = replace(map_stmt_exprs(replace(st, body=()), sub), body=walk(st.body))
             elif isinstance(st, If):
                 st = If(sub(st.cond), walk(st.body), walk(st.orelse))
+            elif isinstance(st, Pipeline):
+                st = map_bodies(st, walk)
             else:
                 st = map_stmt_exprs(st, sub)
             out.append(st)

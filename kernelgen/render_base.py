@@ -7,7 +7,8 @@ indexed.
 from __future__ import annotations
 
 from .ir import (STORAGE_DTYPES, Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Barrier, BinOp, Call, Comment,
-                 Const, For, If, Kernel, Load, MbarrierExpect, MbarrierInit, MbarrierWait, Mma, Select, TensorCopy,
+                 Const, For, If, Kernel, Load, MbarrierExpect, MbarrierInit, MbarrierWait, Mma, Pipeline, Select,
+                 TensorCopy,
                  WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                  Store, Var, VectorLoad, compute_dtype)
 
@@ -123,6 +124,8 @@ class SourcePrinter:
             self.tensor_copy(s, depth)
         elif isinstance(s, (MbarrierInit, MbarrierExpect, MbarrierWait)):
             self.mbarrier(s, depth)
+        elif isinstance(s, Pipeline):
+            self.pipeline(s, depth)
         else:
             raise TypeError(f"cannot render {s!r}")
 
@@ -142,6 +145,14 @@ class SourcePrinter:
     def mbarrier(self, s, depth):
         """Tensor copies land when issued on targets that copy synchronously: mbarriers have nothing to count."""
         self.emit(depth, f"pass  # {type(s).__name__}: copies are synchronous on this target")
+
+    def pipeline(self, s, depth):
+        """Copies land when issued on targets that copy synchronously: each slice is produced, then consumed."""
+        self.emit(depth, f"for {s.var} in range({s.count}):  # pipeline: produce a slice, then consume it")
+        self.stmt(Assign(s.stage, Var(s.var) % s.stages), depth + 1)
+        self.stmts(s.produce, depth + 1)
+        self.stmts(s.consume, depth + 1)
+        self.stmts(s.finish, depth) if s.finish else None
 
     def vector_load(self, s, depth):
         """Element by element (targets with a wide load override this)."""

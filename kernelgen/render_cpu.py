@@ -102,7 +102,7 @@ class CpuPrinter(SourcePrinter):
         return f"f32_to_f16_bits({text})"
 
     def thread_loop(self, s, depth):
-        self.emit(depth, f"for {s.var} in range({self.kernel.threads}):")
+        self.emit(depth, f"for {s.var} in range({s.extent}):")
         self.stmts(s.body, depth + 1)
 
     def atomic_add(self, s, depth):

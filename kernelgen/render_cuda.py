@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, MbarrierExpect,
-                 MbarrierInit, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait)
+                 MbarrierInit, Pipeline, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait)
 from .ir_walk import walk_stmts
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
@@ -38,6 +38,9 @@ class CudaPrinter(SourcePrinter):
         self.memory_helpers = set()  # what the module imports from kernelgen.cuda_memory
         self.wgmma_helpers = set()  # ... and from kernelgen.cuda_wgmma
         self.tma_helpers = set()  # ... and from kernelgen.cuda_tma
+        self.consumers = 0  # inside a Pipeline's consumer side: its thread count (Barrier syncs those only)
+        # kernels with a Pipeline branch on the thread's warpgroup, read warp-uniformly (see render)
+        self.specialised = any(isinstance(s, Pipeline) for s in walk_stmts(kernel.body))
 
     def is_int(self, e) -> bool:
         if isinstance(e, Const):
@@ -170,9 +173,47 @@ class CudaPrinter(SourcePrinter):
             self.emit(depth + 1, "pass")
 
     def thread_loop(self, s, depth):
-        # every thread runs the phase once: the loop disappears
+        # every thread runs the phase once: the loop disappears (a phase of fewer threads than the block's, e.g.
+        # a pipeline's consumers outside the pipeline, is guarded; inside it only consumers get here)
         self.emit(depth, f"{s.var} = cuda.threadIdx.x")
-        self.stmts(s.body, depth)
+        if s.extent < self.kernel.threads and not self.consumers:
+            whole = self.specialised and s.extent % 128 == 0  # whole warpgroups: a uniform branch (see render)
+            self.emit(depth, f"if {'_wg' if whole else s.var} < {s.extent // 128 if whole else s.extent}:")
+            self.stmts(s.body, depth + 1)
+        else:
+            self.stmts(s.body, depth)
+
+    def pipeline(self, s, depth):
+        """Warp specialisation (ir.Pipeline): the producer warp's first thread refills stages as the consumers
+        release them, the consumers wait for each stage to fill, consume it and release an earlier one."""
+        self.tma_helpers |= {"mbarrier_try_wait", "mbarrier_arrive"}
+        kt, S = Var(s.var), s.stages
+        self.int_vars |= {s.var, s.stage}
+        self.nonneg_vars |= {s.var, s.stage}
+        wait = lambda bar, parity, at: (self.emit(at, f"while mbarrier_try_wait({bar}, {s.stage}, "
+                                                      f"{self.expr(parity)}) == 0:"), self.emit(at + 1, "pass"))
+        if s.consumers % 128:
+            raise ValueError(f"Pipeline: the consumers must be whole warpgroups (their MMAs are), got {s.consumers}")
+        self.emit(depth, f"if _wg >= {s.consumers // 128}:  # the producer warp")
+        self.emit(depth + 1, f"if cuda.threadIdx.x == {s.consumers}:")
+        self.emit(depth + 2, f"for {s.var} in range({s.count}):")
+        self.stmt(Assign(s.stage, kt % S), depth + 3)
+        self.emit(depth + 3, f"if {s.var} >= {S}:  # the consumers released slice {s.var} - {S}: the stage is free")
+        wait(s.empty, (kt // S + 1) % 2, depth + 4)
+        self.stmts(s.produce, depth + 3)
+        self.emit(depth, "else:  # the consumers")
+        self.emit(depth + 1, f"for {s.var} in range({s.count}):")
+        self.stmt(Assign(s.stage, kt % S), depth + 2)
+        wait(s.full, (kt // S) % 2, depth + 2)
+        outer, self.consumers = self.consumers, s.consumers
+        self.stmts(s.consume, depth + 2)
+        if s.lag:
+            self.emit(depth + 2, f"if {s.var} >= {s.lag}:  # slice {s.var} - {s.lag}'s MMAs are done: free its stage")
+            self.emit(depth + 3, f"mbarrier_arrive({s.empty}, {self.expr((kt + (S - s.lag)) % S)})")
+        else:
+            self.emit(depth + 2, f"mbarrier_arrive({s.empty}, {s.stage})")
+        self.stmts(s.finish, depth + 1) if s.finish else None
+        self.consumers = outer
 
     def atomic_add(self, s, depth):
         if s.buf in self.stored_narrow:  # partial sums rounded to fp16 one by one would lose the point
@@ -180,7 +221,11 @@ class CudaPrinter(SourcePrinter):
         self.emit(depth, f"cuda.atomic.add({s.buf}, {self.index(s.buf, s.index)}, {self.expr(s.value)})")
 
     def barrier(self, depth):
-        self.emit(depth, "cuda.syncthreads()")
+        if self.consumers:  # the producer warp is elsewhere: barrier 1 counts the consumers only
+            self.tma_helpers.add("named_barrier")
+            self.emit(depth, f"named_barrier(1, {self.consumers})")
+        else:
+            self.emit(depth, "cuda.syncthreads()")
 
     def render(self) -> str:
         """The kernel function; self.dynamic: its bytes of dynamic shared memory (0: static arrays only)."""
@@ -199,6 +244,11 @@ class CudaPrinter(SourcePrinter):
             self.int_vars.add(g.var)
             self.nonneg_vars.add(g.var)
             self.emit(1, f"{g.var} = cuda.blockIdx.{_AXES[g.axis]}")
+        if self.specialised:
+            # the thread's warpgroup, broadcast from lane 0 so that ptxas knows it is warp-uniform (CUTLASS's
+            # canonical_warp_group_idx): branches on it are uniform, and warpgroup MMAs inside them are not
+            # serialised (ptxas C7518, "wgmma ... serialized due to ... divergent path")
+            self.emit(1, "_wg = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // 128, 0)")
         # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size), tensor
         # copies 128-byte aligned ones (1024 for the 128-byte swizzle, whose pattern follows the address)
         align = {s.dst: 16 for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}

@@ -13,7 +13,7 @@ instructions per HMMA is the fragment-feed cost; all SASS instructions per HMMA 
 cost that the first H100 run tracked (PERF_NOTES #19).  Occupancy is predicted from registers (allocated per
 warp in units of 256, 64K per SM), shared memory (228 KB per SM, 1 KB reserved per block) and the
 limits of 64 warps / 32 blocks per SM.  Exit status 1 if a kernel spills, uses local memory or lacks
-mma.sync.
+mma.sync, or if ptxas serialised its warpgroup MMAs (C7518).
 """
 from __future__ import annotations
 
@@ -95,7 +95,10 @@ def ptxas(ptx_path, cubin_path):
     grab = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else None
     return text, {"registers": grab(r"Used (\d+) registers"), "spill_stores": grab(r"(\d+) bytes spill stores"),
                   "spill_loads": grab(r"(\d+) bytes spill loads"), "local_bytes": grab(r"(\d+) bytes stack frame"),
-                  "smem_bytes": grab(r"(\d+) bytes smem")}
+                  "smem_bytes": grab(r"(\d+) bytes smem"),
+                  # C7518 etc.: ptxas made every warpgroup MMA wait for the one before (a divergent path it could
+                  # not prove uniform): the kernel runs, at a fraction of the tensor cores' rate
+                  "serialised": "wgmma.mma_async instructions are serialized" in text}
 
 
 def _disassembler():
@@ -183,8 +186,10 @@ def main(argv=None):
                      *(c.get(k, "n/a") for k in ("STS", "STS.64", "STS.128")),
                      f"{c['instructions'] / c['HMMA']:.1f}" if c.get("HMMA") else "n/a"]
             print("| " + " | ".join(str(x) for x in cells) + " |", flush=True)
+            if res["serialised"]:
+                print(f"ptx_check: {name}: ptxas serialised its warpgroup MMAs (see ptxas -v in {workdir})")
             ok &= n_mma > 0 and not res["spill_stores"] and not res["local_bytes"] and n_local == 0 \
-                and c.get("HMMA") != 0
+                and c.get("HMMA") != 0 and not res["serialised"]
     print("files in", workdir)
     return 0 if ok else 1
 

@@ -19,8 +19,8 @@ w 128x3x3x128, padding 1), the shapes the tiled-GEMM template would generate.
    per SM slot looping over the tiles); each checked on sampled outputs against float64 of exact, TF32-truncated
    and TF32-rounded operands, and timed beside cuDNN (torch, TF32 on, channels-last) in alternating rounds in the
    same process.  mbarrier waits give up after SPIN_LIMIT rounds: a wrong protocol shows as wrong numbers.
-4. generated: kernelgen's own TMA kernels for the layer (TileConfig.tma=1, GENERATED), through the launcher,
-   checked and timed beside cuDNN the same way.
+4. generated: kernelgen's own TMA kernels for the layer (TileConfig.tma=1, a block barrier per slice, and tma=2,
+   warp-specialised; GENERATED), through the launcher, checked and timed beside cuDNN the same way.
 """
 from __future__ import annotations
 
@@ -183,12 +183,16 @@ def run(args):
 
 GENERATED = ("BM=128,BN=64,BK=32,WM=64,WN=64,stages=4,wgmma=1,tma=1",
              "BM=128,BN=128,BK=32,WM=64,WN=128,stages=4,wgmma=1,tma=1",
-             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=1")
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=1",
+             "BM=128,BN=64,BK=32,WM=64,WN=64,stages=4,wgmma=1,tma=2",
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=4,wgmma=1,tma=2",
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=2")
 
 
 def generated_rows(x, w, w2d, x_dev, w_dev, cudnn, rng):
     """The same layer by kernelgen's own generated TMA kernels (TileConfig.tma=1, PERF_NOTES #36: the "barrier"
-    schedule with the rounding), through the launcher, checked and timed beside cuDNN like the probe's."""
+    schedule with the rounding; tma=2, #37: the "ws_round" one), through the launcher, checked and timed beside
+    cuDNN like the probe's."""
     from numba import cuda
 
     from kernelgen.api import get_launcher, make_plan

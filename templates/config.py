@@ -45,6 +45,9 @@ class TileConfig:
     a multiple of 32): each slice arrives by two TMA copies that one thread issues (ir.TensorCopy: an im2col box of
     x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared mbarrier per stage; BK = 32.
     0 by default and then absent from string and dict.
+    tma=2: as 1, warp-specialised (cuDNN's and CUTLASS's Hopper schedule; ir.Pipeline): one more warp per block
+    produces, issuing every copy as soon as the consumers release a stage (a full and an empty mbarrier per
+    stage), and the compute threads consume with no block barrier in the k-loop.
     """
     BM: int = 64
     BN: int = 64
@@ -69,9 +72,14 @@ class TileConfig:
         return self.WM > 0
 
     @property
+    def producer_threads(self):
+        """Threads of the block that only issue copies (tma=2: one warp); the rest compute."""
+        return 32 if self.tma == 2 else 0
+
+    @property
     def threads(self):
         if self.tensor_core:
-            return (128 if self.wgmma else 32) * (self.BM // self.WM) * (self.BN // self.WN)
+            return (128 if self.wgmma else 32) * (self.BM // self.WM) * (self.BN // self.WN) + self.producer_threads
         return (self.BM // self.TM) * (self.BN // self.TN) * self.state_groups
 
     def validate(self):
@@ -99,9 +107,11 @@ class TileConfig:
                            or self.swizzle or self.smem_pad or self.BK not in (8, 16, 32)):
             raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1 or tma=1, "
                              f"swizzle=0, smem_pad=0 and BK in (8, 16, 32); got {self}")
-        if self.tma not in (0, 1) or self.tma and (not self.wgmma or self.async_copy or self.BK != 32
-                                                   or self.split_k != 1 or not 2 <= self.stages <= 8):
-            raise ValueError(f"TileConfig: tma=1 needs wgmma=1, async_copy=0, BK=32, split_k=1 and stages 2..8; "
+        if self.tma not in (0, 1, 2):
+            raise ValueError(f"TileConfig: tma must be 0, 1 or 2 (a producer warp), got {self}")
+        if self.tma and (not self.wgmma or self.async_copy or self.BK != 32 or self.split_k != 1
+                         or not 2 <= self.stages <= 8):
+            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK=32, split_k=1 and stages 2..8; "
                              f"got {self}")
         if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
             raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "
@@ -149,7 +159,7 @@ class TileConfig:
         if self.wgmma:
             s += "_WG"
         if self.tma:
-            s += "_TMA"
+            s += "_TMA" if self.tma == 1 else f"_TMA{self.tma}"
         return s
 
     @classmethod
@@ -166,8 +176,10 @@ class TileConfig:
                 kw["swizzle"] = int(m.group(2) or 1)
             elif part == "ASYNC":
                 kw["async_copy"] = 1
-            elif part in ("WG", "TMA"):
-                kw["wgmma" if part == "WG" else "tma"] = 1
+            elif part == "WG":
+                kw["wgmma"] = 1
+            elif m and m.group(1) == "TMA":
+                kw["tma"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):
                 kw[fields[m.group(1)]] = int(m.group(2))
             else:

@@ -15,7 +15,7 @@ from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Ba
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
-from .tma_schedule import ROW, tma_pipeline
+from .tma_schedule import ROW, tma_pipeline, tma_specialised_pipeline
 from .warpgroup_mma import WarpgroupGemm, core_word, tile_words
 
 
@@ -96,7 +96,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     cfg.validate()
     if cfg.state_groups != 1:
         raise ValueError(f"config: state_groups is a Winograd schedule field; {name} needs 1, got {cfg}")
-    BM, BN, BK, TM, TN, NT = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads
+    BM, BN, BK, TM, TN = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN
+    NT = cfg.threads - cfg.producer_threads  # the threads that compute (tma=2 adds a warp that only copies)
     SK = cfg.split_k
     dt = compute_dtype(view.dtype)  # shared tiles and registers: float32 for float16 storage
     nkt = _cdiv(view.K, BK)
@@ -336,7 +337,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
             raise ValueError(f"config: tma=1 needs a GEMM view whose operands are TMA boxes (the forward implicit "
                              f"GEMM); {name} has none, got {cfg}")
         ops = view.tma(cfg, m0, n0)
-        tma_prologue, kloop, tma_locals = tma_pipeline(ops, cfg, nkt, wmma, As, Bs, NT, tid)
+        schedule = tma_specialised_pipeline if cfg.tma == 2 else tma_pipeline
+        tma_prologue, kloop, tma_locals = schedule(ops, cfg, nkt, wmma, As, Bs, NT, tid)
         prologue = prologue + tma_prologue
         tma_params, tma_maps = ops.params(), (ops.a, ops.b)
     elif cfg.async_copy:
@@ -405,5 +407,5 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     if tma_maps:  # the launcher encodes these from the arrays they name (render_base.launch_constants)
         meta["tensor_maps"] = tma_maps
     if cfg.min_blocks:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM)
-        meta["launch_bounds"] = (NT, cfg.min_blocks)
-    return Kernel(name, tuple(view.params) + tma_params, locals_, body, grid, NT, meta)
+        meta["launch_bounds"] = (cfg.threads, cfg.min_blocks)
+    return Kernel(name, tuple(view.params) + tma_params, locals_, body, grid, cfg.threads, meta)

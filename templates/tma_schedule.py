@@ -15,6 +15,11 @@ slack = 1 from 3 stages on (wgmma.wait_group 1, CUTLASS's habit): a slice's MMAs
 wait, rounding and barrier, and a stage is refilled one slice later, when every warpgroup has waited for the
 MMAs that read it; with 2 stages slack = 0.  S slices are in flight from the start, S - 1 - slack after.  On the
 CPU the copies happen when issued and the waits are no-ops (render_cpu), so the same IR runs there.
+
+tma=2 (warp specialisation, tma_specialised_pipeline): the same copies and MMAs as an ir.Pipeline.  A producer warp
+beside the NT compute threads refills each stage as soon as every compute thread has released it (an `empty`
+mbarrier per stage, NT arrivals), and the compute threads meet only among themselves (a named barrier between
+their rounding and their MMAs), never with the producer: no thread waits for a copy it could have issued earlier.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..ir import (AsyncProxyFence, Barrier, Buffer, Call, Const, For, If, MbarrierExpect, MbarrierInit, MbarrierWait,
-                  TensorCopy, TensorMap, Var, all_of)
+                  Pipeline, TensorCopy, TensorMap, Var, all_of, as_expr)
 
 ROW = 32  # words of a 128-byte swizzled row: BK = 32 float32
 
@@ -41,27 +46,33 @@ class TmaOperands:
         return tuple(Buffer(m.name, (16,), "uint64") for m in (self.a, self.b))
 
 
+def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
+    """One thread's statements that fill `stage` with slice kt: announce the bytes on full[stage], copy both boxes."""
+    coords, offsets = ops.a_box(kt)
+    stage = as_expr(stage)
+    return (MbarrierExpect("full", stage, 4 * (cfg.BM + cfg.BN) * ROW),
+            TensorCopy(As.name, (stage, Const(0)), ops.a, coords, offsets, "full", stage),
+            TensorCopy(Bs.name, (stage, Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
+
+
+def _round_stage(cfg, As, Bs, NT, tid, stage):
+    """This thread's share of rounding the landed stage to TF32 in place, 4 words at a time."""
+    out, stage = [], as_expr(stage)
+    for buf, words in ((As, cfg.BM * ROW), (Bs, cfg.BN * ROW)):
+        chunks = words // 4
+        for i in range(-(-chunks // NT)):
+            q = tid + i * NT
+            st = tuple(buf.store((stage, q * 4 + w), Call("tf32", (buf[stage, q * 4 + w],))) for w in range(4))
+            out += list(st) if chunks % NT == 0 else [If(q < chunks, st)]
+    return out
+
+
 def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
     """(prologue statements for the thread phase before the first barrier, k-loop statements, extra locals)."""
-    S, a_words, b_words = cfg.stages, cfg.BM * ROW, cfg.BN * ROW
+    S = cfg.stages
     first = tid.eq(0)
-
-    def issue(kt, stage):
-        coords, offsets = ops.a_box(kt)
-        return (MbarrierExpect("full", stage, 4 * (a_words + b_words)),
-                TensorCopy(As.name, (Const(stage), Const(0)), ops.a, coords, offsets, "full", stage),
-                TensorCopy(Bs.name, (Const(stage), Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
-
-    def round_stage(stage):
-        out = []
-        for buf, words in ((As, a_words), (Bs, b_words)):
-            chunks = words // 4
-            for i in range(-(-chunks // NT)):
-                q = tid + i * NT
-                st = tuple(buf.store((Const(stage), q * 4 + w), Call("tf32", (buf[Const(stage), q * 4 + w],)))
-                           for w in range(4))
-                out += list(st) if chunks % NT == 0 else [If(q < chunks, st)]
-        return out
+    issue = lambda kt, stage: _issue(ops, cfg, As, Bs, kt, stage)
+    round_stage = lambda stage: _round_stage(cfg, As, Bs, NT, tid, stage)
 
     slack = 1 if S >= 3 else 0
 
@@ -82,3 +93,19 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
     kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]
     kloop += wmma.wait_all(NT) if slack else []
     return prologue, kloop, (Buffer("full", (S,), "int64", "shared"),)
+
+
+def tma_specialised_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
+    """tma=2: as tma_pipeline, with a producer warp (ir.Pipeline); NT counts the compute threads only.  The MMAs
+    of a slice run on while the next one is rounded (lag 1: a stage is released one slice after its MMAs were
+    issued, once wgmma.wait_group 1 has seen them done)."""
+    S, stage = cfg.stages, Var("stage")
+    prologue = [If(tid.eq(0), tuple(MbarrierInit("full", s, 1) for s in range(S))
+                   + tuple(MbarrierInit("empty", s, NT) for s in range(S)))]
+    consume = (For("tid", NT, (*_round_stage(cfg, As, Bs, NT, tid, stage), AsyncProxyFence()), "thread"),
+               Barrier(),  # every compute thread's rounding is done (among themselves: a named barrier)
+               *wmma.compute(tid, NT, As, Bs, stage, pending=1))
+    # the consumers wait for their last MMAs inside the pipeline (ir.Pipeline.finish: ptxas would serialise them)
+    kloop = [Pipeline("kt", nkt, S, "full", "empty", NT, _issue(ops, cfg, As, Bs, Var("kt"), stage), consume, lag=1,
+                      finish=tuple(wmma.wait_all(NT)))]
+    return prologue, kloop, (Buffer("full", (S,), "int64", "shared"), Buffer("empty", (S,), "int64", "shared"))

@@ -18,7 +18,7 @@ consecutive lines fill 128 contiguous bytes (no bank conflicts).
 from __future__ import annotations
 
 from ..ir import (Assign, Buffer, Const, For, If, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
-                  all_of)
+                  all_of, as_expr)
 
 WARPGROUP = 128
 
@@ -84,8 +84,8 @@ class WarpgroupGemm:
                     a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
                     b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
                     layout = dict(lbo=CORE_STRIDE, sbo=(BK // 4) * CORE_STRIDE)
-                mmas.append(WarpgroupMma(self.strip(i), As.name, (Const(stage), a_first), Bs.name,
-                                         (Const(stage), b_first), cfg.WN, **layout))
+                mmas.append(WarpgroupMma(self.strip(i), As.name, (as_expr(stage), a_first), Bs.name,
+                                         (as_expr(stage), b_first), cfg.WN, **layout))
         return [For("tid", NT_threads, tuple(self.coords(tid) + [WarpgroupFence()] + mmas
                                              + [WarpgroupCommit(), WarpgroupWait(pending, self.every())]), "thread")]
 

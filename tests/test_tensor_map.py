@@ -196,7 +196,9 @@ def tma_config(**kw):
     return TileConfig(**{"BK": 32, "WM": 64, "wgmma": 1, "tma": 1, **kw})
 
 
-@pytest.mark.parametrize("x_shape, w_shape, kw, tile", TMA_CPU_CASES)
+# tma=2 (a producer warp, ir.Pipeline) on the CPU runs the pipeline's sequential lowering: one and two warpgroups
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", TMA_CPU_CASES + [
+    pytest.param(*case[:3], {**case[3], "tma": 2}, id=f"tma2-{i}") for i, case in enumerate(TMA_CPU_CASES[::3])])
 def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
     """The TMA schedule on the CPU backend (copies when issued, wgmma emulated per thread, truncating): ragged M
     and N, 1..2 warpgroups, 2..4 stages, dilation and asymmetric padding.  Equal to the float64 GEMM of
@@ -230,6 +232,40 @@ def test_tma_module_names_its_maps():
     assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
            "128), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128))" in src
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
+
+
+def test_warp_specialised_module():
+    """tma=2 for CUDA: a producer warp beside two consumer warpgroups, branching on the warp-uniform warpgroup
+    index; the consumers meet at named barrier 1 only, and wait for their last MMAs inside their branch (after it,
+    ptxas serialises every warpgroup MMA: C7518, seen in the local sm_90a compile)."""
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.render_cuda import render_cuda
+    p = make_problem("fwd", (2, 6, 10, 32), (40, 3, 3, 32), padding=1)
+    cfg = tma_config(BM=128, BN=32, WN=32, stages=3, tma=2)
+    assert (str(cfg), cfg.threads, type(cfg).parse(str(cfg))) == ("BM128_BN32_BK32_WM64_WN32_S3_WG_TMA2", 288, cfg)
+    src = render_cuda(make_plan(p, "cuda", config=cfg, precision="tf32").kernel_ir(), cache=False)
+    lines = src.splitlines()
+    assert "THREADS = 288" in lines and "    _wg = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // 128, 0)" in lines
+    at = lines.index("    if _wg >= 2:  # the producer warp")
+    assert lines[at + 1:at + 4] == ["        if cuda.threadIdx.x == 256:", "            for kt in range(9):",
+                                    "                stage = umod32(kt, 3)"]
+    consumers = lines.index("    else:  # the consumers")
+    assert lines[consumers + 1] == "        for kt in range(9):"
+    assert "            while mbarrier_try_wait(full, stage, umod32(udiv32(kt, 3), 2)) == 0:" in lines
+    assert "                mbarrier_arrive(empty, umod32(add32(kt, 2), 3))" in lines
+    last_wait = max(i for i, line in enumerate(lines) if "= wgmma_wait(" in line)
+    assert lines[last_wait].startswith("        acc_") and lines[last_wait].endswith(", 0)")  # in the branch
+    assert src.count("cuda.syncthreads()") == 1 and src.count("named_barrier(1, 256)") == 1
+    assert "mbarrier_init(empty, 2, 256)" in src and "mbarrier_init(full, 2, 1)" in src
+
+
+def test_pipeline_checks_its_shape():
+    from kernelgen.ir import Pipeline
+    with pytest.raises(ValueError, match="lag < stages"):
+        Pipeline("kt", 4, 2, "full", "empty", 128, (), (), lag=2)
+    with pytest.raises(ValueError, match="whole warps of consumers"):
+        Pipeline("kt", 4, 2, "full", "empty", 100, (), ())
 
 
 @pytest.mark.parametrize("direction, x_shape, w_shape, kw, tile, match", [
