@@ -43,20 +43,6 @@ def _is_int(*tys):
 
 
 @intrinsic
-def mbarrier_init(typingctx, bar, i, count):
-    if not (isinstance(bar, types.Array) and _is_int(i, count)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        cnt = context.cast(builder, args[2], sig.args[2], types.int32)
-        builder.asm(ir.FunctionType(ir.VoidType(), [_I32, _I32]), "mbarrier.init.shared::cta.b64 [$0], $1;",
-                    "r,r,~{memory}", [addr, cnt], side_effect=True, name="mbarrier_init")
-        return context.get_dummy_value()
-    return types.void(bar, i, count), codegen
-
-
-@intrinsic
 def mbarrier_init_fence(typingctx):
     def codegen(context, builder, sig, args):
         builder.asm(ir.FunctionType(ir.VoidType(), []), "fence.mbarrier_init.release.cluster;", "~{memory}", [],
@@ -65,21 +51,30 @@ def mbarrier_init_fence(typingctx):
     return types.void(), codegen
 
 
-def _arrive_codegen(text, name, nbytes):
+def _barrier_codegen(text, name, operands):
+    """An instruction on mbarrier bar[i] (its shared address is $0), with `operands` (0 or 1) more: args[2] as the
+    int32 $1."""
     def codegen(context, builder, sig, args):
         addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        extra = [context.cast(builder, args[2], sig.args[2], types.int32)] if nbytes else []
-        builder.asm(ir.FunctionType(ir.VoidType(), [_I32] * (1 + nbytes)), text,
-                    ",".join(["r"] * (1 + nbytes)) + ",~{memory}", [addr, *extra], side_effect=True, name=name)
+        extra = [context.cast(builder, args[2], sig.args[2], types.int32)] if operands else []
+        builder.asm(ir.FunctionType(ir.VoidType(), [_I32] * (1 + operands)), text,
+                    ",".join(["r"] * (1 + operands)) + ",~{memory}", [addr, *extra], side_effect=True, name=name)
         return context.get_dummy_value()
     return codegen
+
+
+@intrinsic
+def mbarrier_init(typingctx, bar, i, count):
+    if not (isinstance(bar, types.Array) and _is_int(i, count)):
+        return None
+    return types.void(bar, i, count), _barrier_codegen("mbarrier.init.shared::cta.b64 [$0], $1;", "mbarrier_init", 1)
 
 
 @intrinsic
 def mbarrier_expect_tx(typingctx, bar, i, nbytes):
     if not (isinstance(bar, types.Array) and _is_int(i, nbytes)):
         return None
-    return types.void(bar, i, nbytes), _arrive_codegen(
+    return types.void(bar, i, nbytes), _barrier_codegen(
         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "mbarrier_expect_tx", 1)
 
 
@@ -87,7 +82,7 @@ def mbarrier_expect_tx(typingctx, bar, i, nbytes):
 def mbarrier_arrive(typingctx, bar, i):
     if not (isinstance(bar, types.Array) and _is_int(i)):
         return None
-    return types.void(bar, i), _arrive_codegen("mbarrier.arrive.shared::cta.b64 _, [$0];", "mbarrier_arrive", 0)
+    return types.void(bar, i), _barrier_codegen("mbarrier.arrive.shared::cta.b64 _, [$0];", "mbarrier_arrive", 0)
 
 
 @intrinsic

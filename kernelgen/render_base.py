@@ -152,7 +152,8 @@ class SourcePrinter:
         self.stmt(Assign(s.stage, Var(s.var) % s.stages), depth + 1)
         self.stmts(s.produce, depth + 1)
         self.stmts(s.consume, depth + 1)
-        self.stmts(s.finish, depth) if s.finish else None
+        if s.finish:
+            self.stmts(s.finish, depth)
 
     def vector_load(self, s, depth):
         """Element by element (targets with a wide load override this)."""

@@ -188,10 +188,13 @@ class CudaPrinter(SourcePrinter):
         release them, the consumers wait for each stage to fill, consume it and release an earlier one."""
         self.tma_helpers |= {"mbarrier_try_wait", "mbarrier_arrive"}
         kt, S = Var(s.var), s.stages
-        self.int_vars |= {s.var, s.stage}
-        self.nonneg_vars |= {s.var, s.stage}
-        wait = lambda bar, parity, at: (self.emit(at, f"while mbarrier_try_wait({bar}, {s.stage}, "
-                                                      f"{self.expr(parity)}) == 0:"), self.emit(at + 1, "pass"))
+        self.int_vars.add(s.var)  # the stage is an Assign of it: stmt() tracks that one
+        self.nonneg_vars.add(s.var)
+
+        def wait(bar, parity, at):
+            self.emit(at, f"while mbarrier_try_wait({bar}, {s.stage}, {self.expr(parity)}) == 0:")
+            self.emit(at + 1, "pass")
+
         if s.consumers % 128:
             raise ValueError(f"Pipeline: the consumers must be whole warpgroups (their MMAs are), got {s.consumers}")
         self.emit(depth, f"if _wg >= {s.consumers // 128}:  # the producer warp")
@@ -212,7 +215,8 @@ class CudaPrinter(SourcePrinter):
             self.emit(depth + 3, f"mbarrier_arrive({s.empty}, {self.expr((kt + (S - s.lag)) % S)})")
         else:
             self.emit(depth + 2, f"mbarrier_arrive({s.empty}, {s.stage})")
-        self.stmts(s.finish, depth + 1) if s.finish else None
+        if s.finish:
+            self.stmts(s.finish, depth + 1)
         self.consumers = outer
 
     def atomic_add(self, s, depth):

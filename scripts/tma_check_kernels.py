@@ -3,6 +3,8 @@ counts are literals: wgmma_wait and copy_async_wait take literal arguments).  Se
 measures; `kernels(bn, s)` lists them for one block tile width and stage count."""
 from __future__ import annotations
 
+import re
+
 N, H, W, C, K, R, PAD = 32, 28, 28, 128, 128, 3, 1
 HW, M, KTOT, BK, BM = H * W, N * H * W, R * R * C, 32, 128
 SLICES, CCH = KTOT // BK, C // BK  # 36 k slices; 4 channel chunks of 32 per filter tap
@@ -20,6 +22,17 @@ from kernelgen._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc_sw128
                                               wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_wait)
 from kernelgen.cuda_memory import copy_async16, copy_async16_l2, copy_async_commit, copy_async_wait
 '''
+
+
+def bounded_waits(template):
+    """The kernel template with each line `wait(bar, parity)` spelled out as a bounded wait on bar[stage] at that
+    indentation: a wrong protocol ends with wrong numbers, not a hung GPU."""
+    def spell(m):
+        pad, bar, parity = m.groups()
+        return (f"{pad}spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU\n"
+                f"{pad}while mbarrier_try_wait({bar}, stage, {parity}) == 0 and spins < {{spin_limit}}:\n"
+                f"{pad}    spins += 1\n")
+    return re.sub(r"^( *)wait\((\w+), (.*)\)\n", spell, template, flags=re.M)
 
 # one block per 128 x BN output tile; thread 0 keeps S slices in flight; a block barrier per slice frees its stage
 ISSUE_TMA = """tap = ({kt}) // {cch}
@@ -52,54 +65,48 @@ def {name}(xmap, wmap, y):
     cuda.syncthreads()
 '''
 
-TMA_BLOCK = TMA_HEAD + '''\
+TMA_BLOCK = bounded_waits(TMA_HEAD + '''\
     if t == 0:
         for kt in range({s}):
 {issue_first}
     {init}
     for kt in range({slices}):
         stage = kt % {s}
-        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-        while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
-            spins += 1
+        wait(full, (kt // {s}) % 2)
 {body}
         cuda.syncthreads()
         if t == 0 and kt + {s} < {slices}:
 {issue_next}
 {epilogue}
-'''
+''')
 
 # cuDNN's way (warp specialisation): an extra warp produces (one thread waits for a stage to be released and
 # refills it), the two consumer warpgroups wait for a stage to fill, issue its MMAs, and release the previous
 # stage once wgmma.wait_group 1 says its MMAs are done: no block barrier, one batch of MMAs always in flight
-TMA_WS = TMA_HEAD + '''\
+TMA_WS = bounded_waits(TMA_HEAD + '''\
     if t >= 256:
         if t == 256:
             for kt in range({slices}):
                 stage = kt % {s}
                 if kt >= {s}:
-                    spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                    while mbarrier_try_wait(empty, stage, (kt // {s} - 1) % 2) == 0 and spins < {spin_limit}:
-                        spins += 1
+                    wait(empty, (kt // {s} - 1) % 2)
 {issue}
     else:
         {init}
         for kt in range({slices}):
             stage = kt % {s}
-            spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-            while mbarrier_try_wait(full, stage, (kt // {s}) % 2) == 0 and spins < {spin_limit}:
-                spins += 1
+            wait(full, (kt // {s}) % 2)
 {rounding}
 {body}
             if kt > 0:
                 mbarrier_arrive(empty, (kt + {s} - 1) % {s})
         {acc} = wgmma_wait(({acc},), 0)
 {epilogue}
-'''
+''')
 
 # ws, persistent as cuDNN's: one block per SM slot walks the tiles tile = block, block + grid, ...; the producer
 # runs ahead into the next tile while the consumers store this one; stage and phase follow a running slice count
-TMA_WS_PERSISTENT = TMA_HEAD + '''\
+TMA_WS_PERSISTENT = bounded_waits(TMA_HEAD + '''\
     if t >= 256:
         if t == 256:
             it = 0
@@ -108,9 +115,7 @@ TMA_WS_PERSISTENT = TMA_HEAD + '''\
                 for kt in range({slices}):
                     stage = it % {s}
                     if it >= {s}:
-                        spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                        while mbarrier_try_wait(empty, stage, (it // {s} - 1) % 2) == 0 and spins < {spin_limit}:
-                            spins += 1
+                        wait(empty, (it // {s} - 1) % 2)
 {issue}
                     it += 1
     else:
@@ -120,16 +125,14 @@ TMA_WS_PERSISTENT = TMA_HEAD + '''\
 {init}
             for kt in range({slices}):
                 stage = it % {s}
-                spins = 0  # bounded: a wrong protocol ends with wrong numbers, not a hung GPU
-                while mbarrier_try_wait(full, stage, (it // {s}) % 2) == 0 and spins < {spin_limit}:
-                    spins += 1
+                wait(full, (it // {s}) % 2)
 {body}
                 if it > 0:
                     mbarrier_arrive(empty, (it + {s} - 1) % {s})
                 it += 1
             {acc} = wgmma_wait(({acc},), 0)
 {epilogue}
-'''
+''')
 
 # the generated kernels' way: every thread copies 16-byte chunks with cp.async, S - 1 slices ahead
 ISSUE_LDGSTS = """tap = ({kt}) // {cch}

@@ -124,7 +124,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
                             (p.stride != (1, 1, 1), "stride 1"),
                             (p.Cg % ROW, f"channels a multiple of {ROW}")) if bad]
     if why:
-        raise ValueError(f"config: tma=1 needs {', '.join(why)}; got {p.key()} with {cfg}")
+        raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     (_, fh, fw), (_, ph, pw), (_, dh, dw) = p.filter_size, p.padding, p.dilation
     (_, H, W), (_, OH, OW) = p.in_size, p.out_size
     Kr = fh * fw * p.C

@@ -334,7 +334,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     tma_locals, tma_params, tma_maps = (), (), ()
     if cfg.tma:
         if view.tma is None or view.k_tiles is not None:
-            raise ValueError(f"config: tma=1 needs a GEMM view whose operands are TMA boxes (the forward implicit "
+            raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (the forward implicit "
                              f"GEMM); {name} has none, got {cfg}")
         ops = view.tma(cfg, m0, n0)
         schedule = tma_specialised_pipeline if cfg.tma == 2 else tma_pipeline
