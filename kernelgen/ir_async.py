@@ -107,7 +107,10 @@ class TensorMap:
     encodes from the caller's array and passes as the uint64 parameter `name`).  Dims, byte strides (of dims
     1..) and boxes are innermost first.  mode "tiled": boxes of `box` elements; "im2col": `box` = (channels,
     pixels) of a channels-last (C, W, H, N) tensor, the pixels walking the base positions [lower, (W, H) - 1 +
-    upper] w, then h, then n.  swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy)."""
+    upper] w, then h, then n.  swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy).
+    rounding "tf32": the map (and the kernel's `source` parameter) reads a copy of the caller's array rounded to
+    TF32 (cvt.rna) that the launcher makes before the kernel runs: wgmma truncates what it reads, and rounding the
+    landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38)."""
     name: str
     source: str
     mode: str
@@ -117,11 +120,12 @@ class TensorMap:
     lower: Tuple[int, ...] = ()
     upper: Tuple[int, ...] = ()
     swizzle: int = 0
+    rounding: str = ""
 
     def __post_init__(self):
-        if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128):
-            raise ValueError(f"TensorMap {self.name}: mode tiled|im2col and swizzle 0|128, got {self.mode}, "
-                             f"{self.swizzle}")
+        if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128) or self.rounding not in ("", "tf32"):
+            raise ValueError(f"TensorMap {self.name}: mode tiled|im2col, swizzle 0|128 and rounding ''|'tf32', got "
+                             f"{self.mode}, {self.swizzle}, {self.rounding!r}")
         if self.swizzle and self.box[0] != 32:  # the swizzled layout is one of 128-byte rows of float32 words
             raise ValueError(f"TensorMap {self.name}: swizzle 128 needs box[0] = 32 words, got {self.box}")
 

@@ -189,11 +189,12 @@ class Launcher:
     # the module defines this; render_cuda): run for arrays that do not
     kernel_any: object = None
     # TMA tensor maps the kernel takes as parameters, derived from the arrays they describe (ir.TensorMap fields
-    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle); encoded per device pointer
+    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding); encoded per device pointer
     tensor_maps: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
+    _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # (source, size, stream) -> its copy
     _fast: object = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -208,7 +209,7 @@ class Launcher:
         as a device array; the CPU copies from the array itself and gets a placeholder."""
         if self.backend != "cuda":
             return _NO_TENSOR_MAP
-        name, source, mode, dims, strides, box, lower, upper, swizzle = spec
+        name, source, mode, dims, strides, box, lower, upper, swizzle, _ = spec
         ptr = _device_pointer(array)
         found = self._maps.get((name, ptr))
         if found is None:
@@ -225,8 +226,29 @@ class Launcher:
             found = self._maps[(name, ptr)] = cuda.to_device(host)
         return found
 
+    def _round_operands(self, args, stream):
+        """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy.  On CUDA the
+        copy lives in a buffer this launcher keeps per (source, size, stream): its maps stay encoded, and the work on
+        one stream runs in order, so the next call may overwrite it."""
+        from .elementwise import round_tf32_device, round_tf32_host
+        args = dict(args)
+        for source in {spec[1] for spec in self.tensor_maps if spec[9]}:
+            array = args[source]
+            if self.backend != "cuda":
+                args[source] = round_tf32_host(array)
+                continue
+            key = (source, array.size, stream)
+            copy = self._rounded.get(key)
+            if copy is None:
+                from numba import cuda
+                copy = self._rounded[key] = cuda.device_array(array.size, np.float32, stream=stream or 0)
+            round_tf32_device(array, copy, stream)
+            args[source] = copy
+        return args
+
     def __call__(self, args: dict, stream=None):
         if self.tensor_maps:
+            args = self._round_operands(args, stream)
             args = {**args, **{spec[0]: self._tensor_map(spec, args[spec[1]]) for spec in self.tensor_maps}}
         ordered = [args[name] for name in self.params]
         if self.backend == "cuda":

@@ -12,7 +12,7 @@
 #   mma-ceiling: scripts/mma_ceiling.py (TF32 mma.sync ceilings, $OUT/mma_ceiling.json)
 #   wgmma-check: scripts/wgmma_check.py (wgmma layout check + ceilings, $OUT/wgmma_check.json)
 #   tma-check: scripts/tma_check.py (TMA im2col/tiled copies checked, copy streams TMA vs cp.async, TMA + wgmma
-#   conv beside cuDNN, $OUT/tma_check.json)
+#   conv beside cuDNN, $OUT/tma_check.json; TMA_ARGS="--generated-only": kernelgen's generated TMA kernels only)
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
@@ -98,7 +98,7 @@ if has wgmma-check; then  # sm_90a wgmma: descriptor layout check and issue ceil
   pack
 fi
 if has tma-check; then  # TMA copies, copy-stream throughput, TMA-fed wgmma conv vs cuDNN (scripts/tma_check.py)
-  timeout "${TMA_TIMEOUT:-360}" python3 "$REPO/scripts/tma_check.py" --out "$OUT/tma_check.json" 2>&1 | tee "$OUT/tma_check.log" | grep -v "Warning\|warn("
+  timeout "${TMA_TIMEOUT:-360}" python3 "$REPO/scripts/tma_check.py" --out "$OUT/tma_check.json" ${TMA_ARGS:-} 2>&1 | tee "$OUT/tma_check.log" | grep -v "Warning\|warn("
   pack
 fi
 if has ncu; then  # Nsight Compute on one layer (NCU_LAYER, NCU_DIR): kernelgen per ';'-separated NCU_SETS, then cuDNN

@@ -127,12 +127,16 @@ def run(args):
     x_dev, w_dev = cuda.to_device(x.ravel()), cuda.to_device(w2d.ravel())
     report = {"runs": []}
     try:
-        report["copies"] = check_copies(x, w2d, x_dev, w_dev)
+        report["copies"] = "not run (--generated-only)" if args.generated_only else check_copies(x, w2d, x_dev, w_dev)
     except Exception as e:  # e.g. the driver refuses a map: the cp.async streams can still run
         print(f"copies: {type(e).__name__}: {e}", flush=True)
         report["copies"] = f"{type(e).__name__}: {e}"
     cudnn = cudnn_conv(x, w)
-    for bn, s in ((64, 4), (128, 4), (128, 6)):
+    if cudnn:  # what cuDNN's TF32 gives, by the same measure: does it round its operands or truncate them?
+        y = cudnn().permute(0, 2, 3, 1).contiguous().cpu().numpy()
+        report["cudnn_max_rel_err"] = err = check_conv(y, x, w2d, rng)
+        print("cuDNN TF32: err {exact:.1e} (truncated {truncated:.1e}, rounded {rounded:.1e})".format(**err), flush=True)
+    for bn, s in () if args.generated_only else ((64, 4), (128, 4), (128, 6)):
         try:
             xmap, wmap = tensor_maps(x_dev, w_dev, bn, 128)
         except Exception as e:
@@ -186,13 +190,15 @@ GENERATED = ("BM=128,BN=64,BK=32,WM=64,WN=64,stages=4,wgmma=1,tma=1",
              "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=1",
              "BM=128,BN=64,BK=32,WM=64,WN=64,stages=4,wgmma=1,tma=2",
              "BM=128,BN=128,BK=32,WM=64,WN=128,stages=4,wgmma=1,tma=2",
-             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=2")
+             "BM=128,BN=128,BK=32,WM=64,WN=128,stages=6,wgmma=1,tma=2",
+             "BM=256,BN=64,BK=32,WM=128,WN=64,stages=4,wgmma=1,tma=2",
+             "BM=256,BN=128,BK=32,WM=128,WN=128,stages=4,wgmma=1,tma=2")
 
 
 def generated_rows(x, w, w2d, x_dev, w_dev, cudnn, rng):
     """The same layer by kernelgen's own generated TMA kernels (TileConfig.tma=1, PERF_NOTES #36: the "barrier"
-    schedule with the rounding; tma=2, #37: the "ws_round" one), through the launcher, checked and timed beside
-    cuDNN like the probe's."""
+    schedule; tma=2, #37: the "ws" one; both on operands the launcher rounded to TF32 first, #38), through the
+    launcher (its rounding included), checked and timed beside cuDNN like the probe's."""
     from numba import cuda
 
     from kernelgen.api import get_launcher, make_plan
@@ -265,6 +271,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tma_check.json")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--generated-only", action="store_true", help="skip the copy checks and the probe's kernels")
     args = ap.parse_args(argv)
     if args.compile_only:
         os.environ.setdefault("NUMBA_FORCE_CUDA_CC", "9.0")

@@ -116,7 +116,9 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
 def forward_tma(p, cfg: TileConfig, m0, n0):
     """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x 32
     channels at one filter tap (x seen as (C, W, H, N), base pixel = the first pixel's window corner, the tap as
-    the offsets), B's the tiled box of BN filters x 32 of their k (w seen as Kr x K)."""
+    the offsets), B's the tiled box of BN filters x 32 of their k (w seen as Kr x K).  Both maps read copies of x
+    and w rounded to TF32 (TensorMap.rounding): once per call, where rounding the landed boxes would round each
+    pixel of x once per filter tap, in the compute threads' time."""
     from .tma_schedule import ROW, TmaOperands
     from ..ir import TensorMap
     why = [w for bad, w in ((p.dtype != "float32", "float32 arrays"), (p.groups != 1, "groups=1"),
@@ -129,8 +131,8 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     (_, H, W), (_, OH, OW) = p.in_size, p.out_size
     Kr = fh * fw * p.C
     a = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (4 * p.C, 4 * W * p.C, 4 * H * W * p.C), (ROW, cfg.BM),
-                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128)
-    b = TensorMap("w_map", "w", "tiled", (Kr, p.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128)
+                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, "tf32")
+    b = TensorMap("w_map", "w", "tiled", (Kr, p.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128, rounding="tf32")
     n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
     chunks = p.C // ROW  # 32-channel slices per filter tap
 

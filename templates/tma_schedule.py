@@ -2,32 +2,32 @@
 
 Per stage s of S, a shared mbarrier full[s] counts the bytes of the two TensorCopy statements that fill it: an
 im2col box of BM pixels x 32 channels of x (one filter tap, padding as zeros) and a tiled box of BN filters x 32
-of their k.  Both land in the 128-byte swizzled layout that the warpgroup MMAs read (warpgroup_mma.py).  Thread 0
-issues every copy; per slice kt:
+of their k.  Both land in the 128-byte swizzled layout that the warpgroup MMAs read (warpgroup_mma.py), from
+copies of x and w already rounded to TF32 (TensorMap.rounding: wgmma truncates what it reads).  Thread 0 issues
+every copy; per slice kt:
 
-    all threads   wait for full[kt % S] (phase kt // S), round their share of the stage to TF32 in place
-                  (wgmma would truncate it), fence it for the async proxy
-    barrier       everyone's rounding is done, and everyone's MMAs of slice kt - 1 (waited for) are too
+    all threads   wait for full[kt % S] (phase kt // S)
+    barrier       everyone's MMAs of slice kt - 1 - slack are done (waited for)
     thread 0      refills the stage of slice kt - 1 - slack with slice kt - 1 - slack + S
     warpgroups    the MMAs of slice kt, waited for down to `slack` batches in flight
 
 slack = 1 from 3 stages on (wgmma.wait_group 1, CUTLASS's habit): a slice's MMAs run on through the next slice's
-wait, rounding and barrier, and a stage is refilled one slice later, when every warpgroup has waited for the
-MMAs that read it; with 2 stages slack = 0.  S slices are in flight from the start, S - 1 - slack after.  On the
-CPU the copies happen when issued and the waits are no-ops (render_cpu), so the same IR runs there.
+wait and barrier, and a stage is refilled one slice later, when every warpgroup has waited for the MMAs that read
+it; with 2 stages slack = 0.  S slices are in flight from the start, S - 1 - slack after.  On the CPU the copies
+happen when issued and the waits are no-ops (render_cpu), so the same IR runs there.
 
 tma=2 (warp specialisation, tma_specialised_pipeline): the same copies and MMAs as an ir.Pipeline.  A producer warp
 beside the NT compute threads refills each stage as soon as every compute thread has released it (an `empty`
-mbarrier per stage, NT arrivals), and the compute threads meet only among themselves (a named barrier between
-their rounding and their MMAs), never with the producer: no thread waits for a copy it could have issued earlier.
+mbarrier per stage, NT arrivals), and the compute threads never meet the producer, nor each other: no thread
+waits for a copy it could have issued earlier.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from ..ir import (AsyncProxyFence, Barrier, Buffer, Call, Const, For, If, MbarrierExpect, MbarrierInit, MbarrierWait,
-                  Pipeline, TensorCopy, TensorMap, Var, all_of, as_expr)
+from ..ir import (Barrier, Buffer, Const, For, If, MbarrierExpect, MbarrierInit, MbarrierWait, Pipeline, TensorCopy,
+                  TensorMap, Var, all_of, as_expr)
 
 ROW = 32  # words of a 128-byte swizzled row: BK = 32 float32
 
@@ -55,24 +55,11 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
             TensorCopy(Bs.name, (stage, Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
 
 
-def _round_stage(cfg, As, Bs, NT, tid, stage):
-    """This thread's share of rounding the landed stage to TF32 in place, 4 words at a time."""
-    out, stage = [], as_expr(stage)
-    for buf, words in ((As, cfg.BM * ROW), (Bs, cfg.BN * ROW)):
-        chunks = words // 4
-        for i in range(-(-chunks // NT)):
-            q = tid + i * NT
-            st = tuple(buf.store((stage, q * 4 + w), Call("tf32", (buf[stage, q * 4 + w],))) for w in range(4))
-            out += list(st) if chunks % NT == 0 else [If(q < chunks, st)]
-    return out
-
-
 def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
     """(prologue statements for the thread phase before the first barrier, k-loop statements, extra locals)."""
     S = cfg.stages
     first = tid.eq(0)
     issue = lambda kt, stage: _issue(ops, cfg, As, Bs, kt, stage)
-    round_stage = lambda stage: _round_stage(cfg, As, Bs, NT, tid, stage)
 
     slack = 1 if S >= 3 else 0
 
@@ -80,8 +67,7 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
         back = 1 + slack  # the slice whose stage is free now: kt - back
         nxt = kt + (S - back)
         refill = all_of([first, kt >= back, nxt < nkt])
-        return (For("tid", NT, (MbarrierWait("full", stage, parity), *round_stage(stage), AsyncProxyFence()),
-                    "thread"),
+        return (For("tid", NT, (MbarrierWait("full", stage, parity),), "thread"),
                 Barrier(),
                 For("tid", NT, (If(refill, issue(nxt, (stage + S - back) % S)),), "thread"),
                 *wmma.compute(tid, NT, As, Bs, stage, pending=slack))
@@ -97,14 +83,12 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
 
 def tma_specialised_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
     """tma=2: as tma_pipeline, with a producer warp (ir.Pipeline); NT counts the compute threads only.  The MMAs
-    of a slice run on while the next one is rounded (lag 1: a stage is released one slice after its MMAs were
+    of a slice run on while the next one is waited for (lag 1: a stage is released one slice after its MMAs were
     issued, once wgmma.wait_group 1 has seen them done)."""
     S, stage = cfg.stages, Var("stage")
     prologue = [If(tid.eq(0), tuple(MbarrierInit("full", s, 1) for s in range(S))
                    + tuple(MbarrierInit("empty", s, NT) for s in range(S)))]
-    consume = (For("tid", NT, (*_round_stage(cfg, As, Bs, NT, tid, stage), AsyncProxyFence()), "thread"),
-               Barrier(),  # every compute thread's rounding is done (among themselves: a named barrier)
-               *wmma.compute(tid, NT, As, Bs, stage, pending=1))
+    consume = tuple(wmma.compute(tid, NT, As, Bs, stage, pending=1))
     # the consumers wait for their last MMAs inside the pipeline (ir.Pipeline.finish: ptxas would serialise them)
     kloop = [Pipeline("kt", nkt, S, "full", "empty", NT, _issue(ops, cfg, As, Bs, Var("kt"), stage), consume, lag=1,
                       finish=tuple(wmma.wait_all(NT)))]

@@ -230,14 +230,14 @@ def test_tma_module_names_its_maps():
                       .kernel_ir(), cache=False)
     assert "PARAMS = ('x', 'w', 'y', 'x_map', 'w_map')" in src
     assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
-           "128), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128))" in src
+           "128, 'tf32'), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32'))" in src
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
 
 
 def test_warp_specialised_module():
     """tma=2 for CUDA: a producer warp beside two consumer warpgroups, branching on the warp-uniform warpgroup
-    index; the consumers meet at named barrier 1 only, and wait for their last MMAs inside their branch (after it,
-    ptxas serialises every warpgroup MMA: C7518, seen in the local sm_90a compile)."""
+    index; the consumers never meet (the operands land rounded), and wait for their last MMAs inside their branch
+    (after it, ptxas serialises every warpgroup MMA: C7518, seen in the local sm_90a compile)."""
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
     from kernelgen.render_cuda import render_cuda
@@ -256,8 +256,21 @@ def test_warp_specialised_module():
     assert "                mbarrier_arrive(empty, umod32(add32(kt, 2), 3))" in lines
     last_wait = max(i for i, line in enumerate(lines) if "= wgmma_wait(" in line)
     assert lines[last_wait].startswith("        acc_") and lines[last_wait].endswith(", 0)")  # in the branch
-    assert src.count("cuda.syncthreads()") == 1 and src.count("named_barrier(1, 256)") == 1
+    assert src.count("cuda.syncthreads()") == 1 and "named_barrier" not in src and " tf32(" not in src
     assert "mbarrier_init(empty, 2, 256)" in src and "mbarrier_init(full, 2, 1)" in src
+
+
+def test_a_barrier_among_the_consumers_is_a_named_barrier():
+    """Inside a Pipeline's consume, Barrier() joins the consumers alone (bar.sync 1, N): the producer warp never
+    reaches it, so __syncthreads there would hang."""
+    from kernelgen.ir import Barrier, Buffer, Const, For, Kernel, Pipeline, Var
+    from kernelgen.render_cuda import render_cuda
+    out, tid = Buffer("out", (128,), role="out"), Var("tid")
+    consume = (For("tid", 128, (out.store(tid, Const(1.0)),), "thread"), Barrier())
+    pipe = Pipeline("kt", 4, 2, "full", "empty", 128, (), consume)
+    shared = tuple(Buffer(name, (2,), "int64", "shared") for name in ("full", "empty"))
+    src = render_cuda(Kernel("k", (out,), shared, (For("b", 1, (pipe,), "grid"),), (1,), 160), cache=False)
+    assert "named_barrier(1, 128)" in src and "syncthreads" not in src
 
 
 def test_pipeline_checks_its_shape():
@@ -281,3 +294,36 @@ def test_tma_configs_it_cannot_build_are_refused(direction, x_shape, w_shape, kw
     p = make_problem(direction, x_shape, w_shape, **kw)
     with pytest.raises(ValueError, match=match):
         make_plan(p, "cpu", config=tma_config(BM=64, BN=32, WN=32, stages=2, **tile), precision="tf32").kernel_ir()
+
+
+def tf32_edge_cases(rng):
+    """Random floats of every magnitude, exact ties of TF32's last place, and inf, NaN, zeros, subnormals, FLT_MAX."""
+    bits = rng.integers(0, 2 ** 32, 200, dtype=np.uint64).astype(np.uint32)
+    ties = (bits & np.uint32(0xFFFFE000)) | np.uint32(0x1000)
+    special = np.float32([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-40, -3e-39, np.finfo(np.float32).max, 1.0, -2.5])
+    return np.concatenate([bits.view(np.float32), ties.view(np.float32), special])
+
+
+def test_round_tf32_host_rounds_as_cvt_rna(rng):
+    from kernelgen.cpu_round import tf32
+    from kernelgen.runtime.elementwise import round_tf32_host
+    a = tf32_edge_cases(rng)
+    got = round_tf32_host(a)
+    finite = np.isfinite(a) & (np.abs(a) >= np.finfo(np.float32).tiny)  # (cpu_round keeps subnormals' bits apart)
+    want = np.array([tf32(v) for v in a[finite]], np.float32)
+    assert np.array_equal(got[finite].view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(np.isnan(got), np.isnan(a)) and np.array_equal(got[np.isinf(a)], a[np.isinf(a)])
+    assert not (got[~np.isnan(got)].view(np.uint32) & np.uint32(0x1FFF)).any()  # what wgmma would drop is 0
+    assert a is not got and not np.shares_memory(a, got)
+
+
+@pytest.mark.sim
+def test_round_tf32_device_matches_the_host(rng):
+    from numba import cuda
+
+    from kernelgen.runtime.elementwise import round_tf32_device, round_tf32_host
+    a = tf32_edge_cases(rng)[-40:]  # ties and the special values, in one simulated block
+    out = cuda.to_device(np.full(a.size, 5.0, np.float32))
+    round_tf32_device(cuda.to_device(a), out)
+    got, want = out.copy_to_host(), round_tf32_host(a)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
