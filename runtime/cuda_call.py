@@ -7,14 +7,12 @@ dispatcher; host inputs are staged through the pinned pool, outputs come from th
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kernelgen import arrays
 
 from .arena import device_empty, to_device_staged
-from .launch import as_numba_stream, fill_device, stream_handle
+from .launch import as_numba_stream, fill_device, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):
@@ -34,7 +32,7 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
             to_device_staged(arrays.to_host(a, name, problem.dtype), nstream)
         args[name] = d.reshape(d.size)
     if out is not None and on_device:
-        _pointer(out, "out") if hasattr(type(out), "__cuda_array_interface__") else arrays.to_device_view(out, "out")
+        pointer_size(out, "out") if hasattr(type(out), "__cuda_array_interface__") else arrays.to_device_view(out, "out")
     dev_out = arrays.to_device_view(out, "out") if (out is not None and on_device) else \
         device_empty(shape, problem.dtype, nstream)
     args[out_name] = dev_out.reshape(dev_out.size)
@@ -50,21 +48,6 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
     return host
 
 
-def _pointer(a, name):
-    """(device address, element count) of a C-contiguous device array, by the cheapest route its type
-    offers (this runs on every call of the fast path)."""
-    kind = type(a).__module__
-    if kind.startswith("torch"):
-        if not a.is_contiguous():
-            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
-        return a.data_ptr(), a.numel()
-    if kind.startswith("numba") and hasattr(a, "_dummy"):
-        if not a._dummy.is_c_contig:
-            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
-        return a.device_ctypes_pointer.value or 0, a.size
-    return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
-
-
 def _new_output(template, shape, dtype, nstream):
     """The output in the caller's currency: a torch tensor from torch's caching allocator for torch
     inputs, otherwise a numba array from kernelgen's pool (returned as CuPy by like_input)."""
@@ -76,10 +59,10 @@ def _new_output(template, shape, dtype, nstream):
 
 def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
     result = out if out is not None else _new_output(template, shape, dtype, nstream)
-    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params]
+    ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in launcher.caller_params]
     if not launcher.aligned([p for p, _ in ptr_sizes]):  # the alignment-specialised kernel cannot take these
         args = {name: arrays.to_device_view(result if name == out_name else inputs[name], name)
-                for name in launcher.params}
+                for name in launcher.caller_params}
         launcher({name: d.reshape(d.size) for name, d in args.items()}, nstream)
         return result if out is not None or type(result) is type(template) else arrays.like_input(result, template)
 
@@ -100,9 +83,9 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
     result = run_cuda(prep, inputs, template, stream, out)
     launcher, nstream = prep.launcher, as_numba_stream(stream)
     out_name = launcher.outputs[0]
-    ptr_sizes = [_pointer(result if name == out_name else inputs[name], name) for name in launcher.params] \
+    ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in launcher.caller_params] \
         if launcher.fast else None
-    if not launcher.fast or not launcher.aligned([p for p, _ in ptr_sizes]):
+    if not launcher.fast or launcher.tensor_maps or not launcher.aligned([p for p, _ in ptr_sizes]):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call

@@ -6,6 +6,7 @@ ctypes) and hand the prepared cuda.core kernel its flattened arguments directly.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -113,19 +114,38 @@ class _FastLaunch:
         return call
 
     def __call__(self, ptr_sizes, itemsize, stream_handle):
+        """ptr_sizes: (pointer, elements) per parameter, or (pointer, elements, itemsize) where it differs."""
         words = self.words
         i = 0
-        for ptr, n in ptr_sizes:
+        for entry in ptr_sizes:
+            ptr, n = entry[0], entry[1]
+            size = entry[2] if len(entry) > 2 else itemsize
             words[i + 2] = n
-            words[i + 3] = itemsize
+            words[i + 3] = size
             words[i + 4] = ptr
             words[i + 5] = n
-            words[i + 6] = itemsize
+            words[i + 6] = size
             i += 7
         gx, gy, gz = self.grid
         err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, self.shared, stream_handle, self.params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def pointer_size(a, name):
+    """(device address, element count) of a C-contiguous device array, by the cheapest route its type offers
+    (this runs on every call of the fast route)."""
+    kind = type(a).__module__
+    if kind.startswith("torch"):
+        if not a.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
+        return a.data_ptr(), a.numel()
+    if kind.startswith("numba") and hasattr(a, "_dummy"):
+        if not a._dummy.is_c_contig:
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
+        return a.device_ctypes_pointer.value or 0, a.size
+    from kernelgen import arrays
+    return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
 
 
 def stream_handle(stream) -> int:
@@ -194,7 +214,7 @@ class Launcher:
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
-    _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # (source, size, stream) -> its copy
+    _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # _rounded_copy's buffers
     _fast: object = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -204,20 +224,22 @@ class Launcher:
                    module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""), getattr(module, "DYNAMIC_SHARED", 0),
                    getattr(module, "KERNEL_ANY_ALIGNMENT", None), getattr(module, "TENSOR_MAPS", ()))
 
-    def _tensor_map(self, spec, array):
-        """The map `spec` describes, for this array: CUDA encodes it (once per device pointer) and hands it over
-        as a device array; the CPU copies from the array itself and gets a placeholder."""
-        if self.backend != "cuda":
-            return _NO_TENSOR_MAP
+    @property
+    def caller_params(self) -> tuple:
+        """The parameters the caller passes (PARAMS less the tensor maps the launcher derives, which come last)."""
+        return self.params[:len(self.params) - len(self.tensor_maps)]
+
+    def _tensor_map(self, spec, ptr):
+        """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
+        address)."""
         name, source, mode, dims, strides, box, lower, upper, swizzle, _ = spec
-        ptr = _device_pointer(array)
         found = self._maps.get((name, ptr))
         if found is None:
             from numba import cuda
 
             from .tensor_map import encode_im2col, encode_tiled
             if ptr % 16:
-                raise ValueError(f"{source}: a TMA config (tma=1) needs the array 16-byte aligned, got address {ptr:#x}")
+                raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
             swz = swizzle or None
             host = (encode_tiled(ptr, np.float32, dims, strides, box, swizzle=swz) if mode == "tiled" else
                     encode_im2col(ptr, np.float32, dims, strides, lower, upper, box[0], box[1], swizzle=swz))
@@ -226,35 +248,60 @@ class Launcher:
             found = self._maps[(name, ptr)] = cuda.to_device(host)
         return found
 
-    def _round_operands(self, args, stream):
-        """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy.  On CUDA the
-        copy lives in a buffer this launcher keeps per (source, size, stream): its maps stay encoded, and the work on
-        one stream runs in order, so the next call may overwrite it."""
+    def _rounded_copy(self, source, size, stream):
+        """The device buffer this launcher rounds `source` into, one per (source, size, stream): its maps stay
+        encoded, and the work on one stream runs in order, so the next call may overwrite it."""
+        key = (source, size, stream)
+        copy = self._rounded.get(key)
+        if copy is None:
+            from numba import cuda
+            copy = self._rounded[key] = cuda.device_array(size, np.float32, stream=stream or 0)
+        return copy
+
+    def _with_tensor_maps(self, args, stream):
+        """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy, and the
+        maps added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
         from .elementwise import round_tf32_device, round_tf32_host
         args = dict(args)
         for source in {spec[1] for spec in self.tensor_maps if spec[9]}:
-            array = args[source]
             if self.backend != "cuda":
-                args[source] = round_tf32_host(array)
+                args[source] = round_tf32_host(args[source])
                 continue
-            key = (source, array.size, stream)
-            copy = self._rounded.get(key)
-            if copy is None:
-                from numba import cuda
-                copy = self._rounded[key] = cuda.device_array(array.size, np.float32, stream=stream or 0)
-            round_tf32_device(array, copy, stream)
+            copy = self._rounded_copy(source, args[source].size, stream)
+            round_tf32_device(args[source], copy, stream)
             args[source] = copy
+        for spec in self.tensor_maps:
+            args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]])) if self.backend == "cuda"
+                             else _NO_TENSOR_MAP)
         return args
 
+    def _derived_pointers(self, ptr_sizes, stream):
+        """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
+        args: the rounded copies made, the maps' addresses appended."""
+        from .elementwise import round_tf32_pointers
+        named = dict(zip(self.caller_params, ptr_sizes))
+        for source in {spec[1] for spec in self.tensor_maps if spec[9]}:
+            ptr, n = named[source][:2]
+            copy = self._rounded_copy(source, n, stream).device_ctypes_pointer.value
+            round_tf32_pointers(ptr, copy, n, stream_handle(stream))
+            named[source] = (copy, n)
+        maps = [(self._tensor_map(spec, named[spec[1]][0]).device_ctypes_pointer.value, 16, 8)
+                for spec in self.tensor_maps]
+        return [named[name] for name in self.caller_params] + maps
+
     def __call__(self, args: dict, stream=None):
+        if self.backend == "cuda" and self.fast and all(hasattr(type(args[n]), "__cuda_array_interface__")
+                                                        for n in self.caller_params):
+            ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
+            if self.aligned([p for p, _ in ptr_sizes]):
+                itemsize = np.dtype(args[self.outputs[0]].__cuda_array_interface__["typestr"]).itemsize
+                return self.launch_pointers(ptr_sizes, itemsize, stream, lambda: self._zero_outputs(args, stream))
         if self.tensor_maps:
-            args = self._round_operands(args, stream)
-            args = {**args, **{spec[0]: self._tensor_map(spec, args[spec[1]]) for spec in self.tensor_maps}}
+            args = self._with_tensor_maps(args, stream)
         ordered = [args[name] for name in self.params]
         if self.backend == "cuda":
             if self.zero_output:
-                for name in self.outputs:
-                    fill_device(args[name], 0, stream)
+                self._zero_outputs(args, stream)
             if self.kernel_any is not None and not self.aligned([_device_pointer(a) for a in ordered]):
                 return self._launch_any_alignment(ordered, stream)
             launch = self._configured.get(stream)
@@ -272,6 +319,12 @@ class Launcher:
                     args[name][:] = 0
             self.kernel(*map(cpu_kernel_arg, ordered))
 
+    def _zero_outputs(self, args, stream):
+        from kernelgen.arrays import to_device_view
+        for name in self.outputs:
+            flat = to_device_view(args[name], name)
+            fill_device(flat.reshape(flat.size), 0, stream)
+
     def aligned(self, pointers) -> bool:
         """May KERNEL run on arrays at these device addresses (True unless it assumes 16-byte alignment and one
         of them is not)?"""
@@ -284,12 +337,14 @@ class Launcher:
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None, zero=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one
-        (device pointer, element count) per parameter, in PARAMS order, all C-contiguous.  `zero`
+        (device pointer, element count) per caller parameter, in PARAMS order, all C-contiguous.  `zero`
         is a callable that clears the outputs when the kernel accumulates into them."""
         if self.zero_output:
             zero()
+        if self.tensor_maps:
+            ptr_sizes = self._derived_pointers(ptr_sizes, stream)
         self._fast(ptr_sizes, itemsize, stream_handle(stream))
 
     @property
-    def fast(self) -> bool:  # the pointer routes pass the caller's arrays only: no derived tensor maps
-        return self._fast is not None and self._fast.usable() and not self.tensor_maps
+    def fast(self) -> bool:
+        return self._fast is not None and self._fast.usable()

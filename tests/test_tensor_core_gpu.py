@@ -189,6 +189,27 @@ def test_gpu_tma_reads_an_unaligned_array(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", TMA_GPU_CONFIGS[:1] + TMA_GPU_CONFIGS[-1:], ids=str)
+def test_gpu_tma_calls_after_the_first(config, rng):
+    """From the second call on a launcher takes the fast route (cuLaunchKernel on raw addresses: the rounding
+    kernel, then the conv with the maps of the rounded copies): fresh data each call, outputs poisoned; the
+    caller's x is left as it was."""
+    from numba import cuda
+    x_shape, w_shape, kw = TMA_SHAPES[0]
+    p = make_problem("fwd", x_shape, w_shape, **kw)
+    launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
+    for call in range(3):
+        x, w, dy = tensors(rng, x_shape, w_shape, kw)
+        x_d, out = cuda.to_device(x.ravel()), cuda.to_device(np.full(dy.size, np.nan, np.float32))
+        launcher({"x": x_d, "w": cuda.to_device(w.ravel()), "y": out})
+        assert launcher.fast, "the first call compiles; the later ones take the fast route"
+        got = out.copy_to_host().reshape(dy.shape)
+        err = check_tf32(got, reference_fn("fwd", x_shape, w_shape, kw), x, w, dy, f"call {call}")
+        assert err <= 1e-4, f"call {call}: {err:.3g} from the TF32-rounded reference"
+        assert np.array_equal(x_d.copy_to_host(), x.ravel())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", [None, ASYNC_CONFIG, WG_CONFIG], ids=str)
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
