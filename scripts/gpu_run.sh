@@ -53,7 +53,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 if has tests; then
   if [ -d "$REPO/tests" ]; then
     files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
-    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
+    timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
       | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
     pack
   fi
@@ -71,7 +71,7 @@ if has runtime; then
 fi
 if has train; then mode="$mode,nn-tests,nn-bench,nn-digits,"; fi
 if has nn-tests && [ -d "$REPO/tests" ]; then
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_nn_gpu.py" 2>&1 \
+  timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_nn_gpu.py" 2>&1 \
       | tee "$OUT/nn-gpu-tests.log" | grep -v "Warning\|warn(\|^$" | tail -25 || true
   pack
 fi
