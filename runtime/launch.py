@@ -169,6 +169,13 @@ def allow_deep_cfg_walks():
 STATIC_SHARED_LIMIT = 48 * 1024  # bytes of shared memory a block may use without opting in
 
 
+def needs_opt_in(dynamic_bytes) -> bool:
+    """Must a kernel with this much dynamic shared memory opt in?  render_cuda makes shared memory dynamic only
+    when the block's total passes STATIC_SHARED_LIMIT, and the static rest (mbarriers) counts toward that total:
+    exactly 48 KiB of tiles beside an mbarrier measured CUDA_ERROR_INVALID_VALUE without the opt-in."""
+    return dynamic_bytes > 0
+
+
 def allow_dynamic_shared(dispatcher, ordered, nbytes):
     """Compile the kernel for these arguments and let it launch with `nbytes` of dynamic shared memory:
     past STATIC_SHARED_LIMIT a CUDA function must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
@@ -306,7 +313,7 @@ class Launcher:
                 return self._launch_any_alignment(ordered, stream)
             launch = self._configured.get(stream)
             if launch is None:
-                if self.shared_bytes > STATIC_SHARED_LIMIT:
+                if needs_opt_in(self.shared_bytes):
                     allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
                 launch = self.kernel[self.grid, self.threads, stream or 0, self.shared_bytes]
                 self._configured[stream] = launch
@@ -331,7 +338,7 @@ class Launcher:
         return self.kernel_any is None or not any(p & 15 for p in pointers)
 
     def _launch_any_alignment(self, ordered, stream):
-        if self.shared_bytes > STATIC_SHARED_LIMIT:
+        if needs_opt_in(self.shared_bytes):
             allow_dynamic_shared(self.kernel_any, ordered, self.shared_bytes)
         self.kernel_any[self.grid, self.threads, stream or 0, self.shared_bytes](*ordered)
 
