@@ -226,8 +226,7 @@ def launch_constants(kernel: Kernel) -> str:
            f"GRID = {tuple(kernel.grid)!r}\nTHREADS = {kernel.threads}\n"
            f"ZERO_OUTPUT = {bool(kernel.meta.get('zero_output'))}\n")
     maps = kernel.meta.get("tensor_maps")
-    if maps:  # what the launcher derives them from: (name, source, mode, dims, strides, box, lower, upper, swizzle,
-        # rounding)
+    if maps:  # the launcher derives these parameters from the TensorMap fields, as tuples
         specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle, m.rounding)
                       for m in maps)
         out += f"TENSOR_MAPS = {specs!r}\n"

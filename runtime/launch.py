@@ -236,6 +236,11 @@ class Launcher:
         """The parameters the caller passes (PARAMS less the tensor maps the launcher derives, which come last)."""
         return self.params[:len(self.params) - len(self.tensor_maps)]
 
+    @property
+    def _rounded_sources(self) -> set:
+        """The caller's arrays that some map reads as a rounded copy (TensorMap.rounding)."""
+        return {spec[1] for spec in self.tensor_maps if spec[9]}
+
     def _tensor_map(self, spec, ptr):
         """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
         address)."""
@@ -270,7 +275,7 @@ class Launcher:
         maps added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
         from .elementwise import round_tf32_device, round_tf32_host
         args = dict(args)
-        for source in {spec[1] for spec in self.tensor_maps if spec[9]}:
+        for source in self._rounded_sources:
             if self.backend != "cuda":
                 args[source] = round_tf32_host(args[source])
                 continue
@@ -287,7 +292,7 @@ class Launcher:
         args: the rounded copies made, the maps' addresses appended."""
         from .elementwise import round_tf32_pointers
         named = dict(zip(self.caller_params, ptr_sizes))
-        for source in {spec[1] for spec in self.tensor_maps if spec[9]}:
+        for source in self._rounded_sources:
             ptr, n = named[source][:2]
             copy = self._rounded_copy(source, n, stream).device_ctypes_pointer.value
             round_tf32_pointers(ptr, copy, n, stream_handle(stream))

@@ -222,8 +222,9 @@ def generated_rows(x, w, w2d, x_dev, w_dev, cudnn, rng):
             y.copy_to_device(np.full(M * K, np.nan, np.float32))
             times = [1e3 * ms for ms in time_side_by_side(fns)]
             cuda.synchronize()  # the timed calls (the launcher's fast route) computed the same
-            if not check_conv(y.copy_to_host(), x, w2d, rng)["rounded"] <= 1e-4:
-                raise RuntimeError(f"the timed calls went wrong: {check_conv(y.copy_to_host(), x, w2d, rng)}")
+            timed_err = check_conv(y.copy_to_host(), x, w2d, rng)
+            if not timed_err["rounded"] <= 1e-4:
+                raise RuntimeError(f"the timed calls went wrong: {timed_err}")
         except Exception as e:
             print(f"generated {cfg}: {type(e).__name__}: {e}", flush=True)
             rows.append(dict(config=str(cfg), error=f"{type(e).__name__}: {e}"))
