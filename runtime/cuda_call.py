@@ -12,7 +12,7 @@ import numpy as np
 from kernelgen import arrays
 
 from .arena import device_empty, to_device_staged
-from .launch import as_numba_stream, fill_device, pointer_size, stream_handle
+from .launch import as_numba_stream, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):
@@ -66,10 +66,7 @@ def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
         launcher({name: d.reshape(d.size) for name, d in args.items()}, nstream)
         return result if out is not None or type(result) is type(template) else arrays.like_input(result, template)
 
-    def zero():
-        flat = arrays.to_device_view(result, "out")
-        fill_device(flat.reshape(flat.size), 0, nstream)
-    launcher.launch_pointers(ptr_sizes, np.dtype(dtype).itemsize, nstream, zero)
+    launcher.launch_pointers(ptr_sizes, np.dtype(dtype).itemsize, nstream)
     if out is not None or type(result) is type(template):
         return result
     return arrays.like_input(result, template)
@@ -89,13 +86,12 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call
-    launch = launcher._fast.bound(ptr_sizes, np.dtype(prep.problem.dtype).itemsize, stream_handle(nstream))
-    flat = arrays.to_device_view(result, "out")
-    flat = flat.reshape(flat.size)
+    itemsize = np.dtype(prep.problem.dtype).itemsize
+    launch = launcher._fast.bound(ptr_sizes, itemsize, stream_handle(nstream))
 
     def call():
         if launcher.zero_output:
-            fill_device(flat, 0, nstream)
+            launcher.zero_pointers(ptr_sizes, itemsize, nstream)
         launch()
         return result
     return call

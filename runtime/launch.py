@@ -62,7 +62,22 @@ def _libcuda():
     fn = lib.cuLaunchKernel
     fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     fn.restype = ctypes.c_int
+    for name, value in (("cuMemsetD32Async", ctypes.c_uint), ("cuMemsetD16Async", ctypes.c_ushort)):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_uint64, value, ctypes.c_size_t, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
     return lib
+
+
+def zero_pointer(ptr, n, itemsize, stream_handle=0):
+    """Clear n elements of 4 or 2 bytes at a raw device address with the driver's memset (a split-K output
+    before its kernel adds into it): no kernel of ours, no dispatcher."""
+    if _FastLaunch._lib is None:
+        _FastLaunch._lib = _libcuda()
+    memset = _FastLaunch._lib.cuMemsetD32Async if itemsize == 4 else _FastLaunch._lib.cuMemsetD16Async
+    err = memset(ptr, 0, n, stream_handle)
+    if err:
+        raise RuntimeError(f"cuMemsetD{8 * itemsize}Async failed with CUDA error {err}")
 
 
 class _FastLaunch:
@@ -307,7 +322,7 @@ class Launcher:
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
             if self.aligned([p for p, _ in ptr_sizes]):
                 itemsize = np.dtype(args[self.outputs[0]].__cuda_array_interface__["typestr"]).itemsize
-                return self.launch_pointers(ptr_sizes, itemsize, stream, lambda: self._zero_outputs(args, stream))
+                return self.launch_pointers(ptr_sizes, itemsize, stream)
         if self.tensor_maps:
             args = self._with_tensor_maps(args, stream)
         ordered = [args[name] for name in self.params]
@@ -331,6 +346,12 @@ class Launcher:
                     args[name][:] = 0
             self.kernel(*map(cpu_kernel_arg, ordered))
 
+    def zero_pointers(self, ptr_sizes, itemsize, stream=None):
+        """Clear the outputs among `ptr_sizes` (one (pointer, elements) per caller parameter)."""
+        for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
+            if name in self.outputs:
+                zero_pointer(ptr, n, itemsize, stream_handle(stream))
+
     def _zero_outputs(self, args, stream):
         from kernelgen.arrays import to_device_view
         for name in self.outputs:
@@ -347,12 +368,12 @@ class Launcher:
             allow_dynamic_shared(self.kernel_any, ordered, self.shared_bytes)
         self.kernel_any[self.grid, self.threads, stream or 0, self.shared_bytes](*ordered)
 
-    def launch_pointers(self, ptr_sizes, itemsize, stream=None, zero=None):
+    def launch_pointers(self, ptr_sizes, itemsize, stream=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one
-        (device pointer, element count) per caller parameter, in PARAMS order, all C-contiguous.  `zero`
-        is a callable that clears the outputs when the kernel accumulates into them."""
+        (device pointer, element count) per caller parameter, in PARAMS order, all C-contiguous; a kernel that
+        accumulates into its outputs (split-K) gets them cleared first."""
         if self.zero_output:
-            zero()
+            self.zero_pointers(ptr_sizes, itemsize, stream)
         if self.tensor_maps:
             ptr_sizes = self._derived_pointers(ptr_sizes, stream)
         self._fast(ptr_sizes, itemsize, stream_handle(stream))

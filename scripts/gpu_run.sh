@@ -19,7 +19,8 @@
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd";
 #   "--precision tf32" tunes the tensor-core tiles: pass `--precision tf32` to the bench too, as in
-#   TUNE_ARGS="--precision tf32" bash scripts/gpu_run.sh tune-bench --precision tf32).
+#   TUNE_ARGS="--precision tf32" bash scripts/gpu_run.sh tune-bench --precision tf32).  TUNE_SEED (a path in the
+#   repo): a database file put in the tuned dir first, so a tune resumes on a fresh machine.
 #
 # The device machine's numba-cuda 0.30.4 breaks with its numpy 2.5.2 (np.row_stack is gone), so numpy 2.4.6
 # travels as a wheel in .whl/ (git-ignored) with platformdirs, which that image lacks.  Results go to $OUT.
@@ -123,6 +124,8 @@ if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/
   pack
 fi
 if has tune-bench || has tune; then
+  # TUNE_SEED: a database an earlier call wrote (its $OUT copy, carried back): the tune resumes from it
+  if [ -n "${TUNE_SEED:-}" ]; then mkdir -p "$KERNELGEN_CACHE_DIR/tuned"; cp "$REPO/$TUNE_SEED" "$KERNELGEN_CACHE_DIR/tuned/"; fi
   for t in ${TUNE_TABLES:-gpu_md}; do
     python3 -m kernelgen tune "$t" --time-budget "${TUNE_BUDGET:-280}" ${TUNE_ARGS:-} 2>&1 | tee "$OUT/tune-$t.log" | grep -v "tune:\|Warning\|warn(" || true
   done

@@ -44,6 +44,7 @@ class TileConfig:
     tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last float32 at stride 1, channels
     a multiple of 32): each slice arrives by two TMA copies that one thread issues (ir.TensorCopy: an im2col box of
     x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared mbarrier per stage; BK = 32.
+    split_k > 1 needs the slices to split evenly (each split's boxes start at its own first slice).
     0 by default and then absent from string and dict.
     tma=2: as 1, warp-specialised (cuDNN's and CUTLASS's Hopper schedule; ir.Pipeline): one more warp per block
     produces, issuing every copy as soon as the consumers release a stage (a full and an empty mbarrier per
@@ -109,9 +110,8 @@ class TileConfig:
                              f"swizzle=0, smem_pad=0 and BK in (8, 16, 32); got {self}")
         if self.tma not in (0, 1, 2):
             raise ValueError(f"TileConfig: tma must be 0, 1 or 2 (a producer warp), got {self}")
-        if self.tma and (not self.wgmma or self.async_copy or self.BK != 32 or self.split_k != 1
-                         or not 2 <= self.stages <= 8):
-            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK=32, split_k=1 and stages 2..8; "
+        if self.tma and (not self.wgmma or self.async_copy or self.BK != 32 or not 2 <= self.stages <= 8):
+            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK=32 and stages 2..8; "
                              f"got {self}")
         if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
             raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "

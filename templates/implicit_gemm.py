@@ -113,6 +113,15 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
                     tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
 
 
+def tma_unmet(p):
+    """What the forward TMA boxes need that problem p lacks (an empty list: forward_tma builds)."""
+    from .tma_schedule import ROW
+    return [w for bad, w in ((p.direction != "fwd", "a forward convolution"), (p.dtype != "float32", "float32 arrays"),
+                             (p.groups != 1, "groups=1"),
+                             (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
+                             (p.stride != (1, 1, 1), "stride 1"), (p.Cg % ROW, f"channels a multiple of {ROW}")) if bad]
+
+
 def forward_tma(p, cfg: TileConfig, m0, n0):
     """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x 32
     channels at one filter tap (x seen as (C, W, H, N), base pixel = the first pixel's window corner, the tap as
@@ -121,10 +130,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     pixel of x once per filter tap, in the compute threads' time."""
     from .tma_schedule import ROW, TmaOperands
     from ..ir import TensorMap
-    why = [w for bad, w in ((p.dtype != "float32", "float32 arrays"), (p.groups != 1, "groups=1"),
-                            (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
-                            (p.stride != (1, 1, 1), "stride 1"),
-                            (p.Cg % ROW, f"channels a multiple of {ROW}")) if bad]
+    why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     (_, fh, fw), (_, ph, pw), (_, dh, dw) = p.filter_size, p.padding, p.dilation

@@ -15,7 +15,7 @@ default_config.
 """
 from __future__ import annotations
 
-from . import implicit_gemm
+from . import implicit_gemm, ks_deconv
 from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
 from .tiled_gemm import _cdiv, shared_bytes, shared_limit, tiled_gemm
 
@@ -64,10 +64,18 @@ def accepts(cfg, precision):
     return True
 
 
+def gemm_view(p, cfg: TileConfig):
+    """implicit_gemm.py's view of the problem; strided backward-data as KS-deconv's stride-1 classes
+    (ks_deconv.ks_view): the zero-insertion view spends (s-1)/s of its MMAs per strided dim on zeros."""
+    if ks_deconv.applies(p):
+        return ks_deconv.ks_view(p, cfg)
+    return implicit_gemm.VIEWS[p.direction](p, cfg)
+
+
 def build(p, cfg: TileConfig, precision="tf32"):
     """(ConvProblem, TileConfig with WM, WN, precision) -> Kernel."""
     check_config(cfg, precision)
-    view = implicit_gemm.VIEWS[p.direction](p, cfg)
+    view = gemm_view(p, cfg)
     k = tiled_gemm(f"conv_{p.direction}_{precision}", view, cfg, precision)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})

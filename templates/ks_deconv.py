@@ -118,7 +118,8 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
 
     params = (Buffer("dy", (p.N * _prod(O) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (p.N * _prod(I) * p.C,), p.dtype, role="out"))
-    return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, context=True),
+    # 4 consecutive k of dy share a tap and its tests (the tensor-core tiles read them as one 16-byte load)
+    return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, context=True, vector=p.Kg % 4 == 0),
                     Operand("mn", b_inv, b_elem, context=True), store, params, p.dtype,
                     doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]")
 

@@ -7,7 +7,7 @@ hoisted into registers before the reduction loop.  TVM's compute/schedule split,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Barrier, Buffer, Call, Comment, Const, For,
@@ -336,9 +336,14 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
         if view.tma is None or view.k_tiles is not None:
             raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (the forward implicit "
                              f"GEMM); {name} has none, got {cfg}")
+        if nkt % SK:  # a box past the last slice would read real pixels at a tap the filter does not have
+            raise ValueError(f"config: tma={cfg.tma} needs split_k to divide the {nkt} slices of {BK}, got {cfg}")
         ops = view.tma(cfg, m0, n0)
+        if SK > 1:  # each split copies its own run of slices; the schedule counts from 0
+            ops = replace(ops, a_box=lambda kt, box=ops.a_box: box(k_lo + kt),
+                          b_box=lambda kt, box=ops.b_box: box(k_lo + kt))
         schedule = tma_specialised_pipeline if cfg.tma == 2 else tma_pipeline
-        tma_prologue, kloop, tma_locals = schedule(ops, cfg, nkt, wmma, As, Bs, NT, tid)
+        tma_prologue, kloop, tma_locals = schedule(ops, cfg, k_extent, wmma, As, Bs, NT, tid)
         prologue = prologue + tma_prologue
         tma_params, tma_maps = ops.params(), (ops.a, ops.b)
     elif cfg.async_copy:

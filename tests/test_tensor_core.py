@@ -336,6 +336,20 @@ def test_cpu_runs_the_gpu_schedule(direction, config, rng):
     assert err <= EMULATED_TOL
 
 
+def test_strided_backward_data_runs_ks_deconv_classes():
+    """precision="tf32" backward-data at stride 2 computes KS-deconv's stride-1 classes (grid z = groups x 4
+    classes, 2 x 2 taps each), not the zero-insertion view's 3 x 3 taps of which 3/4 are zeros; at stride 1 the
+    implicit-GEMM view."""
+    from kernelgen.templates.tiled_gemm import _cdiv
+    p = make_problem("bwd_data", (2, 16, 16, 32), (64, 3, 3, 32), stride=2, padding=1)
+    k = make_plan(p, "cuda", config=CUDA_TC_DEFAULT, precision="tf32").kernel_ir()
+    assert k.meta["doc"].startswith("KS-deconv") and k.grid == (_cdiv(2 * 8 * 8, 128), 1, 4)
+    assert k.meta["work"] == 2 * 8 * 8 * 32 * (4 * 64) * 4
+    p1 = make_problem("bwd_data", (2, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    assert make_plan(p1, "cuda", config=CUDA_TC_DEFAULT, precision="tf32").kernel_ir().meta["doc"].startswith(
+        "implicit-GEMM backward-data")
+
+
 def test_deconv_tf32(rng):
     x = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)
     w = rng.standard_normal((8, 3, 3, 6)).astype(np.float32)

@@ -91,12 +91,15 @@ WGMMA_GPU_CONFIGS = [TileConfig(128, 128, 16, WM=64, WN=128, stages=3, async_cop
                      TileConfig(128, 128, 32, WM=64, WN=128, stages=6, async_copy=1, wgmma=1)]
 WG_CONFIG = WGMMA_GPU_CONFIGS[0]
 # TMA copies (tma=1, forward only): one and two warpgroups, 3..6 stages (6: dynamic shared memory), 128-wide n;
-# tma=2 (a producer warp): two warpgroups at 4 stages, one at 2 (the producer one slice ahead)
+# tma=2 (a producer warp): two warpgroups at 4 stages, one at 2 (the producer one slice ahead); both split-K
 TMA_GPU_CONFIGS = [TileConfig(128, 64, 32, WM=64, WN=64, stages=4, wgmma=1, tma=1),
                    TileConfig(64, 128, 32, WM=64, WN=128, stages=3, wgmma=1, tma=1),
                    TileConfig(128, 128, 32, WM=64, WN=128, stages=6, wgmma=1, tma=1),
                    TileConfig(128, 64, 32, WM=64, WN=64, stages=4, wgmma=1, tma=2),
-                   TileConfig(64, 128, 32, WM=64, WN=128, stages=2, wgmma=1, tma=2)]
+                   TileConfig(64, 128, 32, WM=64, WN=128, stages=2, wgmma=1, tma=2),
+                   # split-K (3 divides every TMA_SHAPES' slices; the 1x1 has one slice per split)
+                   TileConfig(128, 64, 32, WM=64, WN=64, split_k=3, stages=4, wgmma=1, tma=2),
+                   TileConfig(128, 128, 32, WM=64, WN=128, split_k=3, stages=6, wgmma=1, tma=1)]
 # a 3x3 with padding, a dilated 3x3 with ragged M and N, a 1x1 over three 32-channel slices
 TMA_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
               ((3, 13, 11, 32), (40, 3, 3, 32), dict(padding=2, dilation=2)),

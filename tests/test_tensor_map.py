@@ -234,6 +234,24 @@ def test_tma_module_names_its_maps():
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
 
 
+def test_tma_split_k_module():
+    """split_k with TMA boxes: each split starts its boxes at its own first slice (bz selects it), adds into the
+    zeroed output with atomics; a split that does not divide the slices is refused (a box past the last tap would
+    read real pixels)."""
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.render_cuda import render_cuda
+    p = make_problem("fwd", (2, 6, 10, 64), (40, 3, 3, 64), padding=1)  # 18 slices
+    src = render_cuda(make_plan(p, "cuda", config=tma_config(BM=64, BN=32, WN=32, stages=2, split_k=3),
+                                precision="tf32").kernel_ir(), cache=False)
+    assert "ZERO_OUTPUT = True" in src and "cuda.atomic.add(y, " in src
+    assert "GRID = (2, 2, 3)" in src
+    for tma in (1, 2):
+        with pytest.raises(ValueError, match="split_k to divide the 18 slices"):
+            make_plan(p, "cuda", config=tma_config(BM=64, BN=32, WN=32, stages=2, split_k=4, tma=tma),
+                      precision="tf32").kernel_ir()
+
+
 def test_warp_specialised_module():
     """tma=2 for CUDA: a producer warp beside two consumer warpgroups, branching on the warp-uniform warpgroup
     index; the consumers never meet (the operands land rounded), and wait for their last MMAs inside their branch

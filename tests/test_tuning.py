@@ -237,18 +237,44 @@ def test_tensor_core_candidates_are_valid_configs(precision):
         assert implicit_gemm_tc.default_config(p, "cuda", precision) in cfgs
         assert len(set(cfgs)) == len(cfgs)
         for c in cfgs:
-            assert c.tensor_core and c.stages == 2 and (c.BM, c.BN, c.WM, c.WN) in implicit_gemm_tc.CUDA_TC_TILES
             implicit_gemm_tc.check_config(c.validate(), precision)
             implicit_gemm_tc.build(p, c, precision)  # the template accepts it (IR only, nothing compiled)
-        assert {c.swizzle for c in cfgs} == {1, 2}
-        assert {(c.BM, c.BN, c.WM, c.WN) for c in cfgs} == set(implicit_gemm_tc.CUDA_TC_TILES)
+        mma = [c for c in cfgs if not c.tma]
+        for c in mma:
+            assert c.tensor_core and c.stages == 2 and (c.BM, c.BN, c.WM, c.WN) in implicit_gemm_tc.CUDA_TC_TILES
+        # TMA tiles: TF32 forward only (this problem: stride 1, 128 channels); 98 blocks of 256 x 128 also split
+        tma = [(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in cfgs if c.tma]
+        assert set(tma) == (set(tuner.TMA_TILES) if (p, precision) == (fwd, "tf32") else set())
+        assert len(tma) == (4 if (p, precision) == (fwd, "tf32") else 0)
+        assert {c.swizzle for c in mma} == {1, 2}
+        assert {(c.BM, c.BN, c.WM, c.WN) for c in mma} == set(implicit_gemm_tc.CUDA_TC_TILES)
         kept = [c for _, c in tuner.tc_candidates(p, precision, keep=12)]
-        assert len(kept) <= 12 and set(kept) <= set(cfgs) and kept[0] == cfgs[0]  # the default always stays
-    assert all(c.split_k == 1 for _, c in tuner.tc_candidates(fwd, precision))
-    assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w, precision))  # split-K: backward-weight only
-    assert len(tuner.tc_candidates(fwd, precision)) <= 16
+        assert len(kept) <= 12 + len(tma) and set(kept) <= set(cfgs) and kept[0] == cfgs[0]  # the default stays
+        assert [c for c in kept if c.tma] == [c for c in cfgs if c.tma]  # the cost model does not rank TMA tiles
+        shipped = TileConfig(64, 64, 32, WM=32, WN=16, stages=2, swizzle=1)  # a database's entry: tried too
+        assert [c for _, c in tuner.tc_candidates(p, precision, 4, tuned=shipped)][-1] == shipped
+    assert all(c.split_k == 1 for _, c in tuner.tc_candidates(fwd, precision) if not c.tma)  # 392 blocks: no split
+    assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w, precision))
+    assert len([c for _, c in tuner.tc_candidates(fwd, precision) if not c.tma]) <= 16
     assert {c.BK for _, c in tuner.tc_candidates(fwd, precision)} == {16, 32}  # the default depth and twice it
-    assert all(c.swizzle == 1 for _, c in tuner.tc_candidates(fwd, precision) if c.BK == 32)
+    assert all(c.swizzle == 1 for _, c in tuner.tc_candidates(fwd, precision) if c.BK == 32 and not c.tma)
+
+
+def test_tensor_core_split_k_where_blocks_are_fewer_than_sms():
+    """Forward and backward-data split the reduction only where a tile leaves SMs idle (deep layers' small maps),
+    to about one and two waves; TMA splits divide the slices (a box never runs past the filter)."""
+    small = make_problem("fwd", (32, 7, 7, 512), (512, 3, 3, 512), padding=1)  # M = 1568: 13 x 8 blocks of 128 x 64
+    assert tuner.tc_split_choices(small, 128, 64, 16) == [1, 2, 3]
+    assert tuner.tc_split_choices(small, 64, 32, 16) == [1]  # 25 x 16 = 400 blocks
+    k_tiles = 9 * 512 // 32
+    for s in tuner.tc_split_choices(small, 128, 128, 32, divides=True):
+        assert k_tiles % s == 0
+    for _, c in tuner.tc_candidates(small, "tf32"):
+        assert not c.tma or (9 * 512 // 32) % c.split_k == 0
+    assert any(c.tma and c.split_k > 1 for _, c in tuner.tc_candidates(small, "tf32"))
+    bwd = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1)
+    assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd, "tf32"))
+    assert not any(c.tma for _, c in tuner.tc_candidates(bwd, "tf32"))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):
@@ -256,13 +282,13 @@ def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch)
     from kernelgen.templates import config, implicit_gemm_tc
     p = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1)
     monkeypatch.setattr(config, "CUDA_TC_DEFAULT", TileConfig(128, 64, 32, WM=64, WN=32, stages=2, swizzle=1))
-    deep = [c for _, c in tuner.tc_candidates(p, "tf32")]
+    deep = [c for _, c in tuner.tc_candidates(p, "tf32") if not c.tma]
     assert len(deep) == 1 + len(implicit_gemm_tc.CUDA_TC_TILES)  # the default + one swizzle-1 config per tile
     assert all(c.swizzle == 1 for c in deep) and all(c.BK == 32 for c in deep[1:])
     monkeypatch.setattr(config, "CUDA_TC_DEFAULT", TileConfig(128, 64, 8, WM=64, WN=32, stages=2, swizzle=1))
     fp16 = [c for _, c in tuner.tc_candidates(p, "fp16")]  # depths 8 and 16: only 16 feeds the 16-bit MMA
     assert fp16[0] == implicit_gemm_tc.default_config(p, "cuda", "fp16") and {c.BK for c in fp16[1:]} == {16}
-    assert {c.swizzle for _, c in tuner.tc_candidates(p, "tf32")} == {1, 2}  # BK 8 allows both for TF32
+    assert {c.swizzle for _, c in tuner.tc_candidates(p, "tf32") if not c.tma} == {1, 2}  # BK 8 allows both (TF32)
     assert not implicit_gemm_tc.accepts(TileConfig(64, 64, 32, WM=32, WN=32, swizzle=2), "tf32")
     assert not implicit_gemm_tc.accepts(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=1), "bf16")
     assert implicit_gemm_tc.accepts(TileConfig(64, 64, 8, WM=32, WN=32, swizzle=2), "tf32")

@@ -9,7 +9,8 @@ interrupted tune resumes where it stopped.  A candidate that fails to compile, l
 recorded and skipped.
 
 `--precision tf32|fp16|bf16` tunes the tensor-core implicit GEMM (templates/implicit_gemm_tc.py) instead:
-its CUDA_TC_TILES x swizzle 1/2 x split-K (backward-weight) with two stages, plus its default config,
+its CUDA_TC_TILES x swizzle 1/2 x split-K (backward-weight; the others where blocks are fewer than SMs) with two
+stages, plus its default config, the config a database already holds, and for TF32 forward the TMA_TILES,
 compiled and timed at that precision, verified within that precision's error bound, and recorded under
 the problem key + "_" + precision (database.entry_key), which the tensor-core plans of kernelgen.api read.
 The default, fp32, tunes the fp32 variants into the bare problem keys as it always did.
@@ -121,11 +122,48 @@ def tc_cost(problem, cfg):
     return _cdiv(blocks, SM_COUNT) * cfg.BM * cfg.BN * depth * issue
 
 
+def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
+    """split-K factors of a tensor-core tile: backward-weight's (split_choices); for the other directions 1, and
+    where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that fill
+    about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA boxes
+    must not run past the filter), the nearest such to each target."""
+    if problem.direction == "bwd_weight":
+        return split_choices(problem, bm, bn, bk)
+    from kernelgen.templates import gemm_shape
+    from kernelgen.templates.tiled_gemm import _cdiv
+    M, N, K, G = gemm_shape(problem)
+    blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
+    if blocks >= SM_COUNT:
+        return [1]
+    usable = [s for s in range(2, k_tiles // 4 + 1) if not divides or k_tiles % s == 0]
+    targets = [_cdiv(w * SM_COUNT, blocks) for w in waves]
+    return sorted({1} | {min(usable, key=lambda s: abs(s - t)) for t in targets if usable})
+
+
+# TMA-fed warpgroup tiles (TileConfig.tma; forward at stride 1, channels a multiple of 32): (BM, BN, WM, WN, stages,
+# tma).  The two measured best on the H100 (PERF_NOTES #38: 128 x 128 with 6 stages, 256 x 128 warp-specialised),
+# and a 64-wide one for grids with few blocks.
+TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128, 128, 4, 2))
+
+
+def tma_candidate_configs(problem, precision):
+    """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
+    tc_split_choices), where the forward TMA view builds (implicit_gemm.tma_unmet)."""
+    from kernelgen.templates import implicit_gemm
+    from kernelgen.templates.config import TileConfig
+    if precision != "tf32" or problem.direction != "fwd" or implicit_gemm.tma_unmet(problem):
+        return []
+    return [TileConfig(bm, bn, 32, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
+            for bm, bn, wm, wn, st, tma in TMA_TILES
+            for sk in tc_split_choices(problem, bm, bn, 32, divides=True, waves=(1,))]
+
+
 def tc_candidate_configs(problem, precision, keep=None):
     """Tensor-core configs to try at `precision`: the template's default first, then BK of the CUDA default (16)
-    and twice it x CUDA_TC_TILES x split-K (backward-weight only: split_choices) x swizzle 1 and 2, two stages,
-    each kept only where the template accepts it (swizzle 2 needs BK 8 or 16; fp16/bf16 need BK % 16 == 0).  With
-    `keep`, the default and the keep - 1 cheapest others under tc_cost (a tune never loses to the default)."""
+    and twice it x CUDA_TC_TILES x split-K (tc_split_choices) x swizzle 1 and 2, two stages, each kept only where
+    the template accepts it (swizzle 2 needs BK 8 or 16; fp16/bf16 need BK % 16 == 0).  With `keep`, the default
+    and the keep - 1 cheapest others under tc_cost (a tune never loses to the default).  Then, for TF32 forward
+    problems the TMA tiles take, every tma_candidate_configs (tc_cost does not model them)."""
     from kernelgen.templates import implicit_gemm_tc
     from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
     default = implicit_gemm_tc.default_config(problem, "cuda", precision)
@@ -134,22 +172,26 @@ def tc_candidate_configs(problem, precision, keep=None):
     # behind (the H100 runs after #26 point at latency), for twice the staging registers
     for bk in (CUDA_TC_DEFAULT.BK, 2 * CUDA_TC_DEFAULT.BK):
         for bm, bn, wm, wn in implicit_gemm_tc.CUDA_TC_TILES:
-            for sk in split_choices(problem, bm, bn, bk):
+            for sk in tc_split_choices(problem, bm, bn, bk):
                 for swizzle in (1, 2):
                     cfg = TileConfig(bm, bn, bk, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
                     if cfg not in out and implicit_gemm_tc.accepts(cfg, precision):
                         out.append(cfg)
     if keep:
         out = out[:1] + sorted(out[1:], key=lambda c: tc_cost(problem, c))[:keep - 1]
-    return out
+    return out + [c for c in tma_candidate_configs(problem, precision) if implicit_gemm_tc.accepts(c, precision)]
 
 
-def tc_candidates(problem, precision, keep=None):
-    """(variant, config) pairs of a tensor-core tune: the one tensor-core variant, where it computes."""
+def tc_candidates(problem, precision, keep=None, tuned=None):
+    """(variant, config) pairs of a tensor-core tune: the one tensor-core variant, where it computes; `tuned`, the
+    config a database already holds for the problem, is tried too (a re-tune never loses to it)."""
     from kernelgen.templates import computes, implicit_gemm_tc
     if not computes(implicit_gemm_tc, problem):
         return []
-    return [(implicit_gemm_tc.NAME, c) for c in tc_candidate_configs(problem, precision, keep)]
+    cfgs = tc_candidate_configs(problem, precision, keep)
+    if tuned is not None and tuned not in cfgs:
+        cfgs.append(tuned)
+    return [(implicit_gemm_tc.NAME, c) for c in cfgs]
 
 
 def _compile_one(args):
@@ -276,7 +318,8 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
         t_start = time.perf_counter()
         jobs = []
         for i, p in enumerate(todo):
-            cands = candidates(p, variants, tiles, keep) if precision == "fp32" else tc_candidates(p, precision, keep)
+            cands = candidates(p, variants, tiles, keep) if precision == "fp32" else \
+                tc_candidates(p, precision, keep, database.tuned_config(p, dev, "implicit_gemm_tc", precision))
             ref_job = pool.submit(_reference_job, (p, i))
             jobs.append((p, i, cands, ref_job, [pool.submit(_compile_one, (p, v, c, precision)) for v, c in cands]))
         for p, seed, cands, ref_job, futures in tqdm(jobs, desc="tune", unit="problem"):
