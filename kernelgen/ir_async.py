@@ -110,7 +110,10 @@ class TensorMap:
     upper] w, then h, then n.  swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy).
     rounding "tf32": the map (and the kernel's `source` parameter) reads a copy of the caller's array rounded to
     TF32 (cvt.rna) that the launcher makes before the kernel runs: wgmma truncates what it reads, and rounding the
-    landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38)."""
+    landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38).
+    flip (K, T, C), with rounding: `source` is a (K, T, C) filter and the copy is written as (C, T, K) with the T
+    taps reversed, the filter of the forward convolution that a stride-1 backward-data is (the launcher writes it
+    as it rounds: TMA boxes need the reduction's k contiguous)."""
     name: str
     source: str
     mode: str
@@ -121,11 +124,15 @@ class TensorMap:
     upper: Tuple[int, ...] = ()
     swizzle: int = 0
     rounding: str = ""
+    flip: Tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128) or self.rounding not in ("", "tf32"):
             raise ValueError(f"TensorMap {self.name}: mode tiled|im2col, swizzle 0|128 and rounding ''|'tf32', got "
                              f"{self.mode}, {self.swizzle}, {self.rounding!r}")
+        if self.flip and (len(self.flip) != 3 or not self.rounding):
+            raise ValueError(f"TensorMap {self.name}: flip is (K, T, C) of a rounded copy, got {self.flip} with "
+                             f"rounding {self.rounding!r}")
         if self.swizzle and self.box[0] != 32:  # the swizzled layout is one of 128-byte rows of float32 words
             raise ValueError(f"TensorMap {self.name}: swizzle 128 needs box[0] = 32 words, got {self.box}")
 

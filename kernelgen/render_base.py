@@ -227,7 +227,8 @@ def launch_constants(kernel: Kernel) -> str:
            f"ZERO_OUTPUT = {bool(kernel.meta.get('zero_output'))}\n")
     maps = kernel.meta.get("tensor_maps")
     if maps:  # the launcher derives these parameters from the TensorMap fields, as tuples
-        specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle, m.rounding)
+        specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle, m.rounding,
+                      m.flip)
                       for m in maps)
         out += f"TENSOR_MAPS = {specs!r}\n"
     return out

@@ -89,7 +89,8 @@ class _FastLaunch:
 
     _lib = None
 
-    def __init__(self, dispatcher, grid, threads, n_params, shared_bytes=0):
+    def __init__(self, dispatcher, grid, threads, n_params, shared_bytes=0, scalars=0):
+        """n_params arrays, then `scalars` int64 scalar parameters (one word each)."""
         import ctypes
         import threading
         if _FastLaunch._lib is None:
@@ -100,9 +101,10 @@ class _FastLaunch:
         self.grid = grid + (1,) * (3 - len(grid))
         self.threads = threads
         self.shared = shared_bytes
-        self.words = (ctypes.c_int64 * (7 * n_params))()
+        n_words = 7 * n_params + scalars
+        self.words = (ctypes.c_int64 * n_words)()
         base = ctypes.addressof(self.words)
-        self.params = (ctypes.c_void_p * (7 * n_params))(*[base + 8 * i for i in range(7 * n_params)])
+        self.params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
         self.thread = threading.get_ident()
         self.launch = self._lib.cuLaunchKernel
 
@@ -128,8 +130,9 @@ class _FastLaunch:
         call.keep_alive = (words, params)
         return call
 
-    def __call__(self, ptr_sizes, itemsize, stream_handle):
-        """ptr_sizes: (pointer, elements) per parameter, or (pointer, elements, itemsize) where it differs."""
+    def __call__(self, ptr_sizes, itemsize, stream_handle, scalars=()):
+        """ptr_sizes: (pointer, elements) per array parameter, or (pointer, elements, itemsize) where it differs;
+        scalars: the int64 parameters after them."""
         words = self.words
         i = 0
         for entry in ptr_sizes:
@@ -141,6 +144,9 @@ class _FastLaunch:
             words[i + 5] = n
             words[i + 6] = size
             i += 7
+        for value in scalars:
+            words[i] = value
+            i += 1
         gx, gy, gz = self.grid
         err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, self.shared, stream_handle, self.params, None)
         if err:
@@ -252,14 +258,15 @@ class Launcher:
         return self.params[:len(self.params) - len(self.tensor_maps)]
 
     @property
-    def _rounded_sources(self) -> set:
-        """The caller's arrays that some map reads as a rounded copy (TensorMap.rounding)."""
-        return {spec[1] for spec in self.tensor_maps if spec[9]}
+    def _rounded_sources(self) -> dict:
+        """The caller's arrays that some map reads as a rounded copy (TensorMap.rounding), each with its
+        TensorMap.flip (() for a copy in the source's own layout)."""
+        return {spec[1]: (spec[10] if len(spec) > 10 else ()) for spec in self.tensor_maps if spec[9]}
 
     def _tensor_map(self, spec, ptr):
         """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
         address)."""
-        name, source, mode, dims, strides, box, lower, upper, swizzle, _ = spec
+        name, source, mode, dims, strides, box, lower, upper, swizzle = spec[:9]
         found = self._maps.get((name, ptr))
         if found is None:
             from numba import cuda
@@ -288,14 +295,18 @@ class Launcher:
     def _with_tensor_maps(self, args, stream):
         """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy, and the
         maps added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
-        from .elementwise import round_tf32_device, round_tf32_host
+        from .elementwise import (round_tf32_device, round_tf32_flipped_device, round_tf32_flipped_host,
+                                  round_tf32_host)
         args = dict(args)
-        for source in self._rounded_sources:
+        for source, flip in self._rounded_sources.items():
             if self.backend != "cuda":
-                args[source] = round_tf32_host(args[source])
+                args[source] = round_tf32_flipped_host(args[source], flip) if flip else round_tf32_host(args[source])
                 continue
             copy = self._rounded_copy(source, args[source].size, stream)
-            round_tf32_device(args[source], copy, stream)
+            if flip:
+                round_tf32_flipped_device(args[source], copy, flip, stream)
+            else:
+                round_tf32_device(args[source], copy, stream)
             args[source] = copy
         for spec in self.tensor_maps:
             args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]])) if self.backend == "cuda"
@@ -305,12 +316,15 @@ class Launcher:
     def _derived_pointers(self, ptr_sizes, stream):
         """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
         args: the rounded copies made, the maps' addresses appended."""
-        from .elementwise import round_tf32_pointers
+        from .elementwise import round_tf32_flipped_pointers, round_tf32_pointers
         named = dict(zip(self.caller_params, ptr_sizes))
-        for source in self._rounded_sources:
+        for source, flip in self._rounded_sources.items():
             ptr, n = named[source][:2]
             copy = self._rounded_copy(source, n, stream).device_ctypes_pointer.value
-            round_tf32_pointers(ptr, copy, n, stream_handle(stream))
+            if flip:
+                round_tf32_flipped_pointers(ptr, copy, flip, stream_handle(stream))
+            else:
+                round_tf32_pointers(ptr, copy, n, stream_handle(stream))
             named[source] = (copy, n)
         maps = [(self._tensor_map(spec, named[spec[1]][0]).device_ctypes_pointer.value, 16, 8)
                 for spec in self.tensor_maps]

@@ -113,13 +113,32 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
                     tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
 
 
+def tma_forward_problem(p):
+    """The forward convolution whose TMA boxes compute p: p itself, or for a stride-1 backward-data (groups 1) the
+    forward convolution of dy with the filter transposed (k <-> c) and its taps reversed, padded dil * (T - 1) -
+    pad (>= 0); None for anything else."""
+    from dataclasses import replace
+    if p.direction == "fwd":
+        return p
+    if p.direction != "bwd_data" or p.stride != (1, 1, 1) or p.groups != 1:
+        return None
+    pad = tuple(d * (f - 1) - pd for f, pd, d in zip(p.filter_size, p.padding, p.dilation))
+    if min(pad) < 0:
+        return None
+    return replace(p, direction="fwd", C=p.K, K=p.C, in_size=p.out_size, out_size=p.in_size, padding=pad)
+
+
 def tma_unmet(p):
-    """What the forward TMA boxes need that problem p lacks (an empty list: forward_tma builds)."""
+    """What the TMA boxes need that problem p lacks (an empty list: forward_tma builds)."""
     from .tma_schedule import ROW
-    return [w for bad, w in ((p.direction != "fwd", "a forward convolution"), (p.dtype != "float32", "float32 arrays"),
-                             (p.groups != 1, "groups=1"),
-                             (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
-                             (p.stride != (1, 1, 1), "stride 1"), (p.Cg % ROW, f"channels a multiple of {ROW}")) if bad]
+    f = tma_forward_problem(p)
+    if f is None:
+        return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
+                "(filter - 1)"]
+    return [w for bad, w in ((p.dtype != "float32", "float32 arrays"), (f.groups != 1, "groups=1"),
+                             (f.in_size[0] != 1 or f.filter_size[0] != 1, "a 1-D or 2-D convolution"),
+                             (f.stride != (1, 1, 1), "stride 1"),
+                             (f.Cg % ROW, f"channels a multiple of {ROW} (of the reduction)")) if bad]
 
 
 def forward_tma(p, cfg: TileConfig, m0, n0):
@@ -127,20 +146,25 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     channels at one filter tap (x seen as (C, W, H, N), base pixel = the first pixel's window corner, the tap as
     the offsets), B's the tiled box of BN filters x 32 of their k (w seen as Kr x K).  Both maps read copies of x
     and w rounded to TF32 (TensorMap.rounding): once per call, where rounding the landed boxes would round each
-    pixel of x once per filter tap, in the compute threads' time."""
+    pixel of x once per filter tap, in the compute threads' time.  A stride-1 backward-data is the forward
+    convolution tma_forward_problem names: its maps read dy, and the launcher's copy of w flipped (TensorMap.flip)."""
+    from dataclasses import replace
     from .tma_schedule import ROW, TmaOperands
     from ..ir import TensorMap
     why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
-    (_, fh, fw), (_, ph, pw), (_, dh, dw) = p.filter_size, p.padding, p.dilation
-    (_, H, W), (_, OH, OW) = p.in_size, p.out_size
-    Kr = fh * fw * p.C
-    a = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (4 * p.C, 4 * W * p.C, 4 * H * W * p.C), (ROW, cfg.BM),
+    f = tma_forward_problem(p)
+    (_, fh, fw), (_, ph, pw), (_, dh, dw) = f.filter_size, f.padding, f.dilation
+    (_, H, W), (_, OH, OW) = f.in_size, f.out_size
+    Kr = fh * fw * f.C
+    a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (4 * f.C, 4 * W * f.C, 4 * H * W * f.C), (ROW, cfg.BM),
                   (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, "tf32")
-    b = TensorMap("w_map", "w", "tiled", (Kr, p.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128, rounding="tf32")
+    b = TensorMap("w_map", "w", "tiled", (Kr, f.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128, rounding="tf32")
+    if p.direction == "bwd_data":
+        a, b = replace(a, name="dy_map", source="dy"), replace(b, flip=(p.K, fh * fw, p.C))
     n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
-    chunks = p.C // ROW  # 32-channel slices per filter tap
+    chunks = f.C // ROW  # 32-channel slices per filter tap
 
     def a_box(kt):
         tap = kt // chunks
@@ -198,7 +222,8 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
     params = (Buffer("dy", (p.N * _prod(p.out_size) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
-                    store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T")
+                    store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T",
+                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
 
 
 def backward_weight_view(p, cfg: TileConfig) -> GemmView:

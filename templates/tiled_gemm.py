@@ -334,8 +334,8 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     tma_locals, tma_params, tma_maps = (), (), ()
     if cfg.tma:
         if view.tma is None or view.k_tiles is not None:
-            raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (the forward implicit "
-                             f"GEMM); {name} has none, got {cfg}")
+            raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (implicit-GEMM "
+                             f"forward or backward-data); {name} has none, got {cfg}")
         if nkt % SK:  # a box past the last slice would read real pixels at a tap the filter does not have
             raise ValueError(f"config: tma={cfg.tma} needs split_k to divide the {nkt} slices of {BK}, got {cfg}")
         ops = view.tma(cfg, m0, n0)

@@ -106,6 +106,12 @@ TMA_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
               ((2, 9, 7, 96), (24, 1, 1, 96), dict())]
 
 
+# backward-data reduces over K (a multiple of 32): a 3x3, a dilated 3x3 with 24 outputs per pixel, a 1x1
+TMA_BWD_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
+                  ((3, 13, 11, 24), (64, 3, 3, 24), dict(padding=2, dilation=2)),
+                  ((2, 9, 7, 40), (96, 1, 1, 40), dict())]
+
+
 LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),
                  ((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1))]
 
@@ -162,15 +168,16 @@ def test_gpu_tf32_warpgroup_mma(config, direction, rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 @pytest.mark.parametrize("config", TMA_GPU_CONFIGS, ids=str)
-def test_gpu_tf32_tma(config, rng):
+def test_gpu_tf32_tma(config, direction, rng):
     """TMA-fed warpgroup MMAs (the launcher encodes the tensor maps): the im2col and tiled boxes, the 128-byte
-    swizzle, the mbarrier phases and the launcher's TF32-rounded copies of x and w, against the TF32-rounded
-    reference."""
-    for shape in TMA_SHAPES:
-        got, reference, x, w, dy, res, threads = gpu_run_plan(shape, "fwd", config, "tf32", rng)
-        err = check_tf32(got, reference, x, w, dy, f"fwd {config} {shape}")
-        assert err <= 1e-4, f"fwd {config} {shape}: {err:.3g} from the TF32-rounded reference"
+    swizzle, the mbarrier phases and the launcher's TF32-rounded copies of x and w (backward-data: of dy, and of w
+    transposed with its taps reversed), against the TF32-rounded reference."""
+    for shape in TMA_SHAPES if direction == "fwd" else TMA_BWD_SHAPES:
+        got, reference, x, w, dy, res, threads = gpu_run_plan(shape, direction, config, "tf32", rng)
+        err = check_tf32(got, reference, x, w, dy, f"{direction} {config} {shape}")
+        assert err <= 1e-4, f"{direction} {config} {shape}: {err:.3g} from the TF32-rounded reference"
         assert res.get("local_bytes") == 0, res
 
 
@@ -192,24 +199,28 @@ def test_gpu_tma_reads_an_unaligned_array(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 @pytest.mark.parametrize("config", TMA_GPU_CONFIGS[:1] + TMA_GPU_CONFIGS[-1:], ids=str)
-def test_gpu_tma_calls_after_the_first(config, rng):
+def test_gpu_tma_calls_after_the_first(config, direction, rng):
     """From the second call on a launcher takes the fast route (cuLaunchKernel on raw addresses: the rounding
-    kernel, then the conv with the maps of the rounded copies): fresh data each call, outputs poisoned; the
-    caller's x is left as it was."""
+    kernels, a split-K output's memset, then the conv with the maps of the rounded copies): fresh data each call,
+    outputs poisoned; the caller's inputs are left as they were."""
     from numba import cuda
-    x_shape, w_shape, kw = TMA_SHAPES[0]
-    p = make_problem("fwd", x_shape, w_shape, **kw)
+    x_shape, w_shape, kw = (TMA_SHAPES if direction == "fwd" else TMA_BWD_SHAPES)[0]
+    p = make_problem(direction, x_shape, w_shape, **kw)
     launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
     for call in range(3):
         x, w, dy = tensors(rng, x_shape, w_shape, kw)
-        x_d, out = cuda.to_device(x.ravel()), cuda.to_device(np.full(dy.size, np.nan, np.float32))
-        launcher({"x": x_d, "w": cuda.to_device(w.ravel()), "y": out})
+        inputs = {"x": x, "w": w} if direction == "fwd" else {"dy": dy, "w": w}
+        args = {k: cuda.to_device(v.ravel()) for k, v in inputs.items()}
+        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+        launcher({**args, launcher.outputs[0]: out})
         assert launcher.fast, "the first call compiles; the later ones take the fast route"
-        got = out.copy_to_host().reshape(dy.shape)
-        err = check_tf32(got, reference_fn("fwd", x_shape, w_shape, kw), x, w, dy, f"call {call}")
+        got = out.copy_to_host().reshape(p.output_shape)
+        err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, f"call {call}")
         assert err <= 1e-4, f"call {call}: {err:.3g} from the TF32-rounded reference"
-        assert np.array_equal(x_d.copy_to_host(), x.ravel())
+        for k, v in inputs.items():
+            assert np.array_equal(args[k].copy_to_host(), v.ravel())
 
 
 @pytest.mark.gpu

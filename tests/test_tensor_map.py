@@ -221,6 +221,36 @@ def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
     assert np.abs(y - exact).max() <= 1e-3 * np.abs(exact).max()
 
 
+TMA_BWD_CPU_CASES = [((2, 6, 10, 24), (64, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
+                     ((1, 7, 9, 16), (32, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=3)),
+                     ((1, 6, 6, 8), (32, 5, 3, 8), dict(padding=(2, 1)), dict(BM=64, BN=8, WN=8, stages=2, tma=2))]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", TMA_BWD_CPU_CASES)
+def test_cpu_tma_backward_data(x_shape, w_shape, kw, tile, rng):
+    """A stride-1 backward-data through the TMA boxes: the forward convolution of dy with the launcher's rounded
+    copy of w transposed and flipped (TensorMap.flip), equal to the float64 backward-data of the TF32-rounded
+    operands to float32 accuracy; the caller's w is left as it was."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.mma_layout import tf32_round
+    from kernelgen.problem import make_problem
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    p = make_problem("bwd_data", x_shape, w_shape, **kw)
+    dy = rng.standard_normal(p.y_shape).astype(np.float32)
+    launcher = get_launcher(make_plan(p, "cpu", config=tma_config(**tile), precision="tf32"))
+    assert [(m[0], m[1], m[10]) for m in launcher.tensor_maps] == [
+        ("dy_map", "dy", ()), ("w_map", "w", (w_shape[0], w_shape[1] * w_shape[2], w_shape[3]))]
+    dx = np.full(int(np.prod(x_shape)), np.nan, np.float32)
+    w_flat = w.ravel().copy()
+    launcher({"dy": dy.ravel(), "w": w_flat, "dx": dx})
+    dx = dx.reshape(x_shape).astype(np.float64)
+    rounded = ref.conv_backward_data(tf32_round(dy).astype(np.float64), tf32_round(w).astype(np.float64), x_shape,
+                                     **kw)
+    assert np.abs(dx - rounded).max() <= 1e-5 * np.abs(rounded).max()
+    assert np.array_equal(w_flat, w.ravel())
+
+
 def test_tma_module_names_its_maps():
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
@@ -230,7 +260,7 @@ def test_tma_module_names_its_maps():
                       .kernel_ir(), cache=False)
     assert "PARAMS = ('x', 'w', 'y', 'x_map', 'w_map')" in src
     assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
-           "128, 'tf32'), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32'))" in src
+           "128, 'tf32', ()), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32', ()))" in src
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
 
 
@@ -300,7 +330,9 @@ def test_pipeline_checks_its_shape():
 
 
 @pytest.mark.parametrize("direction, x_shape, w_shape, kw, tile, match", [
-    ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "tma=1 needs a GEMM view whose operands"),
+    ("bwd_weight", (2, 6, 10, 32), (64, 3, 3, 32), dict(padding=1), {}, "tma=1 needs a GEMM view whose operands"),
+    ("bwd_data", (2, 6, 10, 32), (64, 3, 3, 32), dict(padding=1, stride=2), {}, "GEMM view whose operands"),
+    ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "channels a multiple of 32 .of the reduction"),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=2), {}, "tma=1 needs stride 1"),
     ("fwd", (2, 6, 10, 16), (40, 3, 3, 16), {}, {}, "tma=1 needs channels a multiple of 32"),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(BK=16), "tma=1 needs wgmma=1, async_copy=0, BK=32"),
@@ -345,3 +377,20 @@ def test_round_tf32_device_matches_the_host(rng):
     round_tf32_device(cuda.to_device(a), out)
     got, want = out.copy_to_host(), round_tf32_host(a)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_round_tf32_flipped_device_matches_the_host(rng):
+    """The launcher's copy of a backward-data filter for TMA: (K, T, C) -> (C, T, K) with the taps reversed and
+    every word rounded; partial 32 x 32 tiles at both edges (simulated: 8 blocks of 256 threads)."""
+    from numba import cuda
+
+    from kernelgen.runtime.elementwise import round_tf32_flipped_device, round_tf32_flipped_host, round_tf32_host
+    K, T, C = 33, 2, 34
+    a = rng.standard_normal(K * T * C).astype(np.float32)
+    a[:10] = tf32_edge_cases(rng)[-10:]
+    want = round_tf32_flipped_host(a, (K, T, C))
+    assert np.array_equal(want.reshape(C, T, K)[5, 0, 7].view(np.uint32),
+                          round_tf32_host(a.reshape(K, T, C)[7, T - 1, 5:6])[0].view(np.uint32))
+    out = cuda.to_device(np.full(a.size, 5.0, np.float32))
+    round_tf32_flipped_device(cuda.to_device(a), out, (K, T, C))
+    assert np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32))

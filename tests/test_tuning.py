@@ -274,7 +274,9 @@ def test_tensor_core_split_k_where_blocks_are_fewer_than_sms():
     assert any(c.tma and c.split_k > 1 for _, c in tuner.tc_candidates(small, "tf32"))
     bwd = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1)
     assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd, "tf32"))
-    assert not any(c.tma for _, c in tuner.tc_candidates(bwd, "tf32"))
+    assert any(c.tma for _, c in tuner.tc_candidates(bwd, "tf32"))  # stride 1: the flipped filter's TMA boxes
+    strided = make_problem("bwd_data", (32, 14, 14, 512), (512, 3, 3, 512), padding=1, stride=2)
+    assert not any(c.tma for _, c in tuner.tc_candidates(strided, "tf32"))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):

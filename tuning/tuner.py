@@ -140,9 +140,9 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
     return sorted({1} | {min(usable, key=lambda s: abs(s - t)) for t in targets if usable})
 
 
-# TMA-fed warpgroup tiles (TileConfig.tma; forward at stride 1, channels a multiple of 32): (BM, BN, WM, WN, stages,
-# tma).  The two measured best on the H100 (PERF_NOTES #38: 128 x 128 with 6 stages, 256 x 128 warp-specialised),
-# and a 64-wide one for grids with few blocks.
+# TMA-fed warpgroup tiles (TileConfig.tma; forward and backward-data at stride 1, channels a multiple of 32):
+# (BM, BN, WM, WN, stages, tma).  The two measured best on the H100 (PERF_NOTES #38: 128 x 128 with 6 stages,
+# 256 x 128 warp-specialised), and a 64-wide one for grids with few blocks.
 TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128, 128, 4, 2))
 
 
@@ -151,7 +151,7 @@ def tma_candidate_configs(problem, precision):
     tc_split_choices), where the forward TMA view builds (implicit_gemm.tma_unmet)."""
     from kernelgen.templates import implicit_gemm
     from kernelgen.templates.config import TileConfig
-    if precision != "tf32" or problem.direction != "fwd" or implicit_gemm.tma_unmet(problem):
+    if precision != "tf32" or implicit_gemm.tma_unmet(problem):
         return []
     return [TileConfig(bm, bn, 32, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
             for bm, bn, wm, wn, st, tma in TMA_TILES
@@ -163,7 +163,7 @@ def tc_candidate_configs(problem, precision, keep=None):
     and twice it x CUDA_TC_TILES x split-K (tc_split_choices) x swizzle 1 and 2, two stages, each kept only where
     the template accepts it (swizzle 2 needs BK 8 or 16; fp16/bf16 need BK % 16 == 0).  With `keep`, the default
     and the keep - 1 cheapest others under tc_cost (a tune never loses to the default).  Then, for TF32 forward
-    problems the TMA tiles take, every tma_candidate_configs (tc_cost does not model them)."""
+    and backward-data problems the TMA tiles take, every tma_candidate_configs (tc_cost does not model them)."""
     from kernelgen.templates import implicit_gemm_tc
     from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
     default = implicit_gemm_tc.default_config(problem, "cuda", precision)
