@@ -14,6 +14,7 @@
 #   tma-check: scripts/tma_check.py (TMA im2col/tiled copies checked, copy streams TMA vs cp.async, TMA + wgmma
 #   conv beside cuDNN, $OUT/tma_check.json; TMA_ARGS="--generated-only": kernelgen's generated TMA kernels only)
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
+#   launch-cost: scripts/launch_cost.py (a TMA launcher's call: rounding kernels, conv kernel, host time; args go to it)
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
@@ -117,6 +118,10 @@ if has ncu; then  # Nsight Compute on one layer (NCU_LAYER, NCU_DIR): kernelgen 
   [ "${NCU_CUDNN:-1}" != 1 ] || timeout 240 ncu "${sections[@]}" --launch-skip 2 --launch-count 2 python3 "$REPO/scripts/profile_conv.py" \
     "${NCU_LAYER:-r50_3x3_28}" "${NCU_DIR:-fwd}" --torch > "$OUT/ncu_cudnn.txt" 2>&1 || true
   grep -v "^==PROF==\|Warning\|warn(" "$OUT/ncu_cudnn.txt" | grep -i "sm90\|xmma\|cutlass\|void\|Duration\|Throughput\|Registers\|Occupancy\|Issued\|Eligible\|Shared Memory Config\|Dynamic Shared\|Block Size\|Grid Size" | head -40 || true
+  pack
+fi
+if has launch-cost; then  # a TMA launcher's call taken apart: rounding, conv, host time (scripts/launch_cost.py)
+  python3 "$REPO/scripts/launch_cost.py" --out "$OUT/launch_cost.json" "$@" 2>&1 | tee "$OUT/launch_cost.log" | grep -v "Warning\|warn("
   pack
 fi
 if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/wino_sweep.py; args go to it)
