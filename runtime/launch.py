@@ -6,6 +6,7 @@ ctypes) and hand the prepared cuda.core kernel its flattened arguments directly.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -169,6 +170,15 @@ def pointer_size(a, name):
     return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
 
 
+def itemsize_of(a) -> int:
+    """Bytes per element of a device array, by the cheapest route its type offers (every fast-route call)."""
+    dtype = getattr(a, "dtype", None)
+    size = getattr(dtype, "itemsize", None)  # numba and CuPy: a NumPy dtype; torch's dtypes have itemsize too
+    if isinstance(size, int):
+        return size
+    return np.dtype(a.__cuda_array_interface__["typestr"]).itemsize
+
+
 def stream_handle(stream) -> int:
     """Raw CUstream of a numba stream (0: the default stream)."""
     return 0 if stream is None else int(stream.handle)
@@ -243,6 +253,9 @@ class Launcher:
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
     _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # _rounded_copy's buffers
+    # (stream, sizes of the rounded sources) -> (their copies' addresses, the maps' (address, 16, 8) words): the
+    # maps read the launcher's own copies, so they stay the same from call to call
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -257,7 +270,7 @@ class Launcher:
         """The parameters the caller passes (PARAMS less the tensor maps the launcher derives, which come last)."""
         return self.params[:len(self.params) - len(self.tensor_maps)]
 
-    @property
+    @functools.cached_property
     def _rounded_sources(self) -> dict:
         """The caller's arrays that some map reads as a rounded copy (TensorMap.rounding), each with its
         TensorMap.flip (() for a copy in the source's own layout)."""
@@ -318,16 +331,29 @@ class Launcher:
         args: the rounded copies made, the maps' addresses appended."""
         from .elementwise import round_tf32_flipped_pointers, round_tf32_pointers
         named = dict(zip(self.caller_params, ptr_sizes))
-        for source, flip in self._rounded_sources.items():
+        sources = self._rounded_sources
+        key = (stream, tuple(named[source][1] for source in sources))
+        derived = self._derived.get(key)
+        if derived is None:
+            copies = {source: self._rounded_copy(source, named[source][1], stream).device_ctypes_pointer.value
+                      for source in sources}
+            maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
+                     16, 8) for spec in self.tensor_maps]
+            if len(self._derived) >= 16:
+                self._derived.clear()
+            derived = self._derived[key] = (copies, maps)
+        copies, maps = derived
+        if len(copies) < len(self.tensor_maps):  # a map of the caller's own array: its address may change
+            maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
+                     16, 8) for spec in self.tensor_maps]
+        handle = stream_handle(stream)
+        for source, flip in sources.items():
             ptr, n = named[source][:2]
-            copy = self._rounded_copy(source, n, stream).device_ctypes_pointer.value
             if flip:
-                round_tf32_flipped_pointers(ptr, copy, flip, stream_handle(stream))
+                round_tf32_flipped_pointers(ptr, copies[source], flip, handle)
             else:
-                round_tf32_pointers(ptr, copy, n, stream_handle(stream))
-            named[source] = (copy, n)
-        maps = [(self._tensor_map(spec, named[spec[1]][0]).device_ctypes_pointer.value, 16, 8)
-                for spec in self.tensor_maps]
+                round_tf32_pointers(ptr, copies[source], n, handle)
+            named[source] = (copies[source], n)
         return [named[name] for name in self.caller_params] + maps
 
     def __call__(self, args: dict, stream=None):
@@ -335,8 +361,7 @@ class Launcher:
                                                         for n in self.caller_params):
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
             if self.aligned([p for p, _ in ptr_sizes]):
-                itemsize = np.dtype(args[self.outputs[0]].__cuda_array_interface__["typestr"]).itemsize
-                return self.launch_pointers(ptr_sizes, itemsize, stream)
+                return self.launch_pointers(ptr_sizes, itemsize_of(args[self.outputs[0]]), stream)
         if self.tensor_maps:
             args = self._with_tensor_maps(args, stream)
         ordered = [args[name] for name in self.params]

@@ -18,6 +18,7 @@ def main(argv=None):
     ap.add_argument("--layers", default="r18_c256_8,r18_c512_4,r50_3x3_14,r50_3x3_7")
     ap.add_argument("--directions", default="fwd,bwd_data")
     ap.add_argument("--out", default="launch_cost.json")
+    ap.add_argument("--profile", action="store_true", help="cProfile the first row's calls (host time by function)")
     args = ap.parse_args(argv)
     from numba import cuda
 
@@ -51,6 +52,13 @@ def main(argv=None):
                 launcher(inputs)
             row["host_us"] = (time.perf_counter() - t) / 200 * 1e6  # the queue backs up: host time per call
             cuda.synchronize()
+            if args.profile and not rows:  # where the first row's host time goes
+                import cProfile
+                import pstats
+                prof = cProfile.Profile()
+                prof.runcall(lambda: [launcher(inputs) for _ in range(300)])
+                cuda.synchronize()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
             rows.append(row)
     with open(args.out, "w") as f:
