@@ -32,32 +32,105 @@ def add_channel_bias(y, bias, stream=None):
 _round_kernel = None
 _round_fast = None
 ROUND_GRID, ROUND_THREADS = 1056, 256  # 8 blocks per SM of an H100, striding over any size
+PAIR_BLOCKS = 528  # blocks per plain operand of a pair: together at most the one-array grid
+_flip_kernel = None
+_flip_fast = {}
+_pair_kernel = None
+_pair_fast = {}
+
+
+def _round_word(b):
+    # a uint32 word: + half a TF32 unit in the last place, then drop the 13 low bits (ties away from zero); NaN as
+    # the canonical NaN, inf as itself
+    if b & 0x7F800000 == 0x7F800000:
+        return 0x7FFFFFFF if b & 0x7FFFFF else b
+    return (b + 0x1000) & 0xFFFFE000
+
+
+def _round_range(src, dst, first, step):
+    for i in range(first, src.size, step):
+        dst[i] = round_word(src[i])
+
+
+def _flip_tile(src, dst, K, T, C, blk, tile):
+    # tile blk of (32 c, 32 k, one tap): read src[k, t, :] along c, write dst[c, T - 1 - t, :] along k, through a
+    # padded shared tile so that both sides are whole 128-byte lines (8 warps, 4 rows each)
+    lane, row = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+    cs, ks = (C + 31) // 32, (K + 31) // 32
+    c0, k0, t = (blk % cs) * 32, ((blk // cs) % ks) * 32, blk // (cs * ks)
+    for j in range(row, 32, 8):
+        k, c = k0 + j, c0 + lane
+        if k < K and c < C:
+            tile[j, lane] = round_word(src[(k * T + t) * C + c])
+    cuda.syncthreads()
+    for j in range(row, 32, 8):
+        c, k = c0 + j, k0 + lane
+        if c < C and k < K:
+            dst[(c * T + (T - 1 - t)) * K + k] = tile[lane, j]
 
 
 def _round_tf32_body(src, dst):
-    # uint32 views: + half a TF32 unit in the last place, then drop the 13 low bits (ties away from zero)
-    for i in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, src.size, cuda.gridDim.x * cuda.blockDim.x):
-        b = src[i]
-        if b & 0x7F800000 == 0x7F800000:
-            dst[i] = 0x7FFFFFFF if b & 0x7FFFFF else b  # NaN as the canonical NaN, inf as itself
-        else:
-            dst[i] = (b + 0x1000) & 0xFFFFE000
+    round_range(src, dst, cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, cuda.gridDim.x * cuda.blockDim.x)
+
+
+def _round_flip_body(src, dst, K, T, C):
+    flip_tile(src, dst, K, T, C, cuda.blockIdx.x, cuda.shared.array((32, 33), np.uint32))
+
+
+def _round_pair_body(a_src, a_dst, b_src, b_dst, K, T, C, a_blocks):
+    # one launch for both operands of a TMA kernel: blocks [0, a_blocks) round a, the rest b (flipped when K > 0)
+    tile = cuda.shared.array((32, 33), np.uint32)
+    blk = cuda.blockIdx.x
+    if blk < a_blocks:
+        round_range(a_src, a_dst, blk * cuda.blockDim.x + cuda.threadIdx.x, a_blocks * cuda.blockDim.x)
+    elif K > 0:
+        flip_tile(b_src, b_dst, K, T, C, blk - a_blocks, tile)
+    else:
+        round_range(b_src, b_dst, (blk - a_blocks) * cuda.blockDim.x + cuda.threadIdx.x,
+                    (cuda.gridDim.x - a_blocks) * cuda.blockDim.x)
+
+
+def _jit(body):
+    """A rounding kernel, its device functions compiled first (module globals, so that the simulator can swap
+    this module's `cuda` for its fake one)."""
+    global cuda, round_word, round_range, flip_tile
+    from numba import cuda
+    if "round_word" not in globals():
+        round_word = cuda.jit(device=True)(_round_word)
+        round_range = cuda.jit(device=True)(_round_range)
+        flip_tile = cuda.jit(device=True)(_flip_tile)
+    return cuda.jit(body)
 
 
 def _round_dispatcher():
-    global _round_kernel, cuda
-    from numba import cuda
+    global _round_kernel
     if _round_kernel is None:
-        _round_kernel = cuda.jit(_round_tf32_body)
+        _round_kernel = _jit(_round_tf32_body)
     return _round_kernel
+
+
+def _flip_dispatcher():
+    global _flip_kernel
+    if _flip_kernel is None:
+        _flip_kernel = _jit(_round_flip_body)
+    return _flip_kernel
+
+
+def _pair_dispatcher():
+    global _pair_kernel
+    if _pair_kernel is None:
+        _pair_kernel = _jit(_round_pair_body)
+    return _pair_kernel
+
+
+def _launch(kernel, grid, threads, stream):
+    return kernel[grid, threads] if stream is None else kernel[grid, threads, stream]
 
 
 def round_tf32_device(src, dst, stream=None):
     """dst[:] = src rounded to TF32 (what cvt.rna.tf32.f32 gives), both 1D float32 device arrays of one size: the
     operands of a TMA-fed tensor-core kernel, which reads them as they are (ir_async.TensorMap.rounding)."""
-    kernel = _round_dispatcher()
-    launch = kernel[ROUND_GRID, ROUND_THREADS] if stream is None else kernel[ROUND_GRID, ROUND_THREADS, stream]
-    launch(src.view(np.uint32), dst.view(np.uint32))
+    _launch(_round_dispatcher(), ROUND_GRID, ROUND_THREADS, stream)(src.view(np.uint32), dst.view(np.uint32))
 
 
 def round_tf32_pointers(src, dst, n, stream_handle=0):
@@ -73,52 +146,46 @@ def round_tf32_pointers(src, dst, n, stream_handle=0):
     _round_fast([(src, n), (dst, n)], 4, stream_handle)
 
 
-_flip_kernel = None
-_flip_fast = {}
-FLIP_THREADS = 256  # 8 warps: a 32 x 32 tile of (k, c), 4 rows per warp
-
-
-def _round_flip_body(src, dst, K, T, C):
-    # one block per (32 c, 32 k, tap): read src[k, t, :] along c, write dst[c, T - 1 - t, :] along k, through a
-    # padded shared tile so that both sides are whole 128-byte lines
-    tile = cuda.shared.array((32, 33), np.uint32)
-    lane, row = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
-    c0, k0, t = cuda.blockIdx.x * 32, cuda.blockIdx.y * 32, cuda.blockIdx.z
-    for j in range(row, 32, 8):
-        k, c = k0 + j, c0 + lane
-        if k < K and c < C:
-            b = src[(k * T + t) * C + c]
-            if b & 0x7F800000 == 0x7F800000:
-                tile[j, lane] = 0x7FFFFFFF if b & 0x7FFFFF else b
-            else:
-                tile[j, lane] = (b + 0x1000) & 0xFFFFE000
-    cuda.syncthreads()
-    for j in range(row, 32, 8):
-        c, k = c0 + j, k0 + lane
-        if c < C and k < K:
-            dst[(c * T + (T - 1 - t)) * K + k] = tile[lane, j]
-
-
-def _flip_dispatcher():
-    global _flip_kernel, cuda
-    from numba import cuda
-    if _flip_kernel is None:
-        _flip_kernel = cuda.jit(_round_flip_body)
-    return _flip_kernel
-
-
-def _flip_grid(K, T, C):
-    return (-(-C // 32), -(-K // 32), T)
+def _flip_tiles(K, T, C):
+    return -(-C // 32) * -(-K // 32) * T
 
 
 def round_tf32_flipped_device(src, dst, flip, stream=None):
     """dst (C, T, K) = src (K, T, C) with the taps reversed, rounded as round_tf32_device rounds (flip = (K, T,
     C); 1D float32 device arrays): a stride-1 backward-data's filter as the forward convolution it is reads it
     (ir_async.TensorMap.flip)."""
-    kernel = _flip_dispatcher()
-    grid = _flip_grid(*flip)
-    launch = kernel[grid, FLIP_THREADS] if stream is None else kernel[grid, FLIP_THREADS, stream]
-    launch(src.view(np.uint32), dst.view(np.uint32), *flip)
+    _launch(_flip_dispatcher(), _flip_tiles(*flip), ROUND_THREADS, stream)(src.view(np.uint32), dst.view(np.uint32),
+                                                                            *flip)
+
+
+def _pair_grid(n_a, n_b, flip_b):
+    a_blocks = min(PAIR_BLOCKS, -(-n_a // ROUND_THREADS))
+    b_blocks = _flip_tiles(*flip_b) if flip_b else min(PAIR_BLOCKS, -(-n_b // ROUND_THREADS))
+    return a_blocks, a_blocks + b_blocks
+
+
+def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
+    """round_tf32_device of a, and of b (round_tf32_flipped_device when flip_b), in one launch: a TMA kernel's two
+    operands (each launch costs the caller's thread ~10 us on the H100 machine: PERF_NOTES #40)."""
+    a_blocks, grid = _pair_grid(a_src.size, b_src.size, flip_b)
+    _launch(_pair_dispatcher(), grid, ROUND_THREADS, stream)(
+        a_src.view(np.uint32), a_dst.view(np.uint32), b_src.view(np.uint32), b_dst.view(np.uint32),
+        *(flip_b or (0, 0, 0)), a_blocks)
+
+
+def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
+    """round_tf32_pair_device on raw device addresses, launched without numba's dispatcher."""
+    from .launch import _FastLaunch
+    a_blocks, grid = _pair_grid(n_a, n_b, flip_b)
+    fast = _pair_fast.get(grid)
+    if fast is None or not fast.usable():
+        from numba import cuda
+        scratch = cuda.device_array(1, np.uint32)
+        kernel = _pair_dispatcher()
+        kernel[1, ROUND_THREADS](scratch, scratch, scratch, scratch, 0, 1, 0, 1)  # compiles its one overload
+        fast = _pair_fast[grid] = _FastLaunch(kernel, grid, ROUND_THREADS, 4, scalars=4)
+    fast([(a_src, n_a), (a_dst, n_a), (b_src, n_b), (b_dst, n_b)], 4, stream_handle,
+         scalars=(*(flip_b or (0, 0, 0)), a_blocks))
 
 
 def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
@@ -128,8 +195,8 @@ def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
     if fast is None or not fast.usable():
         from numba import cuda
         kernel, scratch = _flip_dispatcher(), cuda.device_array(1, np.uint32)
-        kernel[(1, 1, 1), FLIP_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
-        fast = _flip_fast[flip] = _FastLaunch(kernel, _flip_grid(*flip), FLIP_THREADS, 2, scalars=3)
+        kernel[1, ROUND_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
+        fast = _flip_fast[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
     n = flip[0] * flip[1] * flip[2]
     fast([(src, n), (dst, n)], 4, stream_handle, scalars=flip)
 

@@ -276,6 +276,15 @@ class Launcher:
         TensorMap.flip (() for a copy in the source's own layout)."""
         return {spec[1]: (spec[10] if len(spec) > 10 else ()) for spec in self.tensor_maps if spec[9]}
 
+    @functools.cached_property
+    def _rounding_pair(self) -> tuple:
+        """(a, b): two rounded sources, b the flipped one if either is, which one launch rounds
+        (elementwise.round_tf32_pair_device); () otherwise."""
+        sources = self._rounded_sources
+        if len(sources) != 2 or all(sources.values()):
+            return ()
+        return tuple(sorted(sources, key=lambda name: bool(sources[name])))
+
     def _tensor_map(self, spec, ptr):
         """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
         address)."""
@@ -309,18 +318,25 @@ class Launcher:
         """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy, and the
         maps added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
         from .elementwise import (round_tf32_device, round_tf32_flipped_device, round_tf32_flipped_host,
-                                  round_tf32_host)
+                                  round_tf32_host, round_tf32_pair_device)
         args = dict(args)
-        for source, flip in self._rounded_sources.items():
-            if self.backend != "cuda":
+        sources = self._rounded_sources
+        if self.backend != "cuda":
+            for source, flip in sources.items():
                 args[source] = round_tf32_flipped_host(args[source], flip) if flip else round_tf32_host(args[source])
-                continue
-            copy = self._rounded_copy(source, args[source].size, stream)
-            if flip:
-                round_tf32_flipped_device(args[source], copy, flip, stream)
-            else:
-                round_tf32_device(args[source], copy, stream)
-            args[source] = copy
+        elif self._rounding_pair:  # as the fast route does: one launch
+            a, b = self._rounding_pair
+            copies = {name: self._rounded_copy(name, args[name].size, stream) for name in (a, b)}
+            round_tf32_pair_device(args[a], copies[a], args[b], copies[b], sources[b], stream)
+            args.update(copies)
+        else:
+            for source, flip in sources.items():
+                copy = self._rounded_copy(source, args[source].size, stream)
+                if flip:
+                    round_tf32_flipped_device(args[source], copy, flip, stream)
+                else:
+                    round_tf32_device(args[source], copy, stream)
+                args[source] = copy
         for spec in self.tensor_maps:
             args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]])) if self.backend == "cuda"
                              else _NO_TENSOR_MAP)
@@ -329,7 +345,7 @@ class Launcher:
     def _derived_pointers(self, ptr_sizes, stream):
         """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
         args: the rounded copies made, the maps' addresses appended."""
-        from .elementwise import round_tf32_flipped_pointers, round_tf32_pointers
+        from .elementwise import round_tf32_flipped_pointers, round_tf32_pair_pointers, round_tf32_pointers
         named = dict(zip(self.caller_params, ptr_sizes))
         sources = self._rounded_sources
         key = (stream, tuple(named[source][1] for source in sources))
@@ -347,13 +363,20 @@ class Launcher:
             maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
                      16, 8) for spec in self.tensor_maps]
         handle = stream_handle(stream)
-        for source, flip in sources.items():
-            ptr, n = named[source][:2]
-            if flip:
-                round_tf32_flipped_pointers(ptr, copies[source], flip, handle)
-            else:
-                round_tf32_pointers(ptr, copies[source], n, handle)
-            named[source] = (copies[source], n)
+        pair = self._rounding_pair
+        if pair:  # both operands in one launch
+            a, b = pair
+            round_tf32_pair_pointers(named[a][0], copies[a], named[a][1], named[b][0], copies[b], named[b][1],
+                                     sources[b], handle)
+        else:
+            for source, flip in sources.items():
+                ptr, n = named[source][:2]
+                if flip:
+                    round_tf32_flipped_pointers(ptr, copies[source], flip, handle)
+                else:
+                    round_tf32_pointers(ptr, copies[source], n, handle)
+        for source in sources:
+            named[source] = (copies[source], named[source][1])
         return [named[name] for name in self.caller_params] + maps
 
     def __call__(self, args: dict, stream=None):

@@ -394,3 +394,19 @@ def test_round_tf32_flipped_device_matches_the_host(rng):
     out = cuda.to_device(np.full(a.size, 5.0, np.float32))
     round_tf32_flipped_device(cuda.to_device(a), out, (K, T, C))
     assert np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("flip", [(), (33, 2, 34)], ids=["plain", "flipped"])
+def test_round_tf32_pair_device_matches_the_host(flip, rng):
+    """The launcher's one launch for both operands of a TMA kernel: a rounded as it is, b rounded (and flipped
+    for a backward-data filter), each as its own kernel would."""
+    from numba import cuda
+
+    from kernelgen.runtime.elementwise import round_tf32_flipped_host, round_tf32_host, round_tf32_pair_device
+    a = np.concatenate([tf32_edge_cases(rng)[-10:], rng.standard_normal(27).astype(np.float32)])
+    b = rng.standard_normal(int(np.prod(flip)) if flip else 50).astype(np.float32)
+    a_out, b_out = (cuda.to_device(np.full(v.size, 5.0, np.float32)) for v in (a, b))
+    round_tf32_pair_device(cuda.to_device(a), a_out, cuda.to_device(b), b_out, flip)
+    assert np.array_equal(a_out.copy_to_host().view(np.uint32), round_tf32_host(a).view(np.uint32))
+    want = round_tf32_flipped_host(b, flip) if flip else round_tf32_host(b)
+    assert np.array_equal(b_out.copy_to_host().view(np.uint32), want.view(np.uint32))
