@@ -166,7 +166,7 @@ def _pair_grid(n_a, n_b, flip_b):
 
 def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
     """round_tf32_device of a, and of b (round_tf32_flipped_device when flip_b), in one launch: a TMA kernel's two
-    operands (each launch costs the caller's thread ~10 us on the H100 machine: PERF_NOTES #40)."""
+    operands (each launch adds ~10-20 us to a call's latency on the H100 machine: PERF_NOTES #42)."""
     a_blocks, grid = _pair_grid(a_src.size, b_src.size, flip_b)
     _launch(_pair_dispatcher(), grid, ROUND_THREADS, stream)(
         a_src.view(np.uint32), a_dst.view(np.uint32), b_src.view(np.uint32), b_dst.view(np.uint32),
