@@ -91,11 +91,12 @@ def tf32_truncate(x):
 
 
 @njit(cache=True)
-def _operand_word(start, row, k, lbo, sbo, swizzle):
-    """Shared word of (row, k) of a WarpgroupMma operand whose descriptor starts at word `start`."""
+def _operand_word(start, row, k, lbo, sbo, swizzle, itemsize=4):
+    """Shared element of (row, k) of a WarpgroupMma operand whose descriptor starts at element `start`
+    (itemsize-byte elements; the core-matrix layout is float32's only)."""
     if swizzle:  # 128-byte rows, the 16-byte chunk XORed with row % 8 (bits 4-6 of the address with bits 7-9)
-        byte = 4 * (start + (row // 8) * sbo + (row % 8) * 32 + k)
-        return (byte ^ (((byte >> 7) & 7) << 4)) // 4
+        byte = itemsize * (start + (row // 8) * sbo + (row % 8) * (128 // itemsize) + k)
+        return (byte ^ (((byte >> 7) & 7) << 4)) // itemsize
     return start + (row // 8) * sbo + (row % 8) * 4 + (k // 4) * lbo + k % 4
 
 
@@ -115,4 +116,20 @@ def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
             av = a[_operand_word(a0, row, k, lbo, sbo, swizzle)]
             bv = b[_operand_word(b0, col, k, lbo, sbo, swizzle)]
             s += tf32_truncate(av) * tf32_truncate(bv)
+        acc[first + i] += s
+
+
+@njit(cache=True)
+def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128):
+    """wgmma_tf32 for kind "fp16": k < 16, the operands float16 bit patterns (uint16) in the 128-byte swizzled
+    layout, used exactly; the products are exact in float32, summed in float32."""
+    w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
+    for i in range(n // 2):
+        j, r = i // 4, i % 4
+        row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
+        s = float32(0.0)
+        for k in range(16):
+            av = f16_bits_to_f32(a[_operand_word(a0, row, k, lbo, sbo, swizzle, 2)])
+            bv = f16_bits_to_f32(b[_operand_word(b0, col, k, lbo, sbo, swizzle, 2)])
+            s += av * bv
         acc[first + i] += s

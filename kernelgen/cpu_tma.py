@@ -1,19 +1,21 @@
 """ir.TensorCopy on the CPU backend (imported by rendered modules): the box a TMA copy would bring, copied
 synchronously into the shared array, zeros outside the tensor, in the same shared layout (rows of box[0]
-words; with a 128-byte swizzle the 16-byte chunk j of row r at chunk j ^ (r % 8)).
+elements; with a 128-byte swizzle the 16-byte chunk j of row r at chunk j ^ (r % 8)).  float32 words, or float16
+as their uint16 bit patterns (the CPU's float16), moved unchanged.
 
 The im2col walk is the reading that scripts/tma_check.py checks on the H100: `pixels` base positions from
 (w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw)."""
 from __future__ import annotations
 
-from numba import float32, njit
+from numba import njit
 
 
 @njit(cache=True)
-def _place(row, e, row_words, swizzle):
-    if swizzle:
-        return row * 32 + ((e // 4) ^ (row % 8)) * 4 + e % 4
-    return row * row_words + e
+def _place(row, e, row_elements, swizzle):
+    if swizzle:  # a 128-byte row of row_elements: 8 chunks of 16 bytes
+        c = row_elements // 8
+        return row * row_elements + ((e // c) ^ (row % 8)) * c + e % c
+    return row * row_elements + e
 
 
 @njit(cache=True)
@@ -24,7 +26,7 @@ def tma_tiled_2d(dst, d0, src, dim0, dim1, stride1, box0, box1, c0, c1, swizzle)
         for e in range(box0):
             x = c0 + e
             inside = 0 <= x < dim0 and 0 <= y < dim1
-            dst[d0 + _place(r, e, box0, swizzle)] = src[y * stride1 + x] if inside else float32(0.0)
+            dst[d0 + _place(r, e, box0, swizzle)] = src[y * stride1 + x] if inside else 0
 
 
 @njit(cache=True)
@@ -36,8 +38,7 @@ def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, 
         for e in range(channels):
             ch = c + e
             inside = 0 <= ch < C and 0 <= wi < W and 0 <= hi < H and 0 <= n < N
-            dst[d0 + _place(p, e, channels, swizzle)] = (src[((n * H + hi) * W + wi) * C + ch] if inside
-                                                         else float32(0.0))
+            dst[d0 + _place(p, e, channels, swizzle)] = src[((n * H + hi) * W + wi) * C + ch] if inside else 0
         w += 1
         if w > W - 1 + upper_w:
             w = lower_w

@@ -262,8 +262,9 @@ class Buffer:
     role: str = "in"  # for globals: in | out | inout
 
     def __post_init__(self):
-        if self.dtype in STORAGE_DTYPES and self.scope != "global":
-            raise ValueError(f"buffer {self.name!r}: {self.dtype} is a storage dtype of global buffers only; "
+        # shared float16 tiles hold what TMA copies land for fp16 warpgroup MMAs; registers compute
+        if self.dtype in STORAGE_DTYPES and self.scope == "register":
+            raise ValueError(f"buffer {self.name!r}: {self.dtype} is a storage dtype of global and shared buffers; "
                              f"a {self.scope} buffer holds {compute_dtype(self.dtype)}")
 
     @property

@@ -66,15 +66,29 @@ class WarpgroupMma(Stmt):
     n: int
     lbo: int  # words between core matrices adjacent along k
     sbo: int  # words between core matrices adjacent along rows (m for A, n for B)
-    # 128: the 128-byte swizzled layout instead (what TensorCopy writes): (row, k) at word  index + (row // 8) sbo
-    # + (row % 8) 32 + k with its 16-byte chunk (bits 4-6 of the byte address) XORed with row % 8 (bits 7-9);
-    # the tile starts 1024-byte aligned and index moves along k within the 128-byte rows; lbo unused
+    # 128: the 128-byte swizzled layout instead (what TensorCopy writes): (row, k) at element  index + (row // 8)
+    # sbo + (row % 8) R + k (R = 128 bytes of elements) with its 16-byte chunk (bits 4-6 of the byte address)
+    # XORed with row % 8 (bits 7-9); the tile starts 1024-byte aligned and index moves along k within the
+    # 128-byte rows; lbo unused
     swizzle: int = 0
+    # "tf32": k 8 of float32 buffers (A[64 x 8] above); "fp16": k 16 of float16 buffers (A[64 x 16], exact
+    # operands, 128-byte swizzle only); indices and offsets count the buffers' elements
+    kind: str = "tf32"
 
     def __post_init__(self):
         if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
             raise ValueError(f"WarpgroupMma: n must be a multiple of 8 in 8..256 with n / 2 accumulators, got "
                              f"n={self.n} and {len(self.acc)}")
+        if self.kind not in WGMMA_K or self.kind == "fp16" and self.swizzle != 128:
+            raise ValueError(f"WarpgroupMma: kind tf32 or fp16 (fp16 with swizzle 128), got {self.kind!r}, "
+                             f"swizzle {self.swizzle}")
+
+    @property
+    def k(self):
+        return WGMMA_K[self.kind]
+
+
+WGMMA_K = {"tf32": 8, "fp16": 16}  # the reduction depth of one WarpgroupMma per kind
 
 
 @dataclass(frozen=True)
@@ -111,9 +125,10 @@ class TensorMap:
     rounding "tf32": the map (and the kernel's `source` parameter) reads a copy of the caller's array rounded to
     TF32 (cvt.rna) that the launcher makes before the kernel runs: wgmma truncates what it reads, and rounding the
     landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38).
-    flip (K, T, C), with rounding: `source` is a (K, T, C) filter and the copy is written as (C, T, K) with the T
-    taps reversed, the filter of the forward convolution that a stride-1 backward-data is (the launcher writes it
-    as it rounds: TMA boxes need the reduction's k contiguous)."""
+    flip (K, T, C): `source` is a (K, T, C) filter and the map reads a copy written as (C, T, K) with the T taps
+    reversed, the filter of the forward convolution that a stride-1 backward-data is (the launcher writes it, and
+    rounds it with rounding: TMA boxes need the reduction's k contiguous).  dtype float16: fp16 operands, exact as
+    stored, 64 to a swizzled row."""
     name: str
     source: str
     mode: str
@@ -125,16 +140,37 @@ class TensorMap:
     swizzle: int = 0
     rounding: str = ""
     flip: Tuple[int, ...] = ()
+    dtype: str = "float32"  # the source's elements: float32, or float16 (fp16 operands, never rounded)
 
     def __post_init__(self):
         if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128) or self.rounding not in ("", "tf32"):
             raise ValueError(f"TensorMap {self.name}: mode tiled|im2col, swizzle 0|128 and rounding ''|'tf32', got "
                              f"{self.mode}, {self.swizzle}, {self.rounding!r}")
-        if self.flip and (len(self.flip) != 3 or not self.rounding):
-            raise ValueError(f"TensorMap {self.name}: flip is (K, T, C) of a rounded copy, got {self.flip} with "
-                             f"rounding {self.rounding!r}")
-        if self.swizzle and self.box[0] != 32:  # the swizzled layout is one of 128-byte rows of float32 words
-            raise ValueError(f"TensorMap {self.name}: swizzle 128 needs box[0] = 32 words, got {self.box}")
+        if self.dtype not in MAP_ITEMSIZE or self.rounding and self.dtype != "float32":
+            raise ValueError(f"TensorMap {self.name}: dtype float32 or float16 (rounding float32 only), got "
+                             f"{self.dtype} with rounding {self.rounding!r}")
+        if self.flip and len(self.flip) != 3:
+            raise ValueError(f"TensorMap {self.name}: flip is (K, T, C), got {self.flip}")
+        if self.swizzle and self.box[0] != self.row:  # the swizzled layout is one of 128-byte rows
+            raise ValueError(f"TensorMap {self.name}: swizzle 128 needs box[0] = {self.row} {self.dtype} (128 "
+                             f"bytes), got {self.box}")
+
+    @property
+    def itemsize(self):
+        return MAP_ITEMSIZE[self.dtype]
+
+    @property
+    def row(self):
+        """Elements of a 128-byte swizzled row."""
+        return 128 // self.itemsize
+
+    @property
+    def copied(self):
+        """Does the map read a copy the launcher makes (rounded, or flipped) rather than the caller's array?"""
+        return bool(self.rounding or self.flip)
+
+
+MAP_ITEMSIZE = {"float32": 4, "float16": 2}
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def map_stmt_exprs(s, fn):
         return AsyncCopy(s.dst, tuple(map(fn, s.dst_index)), s.src, tuple(map(fn, s.src_index)), fn(s.cond), s.width)
     if isinstance(s, WarpgroupMma):
         return WarpgroupMma(tuple(map(fn, s.acc)), s.a, tuple(map(fn, s.a_index)), s.b, tuple(map(fn, s.b_index)),
-                            s.n, s.lbo, s.sbo, s.swizzle)
+                            s.n, s.lbo, s.sbo, s.swizzle, s.kind)
     if isinstance(s, WarpgroupWait):
         return WarpgroupWait(s.pending, tuple(map(fn, s.acc)))
     if isinstance(s, TensorCopy):

@@ -27,8 +27,8 @@ class SourcePrinter:
         self.kernel = kernel
         # the type of float constants and zero fills: the arithmetic's, float32 for float16 storage
         self.float_type = compute_dtype(kernel.params[0].dtype) if kernel.params else "float32"
-        # global buffers that store a narrower float than they compute in: loads widen, stores narrow
-        self.stored_narrow = {b.name for b in kernel.params if b.dtype in STORAGE_DTYPES}
+        # buffers that store a narrower float than they compute in: loads widen, stores narrow
+        self.stored_narrow = {b.name for b in kernel.params + kernel.locals if b.dtype in STORAGE_DTYPES}
         self.lines: list[str] = []
         self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
         self.thread_var = None  # innermost enclosing thread-loop variable
@@ -228,7 +228,7 @@ def launch_constants(kernel: Kernel) -> str:
     maps = kernel.meta.get("tensor_maps")
     if maps:  # the launcher derives these parameters from the TensorMap fields, as tuples
         specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle, m.rounding,
-                      m.flip)
+                      m.flip, m.dtype)
                       for m in maps)
         out += f"TENSOR_MAPS = {specs!r}\n"
     return out

@@ -70,20 +70,21 @@ class CpuPrinter(SourcePrinter):
             raise ValueError("CPU WarpgroupMma: the accumulators must be consecutive elements of one register buffer")
         # the thread's registers as one flat row: the helper indexes them from the first accumulator on
         row = f"{first.buf}[{self.thread_var}]" + (f".reshape({int(np.prod(shape))})" if len(shape) > 1 else "")
-        self.helpers.add("wgmma_tf32")
+        fn = {"tf32": "wgmma_tf32", "fp16": "wgmma_f16"}[s.kind]
+        self.helpers.add(fn)
         (ai,), (bi,) = s.a_index, s.b_index
         tid = self.thread_var
-        self.emit(depth, f"wgmma_tf32({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
+        self.emit(depth, f"{fn}({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
                          f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid}, {s.swizzle})")
 
     def tensor_copy(self, s, depth):
         """The box, copied now (kernelgen.cpu_tma): the thread phases after the MbarrierWait read it."""
         m, (di,) = s.tmap, s.dst_index
-        if self.kernel.buffer(m.source).dtype != "float32":
-            raise ValueError(f"TensorCopy {m.source}: the CPU copy moves float32 words only")
+        if not self.kernel.buffer(m.source).dtype == self.kernel.buffer(s.dst).dtype == m.dtype:
+            raise ValueError(f"TensorCopy {m.source} -> {s.dst}: the copy moves {m.dtype} elements into {m.dtype}")
         args = [s.dst, self.expr(di), m.source]
         if m.mode == "tiled" and len(m.dims) == 2:
-            fn, geometry = "tma_tiled_2d", [*m.dims, m.strides[0] // 4, *m.box]
+            fn, geometry = "tma_tiled_2d", [*m.dims, m.strides[0] // m.itemsize, *m.box]
         elif m.mode == "im2col" and len(m.dims) == 4:
             fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box]
         else:
@@ -129,7 +130,8 @@ class CpuPrinter(SourcePrinter):
             rest = f"({rest} // {g.extent})"
         for b in k.locals:
             shape = (k.threads,) + b.shape if b.scope == "register" else b.shape
-            self.emit(2, f"{b.name} = np.empty({shape}, np.{b.dtype})")
+            # float16 as its bit patterns, as arrays.cpu_kernel_arg passes float16 arrays
+            self.emit(2, f"{b.name} = np.empty({shape}, np.{'uint16' if b.dtype == 'float16' else b.dtype})")
         self.stmts(block, 2)
         return "\n".join(self.lines) + "\n" + launch_constants(k)
 

@@ -130,13 +130,15 @@ class CudaPrinter(SourcePrinter):
         self.emit(depth, f"{fn}({s.pending})" if isinstance(s, AsyncWait) else f"{fn}()")
 
     def warpgroup_mma(self, s, depth):
-        fn, desc = f"wgmma_tf32_m64n{s.n}k8", "smem_desc_sw128" if s.swizzle else "smem_desc"
+        fn = {"tf32": f"wgmma_tf32_m64n{s.n}k8", "fp16": f"wgmma_f16_m64n{s.n}k16"}[s.kind]
+        desc = "smem_desc_sw128" if s.swizzle else "smem_desc"
         self.wgmma_helpers |= {fn, desc}
         acc = ", ".join(self.expr(e) for e in s.acc)
         (ai,), (bi,) = s.a_index, s.b_index
-        # descriptors take byte offsets; the IR counts words
-        self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {4 * s.lbo}, {4 * s.sbo}), "
-                         f"{desc}({s.b}, {self.expr(bi)}, {4 * s.lbo}, {4 * s.sbo}))")
+        # descriptors take byte offsets; the IR counts the buffers' elements
+        e = _BYTES[self.kernel.buffer(s.a).dtype]
+        self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {e * s.lbo}, {e * s.sbo}), "
+                         f"{desc}({s.b}, {self.expr(bi)}, {e * s.lbo}, {e * s.sbo}))")
 
     def warpgroup_sync(self, s, depth):
         if isinstance(s, WarpgroupWait):
@@ -335,4 +337,6 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         mma += f"from kernelgen.cuda_memory import {', '.join(helpers('memory_helpers'))}\n"
     if printer.tma_helpers:
         mma += f"from kernelgen.cuda_tma import {', '.join(helpers('tma_helpers'))}\n"
+    if any(b.dtype == "float16" for b in lowered.locals):  # fp16 TMA tiles (numba exports no float16 itself)
+        mma += "from numba.core.types import float16\n"
     return HEADER.format(cache=cache, index32=_INDEX32_IMPORT if index32 else "", mma=mma) + body + constants

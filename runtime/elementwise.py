@@ -35,6 +35,8 @@ ROUND_GRID, ROUND_THREADS = 1056, 256  # 8 blocks per SM of an H100, striding ov
 PAIR_BLOCKS = 528  # blocks per plain operand of a pair: together at most the one-array grid
 _flip_kernel = None
 _flip_fast = {}
+_flip16_kernel = None
+_flip16_fast = {}
 _pair_kernel = None
 _pair_fast = {}
 
@@ -52,16 +54,18 @@ def _round_range(src, dst, first, step):
         dst[i] = round_word(src[i])
 
 
-def _flip_tile(src, dst, K, T, C, blk, tile):
+def _flip_tile(src, dst, K, T, C, blk, tile, rounds):
     # tile blk of (32 c, 32 k, one tap): read src[k, t, :] along c, write dst[c, T - 1 - t, :] along k, through a
-    # padded shared tile so that both sides are whole 128-byte lines (8 warps, 4 rows each)
+    # padded shared tile so that both sides are whole lines (8 warps, 4 rows each); rounds: TF32-round the words
+    # (else move the elements as they are: float16 bit patterns)
     lane, row = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
     cs, ks = (C + 31) // 32, (K + 31) // 32
     c0, k0, t = (blk % cs) * 32, ((blk // cs) % ks) * 32, blk // (cs * ks)
     for j in range(row, 32, 8):
         k, c = k0 + j, c0 + lane
         if k < K and c < C:
-            tile[j, lane] = round_word(src[(k * T + t) * C + c])
+            v = src[(k * T + t) * C + c]
+            tile[j, lane] = round_word(v) if rounds else v
     cuda.syncthreads()
     for j in range(row, 32, 8):
         c, k = c0 + j, k0 + lane
@@ -74,7 +78,11 @@ def _round_tf32_body(src, dst):
 
 
 def _round_flip_body(src, dst, K, T, C):
-    flip_tile(src, dst, K, T, C, cuda.blockIdx.x, cuda.shared.array((32, 33), np.uint32))
+    flip_tile(src, dst, K, T, C, cuda.blockIdx.x, cuda.shared.array((32, 33), np.uint32), True)
+
+
+def _flip16_body(src, dst, K, T, C):
+    flip_tile(src, dst, K, T, C, cuda.blockIdx.x, cuda.shared.array((32, 33), np.uint16), False)
 
 
 def _round_pair_body(a_src, a_dst, b_src, b_dst, K, T, C, a_blocks):
@@ -84,7 +92,7 @@ def _round_pair_body(a_src, a_dst, b_src, b_dst, K, T, C, a_blocks):
     if blk < a_blocks:
         round_range(a_src, a_dst, blk * cuda.blockDim.x + cuda.threadIdx.x, a_blocks * cuda.blockDim.x)
     elif K > 0:
-        flip_tile(b_src, b_dst, K, T, C, blk - a_blocks, tile)
+        flip_tile(b_src, b_dst, K, T, C, blk - a_blocks, tile, True)
     else:
         round_range(b_src, b_dst, (blk - a_blocks) * cuda.blockDim.x + cuda.threadIdx.x,
                     (cuda.gridDim.x - a_blocks) * cuda.blockDim.x)
@@ -114,6 +122,13 @@ def _flip_dispatcher():
     if _flip_kernel is None:
         _flip_kernel = _jit(_round_flip_body)
     return _flip_kernel
+
+
+def _flip16_dispatcher():
+    global _flip16_kernel
+    if _flip16_kernel is None:
+        _flip16_kernel = _jit(_flip16_body)
+    return _flip16_kernel
 
 
 def _pair_dispatcher():
@@ -201,11 +216,36 @@ def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
     fast([(src, n), (dst, n)], 4, stream_handle, scalars=flip)
 
 
-def round_tf32_flipped_host(a, flip):
-    """round_tf32_host of the (K, T, C) filter `a` written as (C, T, K), taps reversed (the CPU backend's copy)."""
+def flip16_device(src, dst, flip, stream=None):
+    """dst (C, T, K) = src (K, T, C) with the taps reversed, elements unchanged (flip = (K, T, C); 1D float16
+    device arrays): a stride-1 backward-data's fp16 filter as the forward convolution it is reads it."""
+    _launch(_flip16_dispatcher(), _flip_tiles(*flip), ROUND_THREADS, stream)(src.view(np.uint16),
+                                                                             dst.view(np.uint16), *flip)
+
+
+def flip16_pointers(src, dst, flip, stream_handle=0):
+    """flip16_device on raw device addresses, launched without numba's dispatcher."""
+    from .launch import _FastLaunch
+    fast = _flip16_fast.get(flip)
+    if fast is None or not fast.usable():
+        from numba import cuda
+        kernel, scratch = _flip16_dispatcher(), cuda.device_array(1, np.uint16)
+        kernel[1, ROUND_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
+        fast = _flip16_fast[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
+    n = flip[0] * flip[1] * flip[2]
+    fast([(src, n), (dst, n)], 2, stream_handle, scalars=flip)
+
+
+def flip_host(a, flip):
+    """The (K, T, C) filter `a` written as (C, T, K), taps reversed, as a flat copy (the CPU backend's copy)."""
     K, T, C = flip
     a = np.asarray(a)
-    return round_tf32_host(a.reshape(K, T, C)[:, ::-1, :].transpose(2, 1, 0)).reshape(a.shape)  # a's shape, flat order
+    return np.ascontiguousarray(a.reshape(K, T, C)[:, ::-1, :].transpose(2, 1, 0)).reshape(a.shape)
+
+
+def round_tf32_flipped_host(a, flip):
+    """round_tf32_host of the (K, T, C) filter `a` written as (C, T, K), taps reversed (the CPU backend's copy)."""
+    return round_tf32_host(flip_host(a, flip))
 
 
 def round_tf32_host(a):

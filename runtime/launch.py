@@ -226,6 +226,11 @@ def allow_dynamic_shared(dispatcher, ordered, nbytes):
 _NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
 
 
+def _flip_of(spec) -> tuple:
+    """A TENSOR_MAPS entry's TensorMap.flip (absent from modules older than the field)."""
+    return tuple(spec[10]) if len(spec) > 10 else ()
+
+
 def _device_pointer(a) -> int:
     cai = getattr(a, "__cuda_array_interface__", None)  # (the simulator's arrays may lack one: no alignment there)
     return (cai["data"][0] or 0) if cai else 0
@@ -247,12 +252,13 @@ class Launcher:
     # the module defines this; render_cuda): run for arrays that do not
     kernel_any: object = None
     # TMA tensor maps the kernel takes as parameters, derived from the arrays they describe (ir.TensorMap fields
-    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding); encoded per device pointer
+    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding, flip, dtype; older modules
+    # end at rounding or flip); encoded per device pointer
     tensor_maps: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
-    _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # _rounded_copy's buffers
+    _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # _copy_of's buffers
     # (stream, sizes of the rounded sources) -> (their copies' addresses, the maps' (address, 16, 8) words): the
     # maps read the launcher's own copies, so they stay the same from call to call
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -271,17 +277,22 @@ class Launcher:
         return self.params[:len(self.params) - len(self.tensor_maps)]
 
     @functools.cached_property
-    def _rounded_sources(self) -> dict:
-        """The caller's arrays that some map reads as a rounded copy (TensorMap.rounding), each with its
-        TensorMap.flip (() for a copy in the source's own layout)."""
-        return {spec[1]: (spec[10] if len(spec) > 10 else ()) for spec in self.tensor_maps if spec[9]}
+    def _copied_sources(self) -> dict:
+        """The caller's arrays that some map reads through a copy the launcher makes (TensorMap.copied: rounded to
+        TF32, flipped, or both), each with its TensorMap.flip (() for a copy in the source's own layout)."""
+        return {spec[1]: _flip_of(spec) for spec in self.tensor_maps if spec[9] or _flip_of(spec)}
+
+    @functools.cached_property
+    def _rounds(self) -> bool:
+        """Are the copies rounded to TF32 (float32 maps)?  Else they are float16 filters, flipped unchanged."""
+        return any(spec[9] for spec in self.tensor_maps)
 
     @functools.cached_property
     def _rounding_pair(self) -> tuple:
         """(a, b): two rounded sources, b the flipped one if either is, which one launch rounds
         (elementwise.round_tf32_pair_device); () otherwise."""
-        sources = self._rounded_sources
-        if len(sources) != 2 or all(sources.values()):
+        sources = self._copied_sources
+        if not self._rounds or len(sources) != 2 or all(sources.values()):
             return ()
         return tuple(sorted(sources, key=lambda name: bool(sources[name])))
 
@@ -289,6 +300,7 @@ class Launcher:
         """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
         address)."""
         name, source, mode, dims, strides, box, lower, upper, swizzle = spec[:9]
+        dtype = np.dtype(spec[11] if len(spec) > 11 else "float32")
         found = self._maps.get((name, ptr))
         if found is None:
             from numba import cuda
@@ -297,42 +309,48 @@ class Launcher:
             if ptr % 16:
                 raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
             swz = swizzle or None
-            host = (encode_tiled(ptr, np.float32, dims, strides, box, swizzle=swz) if mode == "tiled" else
-                    encode_im2col(ptr, np.float32, dims, strides, lower, upper, box[0], box[1], swizzle=swz))
+            host = (encode_tiled(ptr, dtype, dims, strides, box, swizzle=swz) if mode == "tiled" else
+                    encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz))
             if len(self._maps) >= 64:  # arrays come and go: keep the recent ones
                 self._maps.clear()
             found = self._maps[(name, ptr)] = cuda.to_device(host)
         return found
 
-    def _rounded_copy(self, source, size, stream):
-        """The device buffer this launcher rounds `source` into, one per (source, size, stream): its maps stay
-        encoded, and the work on one stream runs in order, so the next call may overwrite it."""
+    def _copy_of(self, source, size, stream):
+        """The device buffer this launcher rounds or flips `source` into, one per (source, size, stream): its maps
+        stay encoded, and the work on one stream runs in order, so the next call may overwrite it."""
         key = (source, size, stream)
         copy = self._rounded.get(key)
         if copy is None:
             from numba import cuda
-            copy = self._rounded[key] = cuda.device_array(size, np.float32, stream=stream or 0)
+            dtype = np.float32 if self._rounds else np.float16
+            copy = self._rounded[key] = cuda.device_array(size, dtype, stream=stream or 0)
         return copy
 
     def _with_tensor_maps(self, args, stream):
-        """args with each source a map reads rounded (TensorMap.rounding) replaced by its rounded copy, and the
-        maps added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
-        from .elementwise import (round_tf32_device, round_tf32_flipped_device, round_tf32_flipped_host,
-                                  round_tf32_host, round_tf32_pair_device)
+        """args with each source a map reads through a copy (TensorMap.copied) replaced by that copy, and the maps
+        added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
+        from .elementwise import (flip16_device, flip_host, round_tf32_device, round_tf32_flipped_device,
+                                  round_tf32_flipped_host, round_tf32_host, round_tf32_pair_device)
         args = dict(args)
-        sources = self._rounded_sources
+        sources = self._copied_sources
         if self.backend != "cuda":
             for source, flip in sources.items():
-                args[source] = round_tf32_flipped_host(args[source], flip) if flip else round_tf32_host(args[source])
+                if not self._rounds:
+                    args[source] = flip_host(args[source], flip)
+                else:
+                    args[source] = round_tf32_flipped_host(args[source], flip) if flip else round_tf32_host(args[source])
         elif self._rounding_pair:  # as the fast route does: one launch
             a, b = self._rounding_pair
-            copies = {name: self._rounded_copy(name, args[name].size, stream) for name in (a, b)}
+            copies = {name: self._copy_of(name, args[name].size, stream) for name in (a, b)}
             round_tf32_pair_device(args[a], copies[a], args[b], copies[b], sources[b], stream)
             args.update(copies)
         else:
             for source, flip in sources.items():
-                copy = self._rounded_copy(source, args[source].size, stream)
-                if flip:
+                copy = self._copy_of(source, args[source].size, stream)
+                if not self._rounds:
+                    flip16_device(args[source], copy, flip, stream)
+                elif flip:
                     round_tf32_flipped_device(args[source], copy, flip, stream)
                 else:
                     round_tf32_device(args[source], copy, stream)
@@ -344,14 +362,15 @@ class Launcher:
 
     def _derived_pointers(self, ptr_sizes, stream):
         """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
-        args: the rounded copies made, the maps' addresses appended."""
-        from .elementwise import round_tf32_flipped_pointers, round_tf32_pair_pointers, round_tf32_pointers
+        args: the copies made, the maps' addresses appended."""
+        from .elementwise import (flip16_pointers, round_tf32_flipped_pointers, round_tf32_pair_pointers,
+                                  round_tf32_pointers)
         named = dict(zip(self.caller_params, ptr_sizes))
-        sources = self._rounded_sources
+        sources = self._copied_sources
         key = (stream, tuple(named[source][1] for source in sources))
         derived = self._derived.get(key)
         if derived is None:
-            copies = {source: self._rounded_copy(source, named[source][1], stream).device_ctypes_pointer.value
+            copies = {source: self._copy_of(source, named[source][1], stream).device_ctypes_pointer.value
                       for source in sources}
             maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
                      16, 8) for spec in self.tensor_maps]
@@ -371,7 +390,9 @@ class Launcher:
         else:
             for source, flip in sources.items():
                 ptr, n = named[source][:2]
-                if flip:
+                if not self._rounds:
+                    flip16_pointers(ptr, copies[source], flip, handle)
+                elif flip:
                     round_tf32_flipped_pointers(ptr, copies[source], flip, handle)
                 else:
                     round_tf32_pointers(ptr, copies[source], n, handle)

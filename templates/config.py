@@ -41,9 +41,11 @@ class TileConfig:
     threads; slices arrive by asynchronous copies (needs async_copy=1, swizzle=0) into the MMA's core-matrix
     layout, where each thread rounds the words its copies landed to TF32 (wgmma would truncate them).  0 by
     default and then absent from string and dict.
-    tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last float32 at stride 1, channels
-    a multiple of 32): each slice arrives by two TMA copies that one thread issues (ir.TensorCopy: an im2col box of
-    x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared mbarrier per stage; BK = 32.
+    tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last arrays at stride 1 and
+    stride-1 backward-data; float32 at TF32 with channels a multiple of 32 and BK = 32, or float16 at fp16 with
+    channels a multiple of 64 and BK = 64): each slice arrives by two TMA copies that one thread issues
+    (ir.TensorCopy: an im2col box of x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared
+    mbarrier per stage.
     split_k > 1 needs the slices to split evenly (each split's boxes start at its own first slice).
     0 by default and then absent from string and dict.
     tma=2: as 1, warp-specialised (cuDNN's and CUTLASS's Hopper schedule; ir.Pipeline): one more warp per block
@@ -105,13 +107,14 @@ class TileConfig:
         if self.wgmma not in (0, 1):
             raise ValueError(f"TileConfig: wgmma must be 0 or 1, got {self}")
         if self.wgmma and (not self.tensor_core or self.WM % 64 or self.WN > 256 or not (self.async_copy or self.tma)
-                           or self.swizzle or self.smem_pad or self.BK not in (8, 16, 32)):
+                           or self.swizzle or self.smem_pad or self.BK not in ((32, 64) if self.tma else (8, 16, 32))):
             raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1 or tma=1, "
-                             f"swizzle=0, smem_pad=0 and BK in (8, 16, 32); got {self}")
+                             f"swizzle=0, smem_pad=0 and BK in (8, 16, 32) (tma: 32 or 64); got {self}")
         if self.tma not in (0, 1, 2):
             raise ValueError(f"TileConfig: tma must be 0, 1 or 2 (a producer warp), got {self}")
-        if self.tma and (not self.wgmma or self.async_copy or self.BK != 32 or not 2 <= self.stages <= 8):
-            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK=32 and stages 2..8; "
+        if self.tma and (not self.wgmma or self.async_copy or self.BK not in (32, 64) or not 2 <= self.stages <= 8):
+            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK 32 (float32) or 64 "
+                             f"(float16) and stages 2..8; "
                              f"got {self}")
         if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
             raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "

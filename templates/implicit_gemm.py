@@ -130,26 +130,29 @@ def tma_forward_problem(p):
 
 def tma_unmet(p):
     """What the TMA boxes need that problem p lacks (an empty list: forward_tma builds)."""
-    from .tma_schedule import ROW
+    from .tma_schedule import swizzled_row
     f = tma_forward_problem(p)
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
                 "(filter - 1)"]
-    return [w for bad, w in ((p.dtype != "float32", "float32 arrays"), (f.groups != 1, "groups=1"),
+    if p.dtype not in ("float32", "float16"):
+        return ["float32 or float16 arrays"]
+    row = swizzled_row(p.dtype)
+    return [w for bad, w in ((f.groups != 1, "groups=1"),
                              (f.in_size[0] != 1 or f.filter_size[0] != 1, "a 1-D or 2-D convolution"),
                              (f.stride != (1, 1, 1), "stride 1"),
-                             (f.Cg % ROW, f"channels a multiple of {ROW} (of the reduction)")) if bad]
+                             (f.Cg % row, f"channels a multiple of {row} (of the reduction, {p.dtype})")) if bad]
 
 
 def forward_tma(p, cfg: TileConfig, m0, n0):
-    """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x 32
-    channels at one filter tap (x seen as (C, W, H, N), base pixel = the first pixel's window corner, the tap as
-    the offsets), B's the tiled box of BN filters x 32 of their k (w seen as Kr x K).  Both maps read copies of x
+    """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x BK
+    channels (128 bytes: 32 float32, 64 float16) at one filter tap (x seen as (C, W, H, N), base pixel = the first
+    pixel's window corner, the tap as the offsets), B's the tiled box of BN filters x BK of their k (w seen as Kr x K).  Float32 maps read copies of x
     and w rounded to TF32 (TensorMap.rounding): once per call, where rounding the landed boxes would round each
     pixel of x once per filter tap, in the compute threads' time.  A stride-1 backward-data is the forward
     convolution tma_forward_problem names: its maps read dy, and the launcher's copy of w flipped (TensorMap.flip)."""
     from dataclasses import replace
-    from .tma_schedule import ROW, TmaOperands
+    from .tma_schedule import TmaOperands, swizzled_row
     from ..ir import TensorMap
     why = tma_unmet(p)
     if why:
@@ -158,13 +161,18 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     (_, fh, fw), (_, ph, pw), (_, dh, dw) = f.filter_size, f.padding, f.dilation
     (_, H, W), (_, OH, OW) = f.in_size, f.out_size
     Kr = fh * fw * f.C
-    a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (4 * f.C, 4 * W * f.C, 4 * H * W * f.C), (ROW, cfg.BM),
-                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, "tf32")
-    b = TensorMap("w_map", "w", "tiled", (Kr, f.K), (4 * Kr,), (ROW, cfg.BN), swizzle=128, rounding="tf32")
+    ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2  # a slice's channels; bytes per element
+    if cfg.BK != ROW:
+        raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
+    rounding = "tf32" if p.dtype == "float32" else ""  # float16 operands are exact as stored
+    a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (e * f.C, e * W * f.C, e * H * W * f.C), (ROW, cfg.BM),
+                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, rounding, dtype=p.dtype)
+    b = TensorMap("w_map", "w", "tiled", (Kr, f.K), (e * Kr,), (ROW, cfg.BN), swizzle=128, rounding=rounding,
+                  dtype=p.dtype)
     if p.direction == "bwd_data":
         a, b = replace(a, name="dy_map", source="dy"), replace(b, flip=(p.K, fh * fw, p.C))
     n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
-    chunks = f.C // ROW  # 32-channel slices per filter tap
+    chunks = f.C // ROW  # channel slices per filter tap
 
     def a_box(kt):
         tap = kt // chunks

@@ -45,8 +45,12 @@ def check_config(cfg, precision):
         raise ValueError(f"config: {NAME} needs a tensor-core TileConfig (WM, WN > 0), got {cfg}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} for {NAME}, got {precision!r}")
-    if precision != "tf32" and cfg.wgmma:
-        raise ValueError(f"config: wgmma=1 computes in TF32 only, got precision={precision!r} ({cfg})")
+    if cfg.wgmma and not (precision == "tf32" or precision == "fp16" and cfg.tma):
+        raise ValueError(f"config: wgmma=1 computes in TF32 (fp16 with tma=1 or 2, on float16 arrays), got "
+                         f"precision={precision!r} ({cfg})")
+    if cfg.tma and cfg.BK != {"tf32": 32, "fp16": 64}.get(precision):  # a 128-byte row of the operands
+        raise ValueError(f"config: tma={cfg.tma} needs BK 32 at tf32 or BK 64 at fp16, got precision={precision!r} "
+                         f"({cfg})")
     if precision != "tf32" and cfg.BK % 16:  # one m16n8k16 per two 8-deep steps
         raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
     if shared_bytes(cfg) > shared_limit(cfg):

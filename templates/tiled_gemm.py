@@ -15,7 +15,7 @@ from ..ir import (Assign, AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, Ba
 
 from .config import TileConfig
 from .warp_mma import WarpMma, interleaved_col, interleaved_row_words, pair_row, swizzled_col
-from .tma_schedule import ROW, tma_pipeline, tma_specialised_pipeline
+from .tma_schedule import ROW, swizzled_row, tma_pipeline, tma_specialised_pipeline
 from .warpgroup_mma import WarpgroupGemm, core_word, tile_words
 
 
@@ -117,15 +117,16 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     # where fragments are loaded
     wg = cfg.tensor_core and cfg.wgmma  # warpgroups reading shared memory (warpgroup_mma.py)
     if wg:
-        wmma = WarpgroupGemm(cfg, dt, precision)
+        wmma = WarpgroupGemm(cfg, dt, precision, view.dtype)
     else:
         wmma = WarpMma(cfg, dt, precision, round_fragments=bool(cfg.async_copy)) if cfg.tensor_core else None
     swz = wmma is not None and cfg.swizzle  # rows along k, chunks rotated (warp_mma.swizzled_col)
     ilv = swz and cfg.swizzle == 2  # A's rows g, g + 8 interleaved (warp_mma.interleaved_col)
     along_k = swz or wg  # shared rows run along k: operands are staged in 16-byte chunks of k
-    if wg and cfg.tma:  # 128-byte swizzled rows of 32 words, as the tensor copies write them
-        As = Buffer("As", (S, BM * ROW), dt, "shared")
-        Bs = Buffer("Bs", (S, BN * ROW), dt, "shared")
+    if wg and cfg.tma:  # 128-byte swizzled rows (32 float32 or 64 float16), as the tensor copies write them
+        row, tile_dt = swizzled_row(view.dtype), view.dtype  # float16 operands land as they are stored
+        As = Buffer("As", (S, BM * row), tile_dt, "shared")
+        Bs = Buffer("Bs", (S, BN * row), tile_dt, "shared")
     elif wg:  # core matrices (warpgroup_mma.core_word), flat per stage
         As = Buffer("As", (S, tile_words(BM, BK)), dt, "shared")
         Bs = Buffer("Bs", (S, tile_words(BN, BK)), dt, "shared")

@@ -1,9 +1,10 @@
 """The TMA k-loop of the tiled-GEMM schedule (TileConfig.tma=1, with wgmma=1): slices arrive by tensor copies.
 
 Per stage s of S, a shared mbarrier full[s] counts the bytes of the two TensorCopy statements that fill it: an
-im2col box of BM pixels x 32 channels of x (one filter tap, padding as zeros) and a tiled box of BN filters x 32
-of their k.  Both land in the 128-byte swizzled layout that the warpgroup MMAs read (warpgroup_mma.py), from
-copies of x and w already rounded to TF32 (TensorMap.rounding: wgmma truncates what it reads).  Thread 0 issues
+im2col box of BM pixels x BK channels of x (one filter tap, padding as zeros) and a tiled box of BN filters x BK
+of their k, BK = 128 bytes of elements (32 float32, 64 float16).  Both land in the 128-byte swizzled layout that
+the warpgroup MMAs read (warpgroup_mma.py): float32 from copies of x and w already rounded to TF32
+(TensorMap.rounding: wgmma truncates what it reads), float16 as stored.  Thread 0 issues
 every copy; per slice kt:
 
     all threads   wait for full[kt % S] (phase kt // S)
@@ -32,6 +33,11 @@ from ..ir import (Barrier, Buffer, Const, For, If, MbarrierExpect, MbarrierInit,
 ROW = 32  # words of a 128-byte swizzled row: BK = 32 float32
 
 
+def swizzled_row(dtype):
+    """Elements of a 128-byte swizzled row, the BK of a TMA tile: 32 float32 (TF32), 64 float16 (fp16)."""
+    return {"float32": 32, "float16": 64}[dtype]
+
+
 @dataclass(frozen=True)
 class TmaOperands:
     """A view's operands as TMA boxes: the two tensor maps, and per slice kt (an Expr) the coordinates of A's box
@@ -50,7 +56,7 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
     """One thread's statements that fill `stage` with slice kt: announce the bytes on full[stage], copy both boxes."""
     coords, offsets = ops.a_box(kt)
     stage = as_expr(stage)
-    return (MbarrierExpect("full", stage, 4 * (cfg.BM + cfg.BN) * ROW),
+    return (MbarrierExpect("full", stage, 128 * (cfg.BM + cfg.BN)),  # BM + BN rows of 128 bytes
             TensorCopy(As.name, (stage, Const(0)), ops.a, coords, offsets, "full", stage),
             TensorCopy(Bs.name, (stage, Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
 

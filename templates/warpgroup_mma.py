@@ -6,7 +6,8 @@ per strip and 8-deep k step.  Both operands are read by the tensor cores straigh
 there are no fragment loads and no register shuffles, which is what held the warp-level mma.sync kernels at
 about a quarter of the tensor cores' issue rate (PERF_NOTES #31/#32).  The MMA truncates float32 operands to
 TF32, so the schedule rounds each landed word in shared memory first (tiled_gemm's round_landed: truncation
-alone measured past the issue's 1e-3 on random data).
+alone measured past the issue's 1e-3 on random data), or reads copies rounded before the kernel (TMA).
+fp16 (TMA only): float16 arrays land as stored, 64 to a 128-byte row, and each MMA is 16 deep.
 
 Shared layout (both operands, per stage): rows (m of A, n of B) along k in core matrices of 8 rows x 4 words
 (16 bytes per row, 128 contiguous bytes):  word(line, k) = ((line // 8) * BK / 4 + k // 4) * 36 + (line % 8) * 4
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from ..ir import (Assign, Buffer, Const, For, If, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                   all_of, as_expr)
+from ..ir_async import WGMMA_K
 
 WARPGROUP = 128
 
@@ -42,9 +44,13 @@ def tile_words(lines, BK):
 
 
 class WarpgroupGemm:
-    def __init__(self, cfg, dtype, precision="tf32"):
-        if precision != "tf32":
-            raise ValueError(f"config: wgmma=1 computes in TF32 only, got precision={precision!r} ({cfg})")
+    def __init__(self, cfg, dtype, precision="tf32", storage="float32"):
+        """dtype: the accumulators'; storage: the operands' arrays.  TF32 reads float32 tiles; fp16 reads float16
+        tiles as they were stored, which only TMA lands unconverted (tma=1/2)."""
+        if (precision, storage) not in (("tf32", "float32"), ("fp16", "float16")) or precision == "fp16" and not cfg.tma:
+            raise ValueError(f"config: wgmma=1 computes TF32 on float32 arrays, or fp16 on float16 arrays with tma=1 "
+                             f"or 2; got precision={precision!r} on {storage} ({cfg})")
+        self.kind, self.depth = precision, WGMMA_K[precision]
         self.cfg = cfg
         self.MT = cfg.WM // 64  # 64-row strips per warpgroup
         self.groups_n = cfg.BN // cfg.WN
@@ -75,11 +81,12 @@ class WarpgroupGemm:
         cfg, BK = self.cfg, self.cfg.BK
         wgm, wgn = Var("wgm"), Var("wgn")
         mmas = []
-        for ks in range(BK // 8):  # k steps outer: the strips' independent accumulators interleave
+        d = self.depth
+        for ks in range(BK // d):  # k steps outer: the strips' independent accumulators interleave
             for i in range(self.MT):
-                if cfg.tma:  # 128-byte swizzled rows of 32 words (TMA's layout): a k step moves the start 8 words
-                    a_first, b_first = (wgm * cfg.WM + 64 * i) * 32 + 8 * ks, wgn * cfg.WN * 32 + 8 * ks
-                    layout = dict(lbo=4, sbo=8 * 32, swizzle=128)
+                if cfg.tma:  # 128-byte swizzled rows of BK elements (TMA's layout): a k step moves the start d of them
+                    a_first, b_first = (wgm * cfg.WM + 64 * i) * BK + d * ks, wgn * cfg.WN * BK + d * ks
+                    layout = dict(lbo=4, sbo=8 * BK, swizzle=128, kind=self.kind)
                 else:
                     a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
                     b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)

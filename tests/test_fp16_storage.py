@@ -288,9 +288,10 @@ def scale_expected(x):
     return want.reshape(-1)
 
 
-def test_local_buffers_are_never_float16():
-    with pytest.raises(ValueError, match="storage dtype of global buffers only"):
-        Buffer("As", (16,), "float16", "shared")
+def test_register_buffers_are_never_float16():
+    with pytest.raises(ValueError, match="storage dtype of global and shared buffers"):
+        Buffer("acc", (16,), "float16", "register")
+    assert Buffer("As", (16,), "float16", "shared").dtype == "float16"  # fp16 TMA tiles
 
 
 def test_scale_kernel_on_the_cpu(rng):

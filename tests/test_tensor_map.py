@@ -260,7 +260,8 @@ def test_tma_module_names_its_maps():
                       .kernel_ir(), cache=False)
     assert "PARAMS = ('x', 'w', 'y', 'x_map', 'w_map')" in src
     assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
-           "128, 'tf32', ()), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32', ()))" in src
+           "128, 'tf32', (), 'float32'), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32', (), " \
+           "'float32'))" in src
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
 
 
@@ -335,7 +336,7 @@ def test_pipeline_checks_its_shape():
     ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "channels a multiple of 32 .of the reduction"),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=2), {}, "tma=1 needs stride 1"),
     ("fwd", (2, 6, 10, 16), (40, 3, 3, 16), {}, {}, "tma=1 needs channels a multiple of 32"),
-    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(BK=16), "tma=1 needs wgmma=1, async_copy=0, BK=32"),
+    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(BK=16), "BK in .8, 16, 32. .tma: 32 or 64."),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(async_copy=1), "tma=1 needs wgmma=1, async_copy=0"),
 ])
 def test_tma_configs_it_cannot_build_are_refused(direction, x_shape, w_shape, kw, tile, match):

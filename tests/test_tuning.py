@@ -144,7 +144,7 @@ def test_candidate_with_local_memory_is_rejected(monkeypatch):
     # is made after the kernel is compiled (before, numba has no overload to report on)
     from kernelgen.tuning import bench
     compiled = []
-    monkeypatch.setattr(tuner, "_compile", lambda launcher: compiled.append(launcher))
+    monkeypatch.setattr(tuner, "_compile", lambda launcher, dtype="float32": compiled.append(launcher))
     monkeypatch.setattr(bench, "kernel_resources",
                         lambda launcher, threads: {"registers": 128, "local_bytes": 96 if compiled else 0})
     p = make_problem("fwd", (1, 4, 5, 4), (4, 3, 3, 4), padding=1)
@@ -431,8 +431,8 @@ def test_tensor_core_tune_records_per_precision_entries(tiny_table, tmp_path, mo
     monkeypatch.setattr(tuner, "measure", fake_measure)
     db = tmp_path / "db.json"
     _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=1, limit=1, keep=2, precision="fp16")
-    p = shapes.load_table(str(tiny_table))[1][0].problem("fwd")
-    assert not failures and list(entries) == [p.key() + "_fp16"]
+    p = shapes.load_table(str(tiny_table))[1][0].problem("fwd", "float16")  # fp16 tunes float16 storage
+    assert not failures and list(entries) == [p.key() + "_fp16"] and "float16" in p.key()
     assert [(v, prec) for v, _, prec in timed] == [("implicit_gemm_tc", "fp16")] * 2
     e = entries[p.key() + "_fp16"]
     assert e["precision"] == "fp16" and e["variant"] == "implicit_gemm_tc"
@@ -441,8 +441,227 @@ def test_tensor_core_tune_records_per_precision_entries(tiny_table, tmp_path, mo
     timed.clear()
     _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=1, limit=1, keep=1, tiles=TINY_TILES,
                                       variants=("implicit_gemm",))
-    assert not failures and set(entries) == {p.key(), p.key() + "_fp16"}
+    p32 = shapes.load_table(str(tiny_table))[1][0].problem("fwd")
+    assert not failures and set(entries) == {p32.key(), p.key() + "_fp16"}
     assert timed and all(v == "implicit_gemm" and prec == "fp32" for v, _, prec in timed)
-    assert "precision" not in entries[p.key()]
+    assert "precision" not in entries[p32.key()]
     saved = json.loads(db.read_text())["entries"]
     assert saved[p.key() + "_fp16"]["precision"] == "fp16"
+
+
+# --- fp16 runs on float16 storage: bench and tune give kernelgen the 16-bit tensors cuDNN gets ----------------
+
+def test_storage_dtype_is_float16_for_fp16_only():
+    assert shapes.storage_dtype("fp16") == "float16"
+    for precision in ("fp32", "tf32", "bf16"):
+        assert shapes.storage_dtype(precision) == "float32"
+
+
+def test_layer_problem_takes_the_storage_dtype():
+    _, gpu_md = shapes.load_table("gpu_md")
+    deconv = [l for l in gpu_md if l.transposed][0]
+    for layer in (gpu_md[0], deconv):
+        for d in ("fwd", "bwd_data", "bwd_weight"):
+            p32, p16 = layer.problem(d), layer.problem(d, "float16")
+            assert p32.dtype == "float32" and p16.dtype == "float16"
+            assert p16.key() != p32.key() and p16.key().endswith("float16")
+            assert (p16.direction, p16.x_shape, p16.w_shape, p16.y_shape) == \
+                (p32.direction, p32.x_shape, p32.w_shape, p32.y_shape)
+            # the tuned-database key an fp16 tune writes is the one kernelgen's float16 plans read
+            assert database.entry_key(p16, "fp16") != database.entry_key(p32, "fp16")
+
+
+def test_tuner_inputs_are_in_the_storage_dtype_and_the_reference_in_float64():
+    from kernelgen import reference as R
+    for d in ("fwd", "bwd_data", "bwd_weight"):
+        p32 = make_problem(d, (2, 5, 6, 8), (8, 3, 3, 8), padding=1)
+        p16 = make_problem(d, (2, 5, 6, 8), (8, 3, 3, 8), padding=1, dtype="float16")
+        x32 = tuner.random_inputs(p32, np.random.default_rng(3))
+        x16 = tuner.random_inputs(p16, np.random.default_rng(3))
+        assert set(x16) == set(x32) and all(a.dtype == np.float32 for a in x32.values())
+        assert all(a.dtype == np.float16 and a.shape == x32[n].shape for n, a in x16.items())
+        assert all(np.array_equal(a, x32[n].astype(np.float16)) for n, a in x16.items())  # the same draws, rounded
+        ref16, _ = tuner._reference_job((p16, 3))
+        assert ref16.dtype == np.float64 and ref16.shape == p16.output_shape
+        # computed from those exact float16 values (float64 arithmetic, not float16's)
+        wide = {n: a.astype(np.float64) for n, a in x16.items()}
+        assert np.array_equal(ref16, tuner.reference_output(p16, wide))
+        assert not np.array_equal(ref16, tuner.reference_output(p32, x32))
+        if d == "fwd":
+            assert np.array_equal(ref16, R.conv_forward(wide["x"], wide["w"], padding=1))
+
+
+def test_check_result_compares_float16_in_float64():
+    ref = np.full(1000, 60000.0)  # squares overflow float16 (and a float16 norm with them)
+    assert tuner.check_result(ref.astype(np.float16), ref, "fp16") == 0.0
+    got = (ref * (1 + 5e-3)).astype(np.float16)
+    assert abs(tuner.check_result(got, ref, "fp16") - 5e-3) < 1e-3
+
+
+def test_fp16_tune_candidates_fit_float16_storage():
+    # a float16 output takes no split-K (its atomic adds need float32): none is a candidate, not even the tuned one
+    from kernelgen.templates import implicit_gemm_tc
+    bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
+    split = TileConfig(64, 64, 32, WM=32, WN=16, stages=2, swizzle=1, split_k=4)
+    cands = tuner.tc_candidates(bwd_w, "fp16", tuned=split)
+    assert cands and all(c.split_k == 1 for _, c in cands)
+    assert cands[0][1] == implicit_gemm_tc.default_config(bwd_w, "cuda", "fp16")
+    assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w.__class__(**{**bwd_w.__dict__, "dtype": "float32"}),
+                                                             "fp16"))
+    small = make_problem("fwd", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")
+    assert tuner.tc_split_choices(small, 128, 64, 16) == [1]
+
+
+def test_fp16_tune_works_on_float16_problems(tiny_table, tmp_path, monkeypatch):
+    """tune(precision="fp16") measures the float16 problems, on float16 device copies, against float64."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
+        seen.append((problem, ref, sets))
+        raise Stop
+    monkeypatch.setattr(tuner, "measure", fake_measure)
+    monkeypatch.setattr(tuner, "device_sets", lambda host, rotations=3: [host])
+    monkeypatch.setattr(tuner, "_compile_one", lambda args: (None, 0.0))
+    monkeypatch.setattr(tuner, "device_name", lambda: "sm_90_test")
+
+    class Pool:  # in-process: the compile and reference jobs (the workers' part) run right here
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            from concurrent.futures import Future
+            f = Future()
+            f.set_result(fn(*args))
+            return f
+    monkeypatch.setattr(tuner, "ProcessPoolExecutor", Pool)
+    _, entries, failures = tuner.tune(str(tiny_table), db_path=tmp_path / "db.json", limit=1, keep=1,
+                                      precision="fp16")
+    assert not entries and failures and seen
+    problem, ref, sets = seen[0]
+    assert problem == shapes.load_table(str(tiny_table))[1][0].problem("fwd", "float16")
+    assert ref.dtype == np.float64 and all(a.dtype == np.float16 for s in sets for a in s.values())
+
+
+def test_compile_signature_and_poisoned_output_follow_the_storage_dtype(monkeypatch):
+    """The worker compiles an fp16 plan of a float16 problem for float16 arrays, and measure poisons a float16
+    output.  Nothing is rendered or launched: stand-ins for the launcher and its kernel record what they get."""
+    from numba import cuda
+
+    from kernelgen import api
+    from kernelgen.templates.config import CUDA_TC_DEFAULT
+    from kernelgen.tuning import bench
+    signatures, plans = [], []
+
+    class Kernel:
+        def compile(self, sig):
+            signatures.append(sig)
+
+    class Launcher:
+        kernel, params, outputs, threads, tensor_maps = Kernel(), ("x", "w", "y", "m"), ("y",), 128, (("m",),)
+    tuner._compile(Launcher(), "float16")
+    tuner._compile(Launcher())
+    assert [str(t) for t in signatures[0]] == ["array(float16, 1d, C)"] * 3 + ["array(uint64, 1d, C)"]
+    assert [str(t) for t in signatures[1]] == ["array(float32, 1d, C)"] * 3 + ["array(uint64, 1d, C)"]
+
+    monkeypatch.setattr(api, "get_launcher", lambda plan: plans.append(plan) or Launcher())
+    signatures.clear()
+    p = make_problem("fwd", (1, 4, 5, 16), (16, 3, 3, 16), padding=1, dtype="float16")
+    assert tuner._compile_one((p, "implicit_gemm_tc", CUDA_TC_DEFAULT, "fp16"))[0] is None
+    assert [str(t) for t in signatures[0]][:3] == ["array(float16, 1d, C)"] * 3
+    poisoned = []
+
+    def to_device(a, *args, **kw):
+        poisoned.append(a)
+        raise RuntimeError("stop before launching")
+    monkeypatch.setattr(bench, "kernel_resources", lambda launcher, threads: {})
+    monkeypatch.setattr(cuda, "to_device", to_device)
+    with pytest.raises(RuntimeError, match="stop"):
+        tuner.measure(p, "implicit_gemm_tc", CUDA_TC_DEFAULT, sets=[], ref=None, precision="fp16")
+    assert len(signatures) == 2 and [str(t) for t in signatures[1]][:3] == ["array(float16, 1d, C)"] * 3
+    assert [(pl.problem, pl.precision) for pl in plans] == [(p, "fp16")] * 2
+    (out,) = poisoned
+    assert out.dtype == np.float16 and out.size == int(np.prod(p.output_shape)) and np.isnan(out).all()
+
+
+class _FakeTensor(np.ndarray):
+    """Just enough of a torch tensor for TorchConv.nhwc (a NumPy array: no torch on the CPU test machines)."""
+
+    def to(self, dtype):
+        return self.astype(dtype).view(_FakeTensor)
+
+    def permute(self, *axes):
+        return self.transpose(axes)
+
+
+class _FakeTorch:
+    float32, float16, bfloat16 = np.dtype("float32"), np.dtype("float16"), np.dtype("float64")  # bf16: a stand-in
+
+    @staticmethod
+    def randn(shape, device=None, generator=None):
+        return np.random.default_rng(0).standard_normal(shape).astype(np.float32).view(_FakeTensor)
+
+
+@pytest.mark.parametrize("precision", ("fp32", "tf32", "fp16", "bf16"))
+def test_bench_gives_kernelgen_the_storage_dtype_cudnn_reads(precision):
+    """At fp16 kernelgen's tensor is the float16 NHWC tensor whose NCHW view cuDNN reads (the same memory); at
+    bf16 kernelgen keeps float32 and cuDNN gets its 16-bit copy; fp32/tf32: one float32 tensor."""
+    from kernelgen.tuning import bench
+    tc = object.__new__(bench.TorchConv)
+    tc.torch = _FakeTorch
+    tc.dtype = getattr(_FakeTorch, bench.CUDNN_DTYPES[precision]) if precision in bench.CUDNN_DTYPES else None
+    storage = shapes.storage_dtype(precision)
+    k, view = tc.nhwc((2, 3, 4, 5), None, storage)
+    assert k.dtype == np.dtype(storage) and k.shape == (2, 3, 4, 5) and k.flags.c_contiguous
+    assert view.shape == (2, 5, 3, 4)
+    assert np.shares_memory(k, view) == (precision != "bf16")
+    assert view.dtype == (np.float64 if precision == "bf16" else np.dtype(storage))
+    assert np.array_equal(k, _FakeTorch.randn((2, 3, 4, 5)).astype(storage))
+    assert tc.nhwc((2, 3, 4, 5), None)[0].dtype == np.float32  # no storage given (scripts): float32, as before
+
+
+def test_floor_counts_the_storage_bytes():
+    from kernelgen.tuning import bench
+    big = dict(padding=1)
+    p32 = make_problem("bwd_weight", (128, 56, 56, 64), (64, 1, 1, 64), **big)
+    p16 = make_problem("bwd_weight", (128, 56, 56, 64), (64, 1, 1, 64), dtype="float16", **big)
+    assert bench.floor_ms(p16, "fp16") == pytest.approx(bench.floor_ms(p32, "fp16") / 2)  # memory bound: half
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "bf16"))
+def test_gpu_bench_fp16_runs_on_float16(torch, precision):
+    from kernelgen.tuning import bench
+    layer = shapes.Layer("t", 2, 8, 8, 32, 32, 3, 3, padding=1)
+    tc = bench.TorchConv(dtype=bench.CUDNN_DTYPES[precision])
+    for d in ("fwd", "bwd_data", "bwd_weight"):
+        row = bench.bench_problem(layer, d, tc, rotations=1, repeat=1, precision=precision)
+        assert row["dtype"] == shapes.storage_dtype(precision) and row["precision"] == precision
+        assert row["rel_err_vs_cudnn"] < 1e-2, (d, row)
+
+
+def test_fp16_tma_candidates_on_float16_arrays():
+    """fp16 on float16 arrays tries the TMA tiles with BK 64 (a 128-byte row of float16), the 128 x 256 one too,
+    never split (float16 outputs take no atomic adds); forward and stride-1 backward-data, not backward-weight."""
+    from kernelgen.templates import implicit_gemm_tc
+    kw = dict(padding=1, dtype="float16")
+    fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
+    bwd = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
+    bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
+    for p in (fwd, bwd, bwd_w):
+        tma = [c for _, c in tuner.tc_candidates(p, "fp16") if c.tma]
+        want = set(tuner.TMA_TILES_FP16) if p is not bwd_w else set()
+        assert {(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in tma} == want
+        for c in tma:
+            assert c.BK == 64 and c.split_k == 1
+            implicit_gemm_tc.build(p, c, "fp16")
+    assert not [c for _, c in tuner.tc_candidates(make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128),
+                                                                padding=1), "fp16") if c.tma]  # float32 arrays

@@ -5,6 +5,8 @@ kernelgen's kernel, checks its output against the comparator (or the float64 ref
 there is none), times both with CUDA events and writes a JSON report, a Markdown table and,
 with matplotlib, a PNG plot.  cuDNN runs through torch with channels_last tensors and TF32 off, or, with
 --precision tf32 (kernelgen's tensor-core kernels), with torch's TF32 switches on: like against like.
+With --precision fp16 both run on the same float16 channels-last tensors (shapes.storage_dtype); with bf16
+cuDNN runs on bfloat16 copies while kernelgen reads and writes float32 (it takes no bfloat16 arrays).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 from kernelgen.api import PRECISIONS, get_launcher, make_plan
 from kernelgen.templates.config import TileConfig
 
-from .shapes import load_table
+from .shapes import load_table, storage_dtype
 from .timing import Rotation, time_side_by_side
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
@@ -48,8 +50,8 @@ def git_commit():
 
 
 def floor_ms(p, precision="fp32"):
-    """max(FLOPs / peak, compulsory bytes / bandwidth): no kernel runs much faster."""
-    nbytes = 4 * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
+    """max(FLOPs / peak, compulsory bytes / bandwidth): no kernel runs much faster (bytes of p.dtype)."""
+    nbytes = np.dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
     return max(p.flops / PEAKS[precision], nbytes / HBM_BW) * 1e3
 
 
@@ -74,7 +76,9 @@ def kernel_resources(launcher, threads):
 class TorchConv:
     """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off unless tf32=True.
     dtype "float16" / "bfloat16": cuDNN runs on 16-bit copies of the inputs (its own fp16/bf16 kernels,
-    16-bit inputs and outputs), while kernelgen's fp16/bf16 precisions read and write float32."""
+    16-bit inputs and outputs).  kernelgen's tensors are in its storage dtype (shapes.storage_dtype): at
+    fp16 float16, the very tensors cuDNN reads; at bf16 float32 (kernelgen takes no bfloat16 arrays), from
+    which cuDNN's bfloat16 copies are made."""
 
     def __init__(self, tf32=False, dtype=None):
         import torch
@@ -85,10 +89,15 @@ class TorchConv:
         torch.backends.cudnn.benchmark = True
         self.torch = torch
 
-    def nhwc(self, shape, gen):
-        """A random NHWC tensor of `shape` and its NCHW channels_last view (same memory)."""
-        t = self.torch.randn(shape, device="cuda", generator=gen)
-        return t, (t if self.dtype is None else t.to(self.dtype)).permute(0, 3, 1, 2)
+    def nhwc(self, shape, gen, storage="float32"):
+        """A random NHWC tensor of `shape` for kernelgen, contiguous, of dtype `storage`, and cuDNN's NCHW
+        channels_last view of its own input (self.dtype, else float32): the same memory where the two dtypes
+        agree (float32 for fp32/tf32, float16 for fp16), else a converted copy of the same float32 values."""
+        torch = self.torch
+        t = torch.randn(shape, device="cuda", generator=gen)
+        c = t if self.dtype is None else t.to(self.dtype)
+        k = c if c.dtype == getattr(torch, storage) else t.to(getattr(torch, storage))
+        return k, c.permute(0, 3, 1, 2)
 
     def op(self, layer, direction, x, w, dy):
         """A zero-argument callable running cuDNN for this direction (inputs as NCHW views)."""
@@ -105,20 +114,22 @@ class TorchConv:
 
 
 def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=None, algo=None, precision="fp32"):
-    """Time one (layer, direction) for kernelgen and, when given, cuDNN; check kernelgen's output."""
+    """Time one (layer, direction) for kernelgen and, when given, cuDNN; check kernelgen's output.  kernelgen
+    runs on tensors of storage_dtype(precision) (float16 at fp16: the tensors cuDNN reads) into an output of
+    that dtype; its error against cuDNN is taken in float32."""
     from numba import cuda
     torch = torch_conv.torch
-    p = layer.problem(direction)
+    p = layer.problem(direction, storage_dtype(precision))
     plan = make_plan(p, "cuda", algo, config, precision)
     t0 = time.perf_counter()
     launcher = get_launcher(plan)
     gen = torch.Generator(device="cuda").manual_seed(0)
     sets, views = [], []
     for _ in range(rotations):
-        x, xv = torch_conv.nhwc(p.x_shape, gen)
-        w, wv = torch_conv.nhwc(p.w_shape, gen)
-        dy, dyv = torch_conv.nhwc(p.y_shape, gen)
-        out = torch.empty(p.output_shape, device="cuda")
+        x, xv = torch_conv.nhwc(p.x_shape, gen, p.dtype)
+        w, wv = torch_conv.nhwc(p.w_shape, gen, p.dtype)
+        dy, dyv = torch_conv.nhwc(p.y_shape, gen, p.dtype)
+        out = torch.empty(p.output_shape, device="cuda", dtype=getattr(torch, p.dtype))
         names = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}
         args = {n: cuda.as_cuda_array(t.reshape(-1)) for n, t in names[p.direction].items()}
         args[launcher.outputs[0]] = cuda.as_cuda_array(out.reshape(-1))
@@ -134,7 +145,7 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     if isinstance(ref, tuple):
         ref = ref[0] if direction in ("bwd_data",) else ref[1]
     ref_nhwc = ref.permute(0, 2, 3, 1).float()
-    rel = float((out - ref_nhwc).norm() / ref_nhwc.norm())
+    rel = float((out.float() - ref_nhwc).norm() / ref_nhwc.norm())
     rot = Rotation(sets)
     trot = Rotation([torch_conv.op(layer, "fwd" if layer.transposed else direction, *v[:3]) for v in views])
     kg_ms, cudnn_ms = time_side_by_side([lambda: launcher(rot()), lambda: trot()()], repeat=repeat)
@@ -142,7 +153,7 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
            "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
            "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
            "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p, precision),
-           "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision,
+           "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision, "dtype": p.dtype,
            "pct_of_peak": p.flops / kg_ms / 1e9 / (PEAKS[precision] / 1e12),
            **kernel_resources(launcher, launcher.threads)}
     return row
@@ -191,7 +202,8 @@ def precompile(plans, workers=None):
     from kernelgen.runtime.cache import cache_dir
     os.environ.setdefault("KERNELGEN_CACHE_DIR", str(cache_dir()))
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
-        # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel
+        # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel;
+        # the problem carries the storage dtype, so an fp16 plan's kernel is compiled for float16 arrays
         jobs = [(p.problem, p.variant, p.config, p.precision) for p in plans]
         errors = [e for e, _ in pool.map(_compile_one, jobs)]
     for plan, e in zip(plans, errors):
@@ -235,10 +247,11 @@ def markdown(rows, summ):
                      f"{100 * r.get('pct_of_peak', 0):.0f}% | {100 * r['pct_of_floor']:.0f}% | "
                      f"{r['rel_err_vs_cudnn']:.1e} |")
     lines.append("")
-    precision = rows[0].get("precision", "fp32") if rows else "fp32"
+    precision = next((r["precision"] for r in rows if "precision" in r), "fp32")  # (failed rows have none)
     cudnn = f"cuDNN in {CUDNN_DTYPES[precision]}" if precision in CUDNN_DTYPES else \
         f"cuDNN with TF32 {'on' if precision == 'tf32' else 'off'}"
-    lines.append(f"precision {precision}: % peak is of {PEAKS[precision] / 1e12:.0f} TFLOP/s; {cudnn}")
+    lines.append(f"precision {precision}: kernelgen on {storage_dtype(precision)} tensors; % peak is of "
+                 f"{PEAKS[precision] / 1e12:.0f} TFLOP/s; {cudnn}")
     for d, s in summ.items():
         lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
     return "\n".join(lines)
@@ -292,13 +305,15 @@ def main(argv=None):
     from tqdm import tqdm
     rows = []
     algos = args.algo.split(",") if args.algo else [None]
+    dtype = storage_dtype(args.precision)
     jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
-            if _applies(l.problem(d), a)]
+            if _applies(l.problem(d, dtype), a)]
     alternatives = args.set or [None]
     for text in filter(None, alternatives):
         parse_overrides(text)  # a typo fails here, before anything compiles
     jobs = [(l, d, a, alt) for l, d, a in jobs for alt in alternatives]
-    plans = [set_fields(make_plan(l.problem(d), "cuda", a, precision=args.precision), alt) for l, d, a, alt in jobs]
+    plans = [set_fields(make_plan(l.problem(d, dtype), "cuda", a, precision=args.precision), alt)
+             for l, d, a, alt in jobs]
     runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
     for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
         if error:
@@ -322,7 +337,7 @@ def main(argv=None):
               "device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
               else str(cuda.get_current_device().name), "commit": git_commit(), "host": platform.node(),
               "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(), "tf32": tc.tf32,
-              "precision": args.precision,
+              "precision": args.precision, "dtype": dtype,
               "rows": rows, "summary": summ}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,13 @@ from kernelgen.problem import ConvProblem, deconv_output_shape, make_problem
 TABLES = Path(__file__).parent / "tables"
 
 
+def storage_dtype(precision) -> str:
+    """The dtype of the tensors a bench or tune runs at `precision`: float16 for "fp16" (the 16-bit tensors
+    cuDNN's fp16 convolutions read and write, computed by kernelgen's fp16 tensor-core plans: kernelgen.storage),
+    float32 for the others (fp32, tf32 and bf16 compute on float32 tensors)."""
+    return "float16" if precision == "fp16" else "float32"
+
+
 @dataclass(frozen=True)
 class Layer:
     name: str
@@ -49,11 +56,13 @@ class Layer:
             return out, w, kw
         return (self.N, self.H, self.W, self.C), (self.K, self.R, self.S, self.C // self.groups), kw
 
-    def problem(self, direction) -> ConvProblem:
+    def problem(self, direction, dtype="float32") -> ConvProblem:
+        """The layer's problem for `direction` on tensors of `dtype` (storage_dtype(precision) for a run at a
+        precision: the dtype is part of the problem's key, and so of its tuned-database entry)."""
         x, w, kw = self.shapes()
         if self.transposed:  # a deconvolution's forward pass is its conv's backward-data
             direction = {"fwd": "bwd_data", "bwd_data": "fwd"}.get(direction, direction)
-        return make_problem(direction, x, w, **kw)
+        return make_problem(direction, x, w, dtype=dtype, **kw)
 
     def label(self):
         core = f"{self.N},{self.H},{self.W},{self.C}->{self.K}, {self.R}x{self.S}, s{self.stride} p{self.padding} d{self.dilation}"

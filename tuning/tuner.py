@@ -13,6 +13,10 @@ its CUDA_TC_TILES x swizzle 1/2 x split-K (backward-weight; the others where blo
 stages, plus its default config, the config a database already holds, and for TF32 forward the TMA_TILES,
 compiled and timed at that precision, verified within that precision's error bound, and recorded under
 the problem key + "_" + precision (database.entry_key), which the tensor-core plans of kernelgen.api read.
+fp16 tunes the float16-storage problems (shapes.storage_dtype: float16 inputs and outputs, the tensors
+`python -m kernelgen bench --precision fp16` and kernelgen.conv on float16 arrays run; the problem key holds
+the dtype), verified against the float64 reference of those very float16 inputs; float16 outputs take no
+split-K.  tf32 and bf16 tune float32-storage problems.
 The default, fp32, tunes the fp32 variants into the bare problem keys as it always did.
 """
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from kernelgen.api import PRECISIONS, check_precision
 
 from . import database
-from .shapes import load_table
+from .shapes import load_table, storage_dtype
 from .timing import Rotation, time_cuda
 
 MAX_SHARED = 48 * 1024   # numba's static shared arrays are capped at 48 KiB per block
@@ -126,7 +130,10 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
     """split-K factors of a tensor-core tile: backward-weight's (split_choices); for the other directions 1, and
     where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that fill
     about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA boxes
-    must not run past the filter), the nearest such to each target."""
+    must not run past the filter), the nearest such to each target.  A float16 output: 1 only (split-K adds
+    partial sums into the output atomically, which needs float32: kernelgen.storage.check_split_k)."""
+    if problem.dtype == "float16":
+        return [1]
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk)
     from kernelgen.templates import gemm_shape
@@ -146,16 +153,24 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
 TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128, 128, 4, 2))
 
 
+# fp16 (float16 arrays, BK 64: the same 128-byte rows) adds a 128 x 256 tile: its MMAs take half the time of
+# TF32's, so wider tiles (fewer bytes of shared memory read per MMA) pay
+TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2),)
+
+
 def tma_candidate_configs(problem, precision):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
-    tc_split_choices), where the forward TMA view builds (implicit_gemm.tma_unmet)."""
+    tc_split_choices; never for float16 outputs), where the forward TMA view builds (implicit_gemm.tma_unmet):
+    TF32 on float32 arrays, fp16 on float16 arrays."""
     from kernelgen.templates import implicit_gemm
     from kernelgen.templates.config import TileConfig
-    if precision != "tf32" or implicit_gemm.tma_unmet(problem):
+    from kernelgen.templates.tma_schedule import swizzled_row
+    if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or implicit_gemm.tma_unmet(problem):
         return []
-    return [TileConfig(bm, bn, 32, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
-            for bm, bn, wm, wn, st, tma in TMA_TILES
-            for sk in tc_split_choices(problem, bm, bn, 32, divides=True, waves=(1,))]
+    bk = swizzled_row(problem.dtype)
+    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
+            for bm, bn, wm, wn, st, tma in (TMA_TILES if precision == "tf32" else TMA_TILES_FP16)
+            for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))]
 
 
 def tc_candidate_configs(problem, precision, keep=None):
@@ -191,7 +206,19 @@ def tc_candidates(problem, precision, keep=None, tuned=None):
     cfgs = tc_candidate_configs(problem, precision, keep)
     if tuned is not None and tuned not in cfgs:
         cfgs.append(tuned)
-    return [(implicit_gemm_tc.NAME, c) for c in cfgs]
+    return [(implicit_gemm_tc.NAME, c) for c in cfgs if tc_fits_storage(problem, c)]
+
+
+def tc_fits_storage(problem, cfg):
+    """Can a tensor-core config compute the problem's storage dtype (float16: no split-K, no float32 async
+    copies), as kernelgen.api's plans check?"""
+    from kernelgen.storage import check_split_k
+    from kernelgen.templates import implicit_gemm_tc
+    try:
+        check_split_k(problem.dtype, cfg)
+    except ValueError:
+        return False
+    return implicit_gemm_tc.config_ok(problem, cfg)
 
 
 def _compile_one(args):
@@ -200,7 +227,7 @@ def _compile_one(args):
     from kernelgen.api import Plan, get_launcher
     t = time.perf_counter()
     try:
-        _compile(get_launcher(Plan(problem, variant, cfg, "cuda", *precision)))
+        _compile(get_launcher(Plan(problem, variant, cfg, "cuda", *precision)), problem.dtype)
         return None, time.perf_counter() - t
     except Exception as e:  # recorded by the parent; the tune goes on
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
@@ -208,14 +235,15 @@ def _compile_one(args):
         return f"compile: {type(e).__name__}: {str(e)[:200]} (at {where})", time.perf_counter() - t
 
 
-def _compile(launcher):
-    """Compile the launcher's kernel for its float32 signature, TMA tensor maps as uint64 words (the
-    simulator's dispatcher compiles nothing); numba reports registers and local memory only for a compiled
-    overload."""
-    from numba import float32, uint64
+def _compile(launcher, dtype="float32"):
+    """Compile the launcher's kernel for its signature: 1D C-contiguous arrays of the problem's `dtype` (float16
+    for float16 storage), TMA tensor maps as uint64 words (the simulator's dispatcher compiles nothing); numba
+    reports registers and local memory only for a compiled overload."""
+    from numba import from_dtype, uint64
     maps = {spec[0] for spec in launcher.tensor_maps}
+    arr = from_dtype(np.dtype(dtype))[::1]
     if hasattr(launcher.kernel, "compile"):
-        launcher.kernel.compile(tuple(uint64[::1] if name in maps else float32[::1] for name in launcher.params))
+        launcher.kernel.compile(tuple(uint64[::1] if name in maps else arr for name in launcher.params))
 
 
 def _reference_job(args):
@@ -237,22 +265,26 @@ def reference_output(problem, inputs):
 
 
 def random_inputs(problem, rng):
+    """Standard-normal inputs of the problem's direction in problem.dtype (float16 for float16 storage: the
+    float64 reference is then computed from these exact float16 values)."""
     shapes = {"fwd": {"x": problem.x_shape, "w": problem.w_shape},
               "bwd_data": {"dy": problem.y_shape, "w": problem.w_shape},
               "bwd_weight": {"x": problem.x_shape, "dy": problem.y_shape}}[problem.direction]
-    return {n: rng.standard_normal(s, dtype=np.float32) for n, s in shapes.items()}
+    return {n: rng.standard_normal(s, dtype=np.float32).astype(problem.dtype, copy=False) for n, s in shapes.items()}
 
 
 def device_sets(host_inputs, rotations=3):
-    """Device copies of the inputs, rotated so that L2 does not flatter (made once per problem)."""
+    """Device copies of the inputs as they are (their dtype kept), rotated so that L2 does not flatter (made once
+    per problem)."""
     from numba import cuda
     return [{n: cuda.to_device((a if i == 0 else np.roll(a, i)).reshape(-1)) for n, a in host_inputs.items()}
             for i in range(rotations)]
 
 
 def check_result(got, ref, precision="fp32"):
-    """The relative error of `got` against the float64 reference; raises unless it is finite and within
-    MAX_REL_ERR[precision]."""
+    """The relative error of `got` (float32 or float16) against the float64 reference, computed in float64;
+    raises unless it is finite and within MAX_REL_ERR[precision]."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     if not np.isfinite(err) or err > MAX_REL_ERR[precision]:
         raise ValueError(f"wrong result: relative error {err:.2e}")
@@ -266,11 +298,11 @@ def measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
     from kernelgen.api import Plan, get_launcher
     from kernelgen.tuning.bench import kernel_resources
     launcher = get_launcher(Plan(problem, variant, cfg, "cuda", precision))
-    _compile(launcher)  # before it, the resource query finds no overload and reports nothing
+    _compile(launcher, problem.dtype)  # before it, the resource query finds no overload and reports nothing
     local = kernel_resources(launcher, launcher.threads).get("local_bytes", 0)
     if local > MAX_LOCAL_BYTES:
         raise ValueError(f"uses {local} B of local memory per thread (more than {MAX_LOCAL_BYTES})")
-    out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, np.float32))  # poisoned
+    out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype))  # poisoned
     sets = [{**s, launcher.outputs[0]: out} for s in sets]
     launcher(sets[0])
     err = check_result(out.copy_to_host().reshape(ref.shape), ref, precision)
@@ -291,14 +323,16 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
     """Every problem's compile and reference jobs are queued up front, in problem order, so the
     worker pool compiles problem i+1.. while the parent times problem i on the GPU.  precision: "fp32"
     (the fp32 variants, `variants` and `tiles` choosing among them) or "tf32" / "fp16" / "bf16" (the
-    tensor-core variant's tc_candidates; entries keyed per precision)."""
+    tensor-core variant's tc_candidates; entries keyed per precision).  The problems are the table's on tensors
+    of storage_dtype(precision): float16 for fp16, float32 otherwise."""
     check_precision(precision)  # before any work: a typo must not cost a table's compile jobs
     from tqdm import tqdm
     name, layers = load_table(table)
+    dtype = storage_dtype(precision)
     problems = []
     for layer in layers:
         for d in directions:
-            p = layer.problem(d)
+            p = layer.problem(d, dtype)
             if p not in problems:
                 problems.append(p)
     problems = problems[:limit] if limit else problems
@@ -370,7 +404,7 @@ def main(argv=None):
                     "(0: all)")
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="fp32: the fp32 variants (default); tf32/fp16/bf16: the tensor-core variant's tiles, "
-                         "recorded per precision")
+                         "recorded per precision (fp16 on float16 tensors, the others on float32)")
     args = ap.parse_args(argv)
     from kernelgen.api import gpu_present
     if not gpu_present():

@@ -1,0 +1,184 @@
+"""fp16 warpgroup MMAs fed by TMA (TileConfig.tma with precision="fp16" on float16 arrays): the operands land as
+stored, 64 to a 128-byte swizzled row (BK 64), and each ir.WarpgroupMma of kind "fp16" is 16 deep.
+
+On the CPU backend the copies happen when issued and the MMAs are emulated per thread (kernelgen.cpu_round.wgmma_f16);
+the simulator checks the launcher's flipped float16 filter copy; the GPU tests (tests/test_tensor_core_gpu.py) run
+the same kernels on the H100.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def fp16_tma_config(**kw):
+    from kernelgen.templates.config import TileConfig
+    return TileConfig(**{"BK": 64, "WM": 64, "wgmma": 1, "tma": 1, **kw})
+
+
+def fp16_inputs(rng, *shapes):
+    return [rng.standard_normal(s).astype(np.float16) for s in shapes]
+
+
+def close_to_float64(got, want):
+    """fp16 operands are exact, products exact in float32, float32 sums, one rounding to float16 at the store:
+    within a few float16 units of the largest output."""
+    got = got.astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max()
+    assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
+
+
+FWD_CASES = [((2, 5, 7, 64), (40, 3, 3, 64), dict(padding=1), dict(BM=64, BN=40, WN=40, stages=2)),
+             ((1, 6, 6, 128), (16, 3, 1, 128), dict(padding=(2, 0), dilation=(2, 1)),
+              dict(BM=128, BN=16, WN=16, stages=3)),
+             ((1, 4, 5, 64), (24, 1, 1, 64), {}, dict(BM=64, BN=24, WN=24, stages=2, tma=2))]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", FWD_CASES)
+def test_cpu_fp16_tma_forward(x_shape, w_shape, kw, tile, rng):
+    """Ragged M and N, 1-2 warpgroups, two slices per tap (C = 128), dilation, asymmetric padding, tma=2."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    x, w = fp16_inputs(rng, x_shape, w_shape)
+    p = make_problem("fwd", x_shape, w_shape, dtype="float16", **kw)
+    launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
+    assert [(m[0], m[9], m[11]) for m in launcher.tensor_maps] == [("x_map", "", "float16"), ("w_map", "", "float16")]
+    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float16)
+    launcher({"x": x.ravel(), "w": w.ravel(), "y": y})
+    close_to_float64(y.reshape(p.y_shape), ref.conv_forward(x.astype(np.float64), w.astype(np.float64), **kw))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", [
+    ((2, 5, 6, 24), (64, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
+    ((1, 6, 5, 16), (64, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=2, tma=2))])
+def test_cpu_fp16_tma_backward_data(x_shape, w_shape, kw, tile, rng):
+    """A stride-1 backward-data: the forward convolution of dy with the launcher's flipped float16 copy of w
+    (no rounding: fp16 operands are exact); the caller's w is left as it was."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    (w,) = fp16_inputs(rng, w_shape)
+    p = make_problem("bwd_data", x_shape, w_shape, dtype="float16", **kw)
+    (dy,) = fp16_inputs(rng, p.y_shape)
+    launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
+    assert [(m[0], m[10]) for m in launcher.tensor_maps] == [
+        ("dy_map", ()), ("w_map", (w_shape[0], w_shape[1] * w_shape[2], w_shape[3]))]
+    dx = np.full(int(np.prod(x_shape)), np.nan, np.float16)
+    w_flat = w.ravel().copy()
+    launcher({"dy": dy.ravel(), "w": w_flat, "dx": dx})
+    close_to_float64(dx.reshape(x_shape), ref.conv_backward_data(dy.astype(np.float64), w.astype(np.float64),
+                                                                  x_shape, **kw))
+    assert np.array_equal(w_flat.view(np.uint16), w.ravel().view(np.uint16))
+
+
+def test_fp16_tma_module_reads_float16_tiles():
+    """The CUDA module: float16 shared tiles, 16-deep fp16 warpgroup MMAs with byte offsets of 2-byte elements,
+    float16 maps that read the caller's arrays (no rounding copy)."""
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.render_cuda import render_cuda
+    p = make_problem("fwd", (2, 6, 10, 64), (64, 3, 3, 64), padding=1, dtype="float16")
+    src = render_cuda(make_plan(p, "cuda", config=fp16_tma_config(BM=128, BN=64, WN=64, stages=4), precision="fp16")
+                      .kernel_ir(), cache=False)
+    assert "wgmma_f16_m64n64k16(" in src and "wgmma_tf32" not in src
+    assert "float16, alignment=1024)" in src
+    assert ", 1024)" in src  # the descriptors' stride offset: 8 rows of 128 bytes
+    maps = src.split("TENSOR_MAPS = ")[1].splitlines()[0]
+    assert maps.count("'float16'") == 2 and "'tf32'" not in maps
+
+
+@pytest.mark.parametrize("dtype, precision, kw, tile, match", [
+    ("float16", "fp16", {}, dict(BK=32), "needs BK 32 at tf32 or BK 64 at fp16"),
+    ("float32", "tf32", {}, dict(BK=64), "needs BK 32 at tf32 or BK 64 at fp16"),
+    ("float32", "fp16", {}, {}, "fp16 on float16 arrays with tma=1"),
+    ("float16", "fp16", dict(channels=32), {}, "channels a multiple of 64 .of the reduction, float16."),
+])
+def test_fp16_tma_configs_it_cannot_build_are_refused(dtype, precision, kw, tile, match):
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    c = kw.get("channels", 64)
+    p = make_problem("fwd", (2, 6, 10, c), (40, 3, 3, c), padding=1, dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        make_plan(p, "cpu", config=fp16_tma_config(BM=64, BN=40, WN=40, stages=2, **tile),
+                  precision=precision).kernel_ir()
+
+
+@pytest.mark.sim
+def test_flip16_device_matches_the_host(rng):
+    """The launcher's float16 backward-data filter for TMA: (K, T, C) -> (C, T, K), taps reversed, bits unchanged
+    (NaN and -0 included); partial 32 x 32 tiles at both edges."""
+    from numba import cuda
+
+    from kernelgen.runtime.elementwise import flip16_device, flip_host
+    K, T, C = 33, 2, 34
+    a = rng.standard_normal(K * T * C).astype(np.float16)
+    a[:4] = [np.nan, -0.0, np.inf, 6e-8]
+    want = flip_host(a, (K, T, C))
+    assert want.reshape(C, T, K)[5, 0, 7] == a.reshape(K, T, C)[7, T - 1, 5]
+    out = cuda.to_device(np.full(a.size, 5.0, np.float16))
+    flip16_device(cuda.to_device(a), out, (K, T, C))
+    assert np.array_equal(out.copy_to_host().view(np.uint16), want.view(np.uint16))
+
+
+# --- the same kernels on the H100 -----------------------------------------------------------------------------
+
+FP16_TMA_GPU_CONFIGS = [fp16_tma_config(BM=128, BN=64, WN=64, stages=4),
+                        fp16_tma_config(BM=128, BN=128, WN=128, stages=6),
+                        fp16_tma_config(BM=256, BN=128, WM=128, WN=128, stages=4, tma=2),
+                        fp16_tma_config(BM=64, BN=128, WN=128, stages=2, tma=2)]
+FP16_TMA_SHAPES = {"fwd": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
+                           ((3, 13, 11, 128), (40, 3, 3, 128), dict(padding=2, dilation=2)),
+                           ((2, 9, 7, 192), (24, 1, 1, 192), {})],
+                   # backward-data reduces over K (a multiple of 64)
+                   "bwd_data": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
+                                ((3, 13, 11, 24), (64, 3, 3, 24), dict(padding=2, dilation=2)),
+                                ((2, 9, 7, 40), (128, 1, 1, 40), {})]}
+
+
+def gpu_fp16_calls(direction, shape, config, rng, calls=1):
+    """`calls` calls of one launcher on fresh float16 data, outputs poisoned: each result against the float64
+    reference of the same float16 values; the caller's inputs are left as they were."""
+    from numba import cuda
+
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    x_shape, w_shape, kw = shape
+    p = make_problem(direction, x_shape, w_shape, dtype="float16", **kw)
+    launcher = get_launcher(make_plan(p, "cuda", config=config, precision="fp16"))
+    for call in range(calls):
+        x, w, dy = fp16_inputs(rng, x_shape, w_shape, p.y_shape)
+        inputs = {"x": x, "w": w} if direction == "fwd" else {"dy": dy, "w": w}
+        args = {k: cuda.to_device(v.ravel()) for k, v in inputs.items()}
+        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float16))
+        launcher({**args, launcher.outputs[0]: out})
+        f64 = lambda a: a.astype(np.float64)
+        want = (ref.conv_forward(f64(x), f64(w), **kw) if direction == "fwd" else
+                ref.conv_backward_data(f64(dy), f64(w), x_shape, **kw))
+        close_to_float64(out.copy_to_host().reshape(p.output_shape), want)
+        for k, v in inputs.items():
+            assert np.array_equal(args[k].copy_to_host().view(np.uint16), v.ravel().view(np.uint16))
+    return launcher
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("config", FP16_TMA_GPU_CONFIGS, ids=str)
+def test_gpu_fp16_tma(config, direction, rng):
+    """The fp16 wgmma (m64nNk16) reading TMA's float16 boxes: descriptors, swizzle and accumulator layout are the
+    hardware's; backward-data reads the launcher's flipped float16 filter."""
+    from kernelgen.tuning.bench import kernel_resources
+    for shape in FP16_TMA_SHAPES[direction]:
+        launcher = gpu_fp16_calls(direction, shape, config, rng)
+        assert kernel_resources(launcher, launcher.threads).get("local_bytes") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_gpu_fp16_tma_calls_after_the_first(direction, rng):
+    """From the second call on, the fast route (the flip kernel on raw addresses for backward-data, maps of the
+    caller's own arrays for forward, re-encoded when an address changes)."""
+    launcher = gpu_fp16_calls(direction, FP16_TMA_SHAPES[direction][0], FP16_TMA_GPU_CONFIGS[0], rng, calls=3)
+    assert launcher.fast
