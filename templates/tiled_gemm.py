@@ -412,6 +412,7 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     if tma_maps:  # the launcher encodes these from the arrays they name (render_base.launch_constants)
         meta["tensor_maps"] = tma_maps
-    if cfg.min_blocks:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM)
-        meta["launch_bounds"] = (cfg.threads, cfg.min_blocks)
+    if cfg.min_blocks or cfg.tma:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM);
+        # a TMA tile's block must launch whatever ptxas allocates (288 threads: at most 224 registers each)
+        meta["launch_bounds"] = (cfg.threads, max(1, cfg.min_blocks))
     return Kernel(name, tuple(view.params) + tma_params, locals_, body, grid, cfg.threads, meta)
