@@ -61,6 +61,11 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
             TensorCopy(Bs.name, (stage, Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
 
 
+# fp16 kernels measured wrong (0.1-0.3 relative) on the H100 where a k-loop of 3+ rounds carried wgmma batches in
+# flight across its back edge (PERF_NOTES #43); TF32 did not.  False reproduces that schedule.
+DRAIN_EACH_ROUND = True
+
+
 def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
     """(prologue statements for the thread phase before the first barrier, k-loop statements, extra locals)."""
     S = cfg.stages
@@ -69,19 +74,22 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
 
     slack = 1 if S >= 3 else 0
 
-    def one_slice(kt, stage, parity):
+    def one_slice(kt, stage, parity, pending=slack):
         back = 1 + slack  # the slice whose stage is free now: kt - back
         nxt = kt + (S - back)
         refill = all_of([first, kt >= back, nxt < nkt])
         return (For("tid", NT, (MbarrierWait("full", stage, parity),), "thread"),
                 Barrier(),
                 For("tid", NT, (If(refill, issue(nxt, (stage + S - back) % S)),), "thread"),
-                *wmma.compute(tid, NT, As, Bs, stage, pending=slack))
+                *wmma.compute(tid, NT, As, Bs, stage, pending=pending))
 
     prologue = [If(first, tuple(MbarrierInit("full", s, 1) for s in range(S))
                    + tuple(st for s in range(min(S, nkt)) for st in issue(Const(s), s)))]
     kp = Var("kp")
-    kloop = [For("kp", nkt // S, sum((one_slice(kp * S + r, r, kp % 2) for r in range(S)), ()), "serial")]
+    # no MMA batch in flight across the loop's back edge (DRAIN_EACH_ROUND, PERF_NOTES #43): the round's last
+    # slice waits for all of its MMAs
+    last = lambda r: 0 if DRAIN_EACH_ROUND and r == S - 1 else slack
+    kloop = [For("kp", nkt // S, sum((one_slice(kp * S + r, r, kp % 2, last(r)) for r in range(S)), ()), "serial")]
     kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]
     kloop += wmma.wait_all(NT) if slack else []
     return prologue, kloop, (Buffer("full", (S,), "int64", "shared"),)

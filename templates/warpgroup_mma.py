@@ -86,7 +86,8 @@ class WarpgroupGemm:
             for i in range(self.MT):
                 if cfg.tma:  # 128-byte swizzled rows of BK elements (TMA's layout): a k step moves the start d of them
                     a_first, b_first = (wgm * cfg.WM + 64 * i) * BK + d * ks, wgn * cfg.WN * BK + d * ks
-                    layout = dict(lbo=4, sbo=8 * BK, swizzle=128, kind=self.kind)
+                    # lbo: unused by the swizzled K-major layout; 16 bytes (encoded 1), as CUTLASS sets it
+                    layout = dict(lbo=BK // 8, sbo=8 * BK, swizzle=128, kind=self.kind)
                 else:
                     a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
                     b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
