@@ -21,6 +21,8 @@ launcher checks each call's arrays and runs KERNEL_ANY_ALIGNMENT otherwise): the
 test and no 4-byte fallback, whose predicated-off instructions still occupy the load/store queue.
 copy_async16_l2: copy_async16 through L2 only (cp.async.cg, nothing allocated in L1); not used by the templates
 yet: scripts/tma_check.py measures its copy stream against the L1-allocating one (PERF_NOTES #34).
+
+store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned.
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
     def copy_async_wait(pending):
         pass
+
+    def store_pair16(a, i, v0, v1):
+        a[i], a[i + 1] = v0, v1
 else:
     from llvmlite import ir
     from numba import types
@@ -192,3 +197,25 @@ else:
                         side_effect=True, name="cp_async_wait")
             return context.get_dummy_value()
         return types.void(pending), codegen
+
+    # float16 a[i], a[i + 1] = v0, v1 rounded to nearest even (cvt.rn, as numba's own float16 stores): one 4-byte
+    # store where the address is 4-byte aligned (i even, the array's start decides), else two 2-byte ones, predicated
+    _PAIR16 = ("{ .reg .pred a, u; .reg .b16 l, h; .reg .b32 p; .reg .u64 g, t;"
+               " cvta.to.global.u64 g, $0; and.b64 t, g, 3; setp.eq.u64 a, t, 0; setp.ne.u64 u, t, 0;"
+               " cvt.rn.f16.f32 l, $1; cvt.rn.f16.f32 h, $2; mov.b32 p, {l, h};"
+               " @a st.global.b32 [g], p; @u st.global.b16 [g], l; @u st.global.b16 [g+2], h; }")
+
+    @intrinsic
+    def store_pair16(typingctx, a, i, v0, v1):
+        if not (isinstance(a, types.Array) and a.dtype == types.float16 and isinstance(i, types.Integer)
+                and all(isinstance(v, (types.Float, types.Integer)) for v in (v0, v1))):
+            return None
+
+        def codegen(context, builder, sig, args):
+            aty, ity, t0, t1 = sig.args
+            _, ptr = _element_address(context, builder, aty, args[0], ity, args[1])
+            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], (t0, t1))]
+            builder.asm(ir.FunctionType(ir.VoidType(), [_I64, _F32, _F32]), _PAIR16, "l,f,f,~{memory}",
+                        [builder.ptrtoint(ptr, _I64)] + vals, side_effect=True, name="store_pair16")
+            return context.get_dummy_value()
+        return types.void(a, i, v0, v1), codegen

@@ -152,6 +152,13 @@ class Store(Stmt):
     index: Tuple[Expr, ...]
     value: Expr
     accumulate: bool = False  # buf[index] += value
+    # also buf[index + 1] = pair (a plain store of one flat index): two neighbours written at once, one 4-byte
+    # store of a float16 pair on CUDA
+    pair: Expr | None = None
+
+    def __post_init__(self):
+        if self.pair is not None and (self.accumulate or len(self.index) != 1):
+            raise ValueError(f"Store {self.buf}: a pair is a plain store at one flat index")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def map_stmt_exprs(s, fn):
     if isinstance(s, Assign):
         return Assign(s.var, fn(s.value))
     if isinstance(s, Store):
-        return Store(s.buf, tuple(fn(i) for i in s.index), fn(s.value), s.accumulate)
+        return Store(s.buf, tuple(fn(i) for i in s.index), fn(s.value), s.accumulate,
+                     None if s.pair is None else fn(s.pair))
     if isinstance(s, For):
         ext = fn(s.extent) if isinstance(s.extent, Expr) else s.extent
         start = fn(s.start) if isinstance(s.start, Expr) else s.start

@@ -185,7 +185,7 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
             elif isinstance(s, If):
                 s = If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse))
             if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
-                s = Store(s.buf, linear(s.buf, s.index), s.value, s.accumulate)
+                s = replace(s, index=linear(s.buf, s.index))
             if isinstance(s, AsyncCopy):
                 s = replace(s, dst_index=linear(s.dst, s.dst_index) if len(s.dst_index) != 1 else s.dst_index,
                             src_index=linear(s.src, s.src_index) if len(s.src_index) != 1 else s.src_index)
@@ -283,7 +283,7 @@ def _stmt_exprs(s):
     if isinstance(s, Assign):
         return [s.value]
     if isinstance(s, Store):
-        return list(s.index) + [s.value]
+        return list(s.index) + [s.value] + ([] if s.pair is None else [s.pair])
     if isinstance(s, If):
         return [s.cond]
     if isinstance(s, For):

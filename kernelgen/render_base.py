@@ -88,6 +88,8 @@ class SourcePrinter:
             self.emit(depth, f"{s.var} = {self.expr(s.value)}")
         elif isinstance(s, Store) and s.accumulate == "atomic":
             self.atomic_add(s, depth)
+        elif isinstance(s, Store) and s.pair is not None:
+            self.pair_store(s, depth)
         elif isinstance(s, Store) and s.buf in self.stored_narrow:  # computed in float32, rounded once
             at = self.index(s.buf, s.index)
             value = f"{self.load(s.buf, at)} + {self.expr(s.value)}" if s.accumulate else self.expr(s.value)
@@ -131,6 +133,13 @@ class SourcePrinter:
 
     def mma(self, s, depth):
         raise TypeError(f"{type(self).__name__} cannot render a warp-level Mma")
+
+    def pair_store(self, s, depth):
+        """Store.pair: the two neighbours as two stores (targets with a wider store override this)."""
+        (i,) = s.index
+        for at, value in ((self.expr(i), s.value), (f"{self.expr(i)} + 1", s.pair)):
+            text = self.expr(value)
+            self.emit(depth, f"{s.buf}[{at}] = {self.narrow(text) if s.buf in self.stored_narrow else text}")
 
     def warpgroup_mma(self, s, depth):
         raise TypeError(f"{type(self).__name__} cannot render a WarpgroupMma")

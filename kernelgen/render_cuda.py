@@ -129,6 +129,13 @@ class CudaPrinter(SourcePrinter):
         self.memory_helpers.add(fn)
         self.emit(depth, f"{fn}({s.pending})" if isinstance(s, AsyncWait) else f"{fn}()")
 
+    def pair_store(self, s, depth):
+        if self.kernel.buffer(s.buf).dtype != "float16":
+            return super().pair_store(s, depth)
+        self.memory_helpers.add("store_pair16")  # one 4-byte store where the pair is 4-byte aligned
+        (i,) = s.index
+        self.emit(depth, f"store_pair16({s.buf}, {self.expr(i)}, {self.expr(s.value)}, {self.expr(s.pair)})")
+
     def warpgroup_mma(self, s, depth):
         fn = {"tf32": f"wgmma_tf32_m64n{s.n}k8", "fp16": f"wgmma_f16_m64n{s.n}k16"}[s.kind]
         desc = "smem_desc_sw128" if s.swizzle else "smem_desc"

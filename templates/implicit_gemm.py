@@ -110,7 +110,7 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     vec = p.Cg % 4 == 0  # a tap's channels in chunks of 4: consecutive addresses of x and of w
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=vec), Operand("k", b_inv, b_elem, vector=vec),
                     store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w",
-                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
+                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0), pairs=True)
 
 
 def tma_forward_problem(p):
@@ -231,7 +231,7 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
                     store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T",
-                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0))
+                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0), pairs=True)
 
 
 def backward_weight_view(p, cfg: TileConfig) -> GemmView:

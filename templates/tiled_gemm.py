@@ -62,6 +62,9 @@ class GemmView:
     # (cfg, m0, n0) -> tma_schedule.TmaOperands: the operands as TMA boxes (TileConfig.tma); raises ValueError
     # naming what the problem lacks
     tma: Callable | None = None
+    # store(m, n + 1) writes the element after store(m, n)'s (a channels-last output, n its channel), so an
+    # epilogue may write the two as one Store with a pair
+    pairs: bool = False
 
 
 def _cdiv(a, b):

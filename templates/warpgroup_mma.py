@@ -18,6 +18,8 @@ consecutive lines fill 128 contiguous bytes (no bank conflicts).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..ir import (Assign, Buffer, Const, For, If, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                   all_of, as_expr)
 from ..ir_async import WGMMA_K
@@ -110,11 +112,17 @@ class WarpgroupGemm:
         cfg = self.cfg
         wgm, wgn, wq, g, t = Var("wgm"), Var("wgn"), Var("wq"), Var("lg"), Var("lt")
         out = self.coords(tid)
+        # float16 outputs: a thread's two columns 2t, 2t + 1 as one 4-byte store (half the store instructions)
+        paired = view.pairs and view.dtype == "float16" and split is None and view.N % 2 == 0
         for i in range(self.MT):
             for j in range(cfg.WN // 8):
-                for r in range(4):
+                for r in range(0, 4, 2 if paired else 1):
                     m = m0 + wgm * cfg.WM + (64 * i + 8 * (r // 2)) + wq * 16 + g
                     n = n0 + wgn * cfg.WN + (8 * j + r % 2) + t * 2
                     guard = all_of(([m < view.M] if view.M % cfg.BM else []) + ([n < view.N] if view.N % cfg.BN else []))
-                    out.append(If(guard, tuple(view.store(m, n, g_, self.acc[i, j, r], split))))
+                    stores = view.store(m, n, g_, self.acc[i, j, r], split)
+                    if paired:  # n even and N even: n + 1 < N wherever n < N
+                        (first,), (second,) = stores, view.store(m, n + 1, g_, self.acc[i, j, r + 1], split)
+                        stores = [replace(first, pair=second.value)]
+                    out.append(If(guard, tuple(stores)))
         return out

@@ -50,6 +50,24 @@ def test_cpu_fp16_tma_forward(x_shape, w_shape, kw, tile, rng):
     close_to_float64(y.reshape(p.y_shape), ref.conv_forward(x.astype(np.float64), w.astype(np.float64), **kw))
 
 
+def test_cpu_fp16_tma_forward_bias_relu_pairs(rng):
+    """The epilogue writes a thread's two neighbouring channels as one Store with a pair (ir.Store.pair; CUDA: one
+    4-byte store), each with its own channel's bias, then ReLU."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.ir_walk import walk_stmts
+    from kernelgen.ir import Store
+    from kernelgen.problem import make_problem
+    x, w, bias = fp16_inputs(rng, (2, 5, 7, 64), (40, 3, 3, 64), (40,))
+    p = make_problem("fwd", x.shape, w.shape, dtype="float16", padding=1, has_bias=True, activation="relu")
+    plan = make_plan(p, "cpu", config=fp16_tma_config(BM=64, BN=40, WN=40, stages=2), precision="fp16")
+    assert all(s.pair is not None for s in walk_stmts(plan.kernel_ir().body) if isinstance(s, Store) and s.buf == "y")
+    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float16)
+    get_launcher(plan)({"x": x.ravel(), "w": w.ravel(), "bias": bias, "y": y})
+    want = np.maximum(ref.conv_forward(x.astype(np.float64), w.astype(np.float64), padding=1) + bias, 0.0)
+    close_to_float64(y.reshape(p.y_shape), want)
+
+
 @pytest.mark.parametrize("x_shape, w_shape, kw, tile", [
     ((2, 5, 6, 24), (64, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
     ((1, 6, 5, 16), (64, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=2, tma=2))])
