@@ -145,7 +145,13 @@ def _launch(kernel, grid, threads, stream):
 def round_tf32_device(src, dst, stream=None):
     """dst[:] = src rounded to TF32 (what cvt.rna.tf32.f32 gives), both 1D float32 device arrays of one size: the
     operands of a TMA-fed tensor-core kernel, which reads them as they are (ir_async.TensorMap.rounding)."""
-    _launch(_round_dispatcher(), ROUND_GRID, ROUND_THREADS, stream)(src.view(np.uint32), dst.view(np.uint32))
+    _launch(_round_dispatcher(), _round_grid(src.size), ROUND_THREADS, stream)(src.view(np.uint32),
+                                                                               dst.view(np.uint32))
+
+
+def _round_grid(n):
+    """Blocks for n words: ROUND_GRID striding over large arrays, no idle blocks for small ones."""
+    return max(1, min(ROUND_GRID, -(-n // ROUND_THREADS)))
 
 
 def round_tf32_pointers(src, dst, n, stream_handle=0):

@@ -364,6 +364,7 @@ def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
     assert make_plan(p, "cpu", "winograd").key() != before
 
 
+@pytest.mark.slow  # ~2 minutes of NVVM + ptxas on 2 cores; the GPU tests assert the same resources on the H100
 def test_ptx_has_no_local_memory(tmp_path):
     """The default CUDA configs of a 3x3 and a 7x7 table layer compile to sm_90 with no local memory
     and no spills (needs numba's NVVM and ptxas; scripts/ptxas_report.py reports every table shape)."""
