@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32, float64, njit, uint16
+from numba import float32, float64, njit, types, uint16
+from numba.extending import overload
 
 _F32_MAX = 3.4028234663852886e38
 
@@ -107,29 +108,36 @@ def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
     and thread in group), both operands read from their core-matrix (or 128-byte swizzled) layout in shared
     memory and truncated to TF32.  The products are exact in float32 (11 + 11 significant bits); they are summed
     in float32."""
-    w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
-    for i in range(n // 2):
-        j, r = i // 4, i % 4
-        row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
-        s = float32(0.0)
-        for k in range(8):
-            av = a[_operand_word(a0, row, k, lbo, sbo, swizzle)]
-            bv = b[_operand_word(b0, col, k, lbo, sbo, swizzle)]
-            s += tf32_truncate(av) * tf32_truncate(bv)
-        acc[first + i] += s
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 8, 4)
 
 
 @njit(cache=True)
 def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128):
     """wgmma_tf32 for kind "fp16": k < 16, the operands float16 bit patterns (uint16) in the 128-byte swizzled
     layout, used exactly; the products are exact in float32, summed in float32."""
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2)
+
+
+def _operand(v):
+    """A WarpgroupMma operand element as the MMA uses it (overloaded by the shared array's type)."""
+
+
+@overload(_operand)
+def _operand_impl(v):
+    if isinstance(v, types.Integer):  # float16 bits (the CPU's float16): exact
+        return lambda v: f16_bits_to_f32(v)
+    return lambda v: tf32_truncate(v)  # float32: wgmma reads TF32 by truncation
+
+
+@njit(cache=True)
+def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize):
     w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
     for i in range(n // 2):
         j, r = i // 4, i % 4
         row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
         s = float32(0.0)
-        for k in range(16):
-            av = f16_bits_to_f32(a[_operand_word(a0, row, k, lbo, sbo, swizzle, 2)])
-            bv = f16_bits_to_f32(b[_operand_word(b0, col, k, lbo, sbo, swizzle, 2)])
+        for k in range(depth):
+            av = _operand(a[_operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)])
+            bv = _operand(b[_operand_word(b0, col, k, lbo, sbo, swizzle, itemsize)])
             s += av * bv
         acc[first + i] += s

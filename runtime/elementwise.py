@@ -211,15 +211,20 @@ def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), st
 
 def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
     """round_tf32_flipped_device on raw device addresses, launched without numba's dispatcher."""
+    _flip_pointers(_flip_fast, _flip_dispatcher, np.uint32, src, dst, flip, stream_handle)
+
+
+def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
+    """A flip kernel (dispatcher()) on raw addresses of `word` elements, its launch cached per flip in `launches`."""
     from .launch import _FastLaunch
-    fast = _flip_fast.get(flip)
+    fast = launches.get(flip)
     if fast is None or not fast.usable():
         from numba import cuda
-        kernel, scratch = _flip_dispatcher(), cuda.device_array(1, np.uint32)
+        kernel, scratch = dispatcher(), cuda.device_array(1, word)
         kernel[1, ROUND_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
-        fast = _flip_fast[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
+        fast = launches[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
     n = flip[0] * flip[1] * flip[2]
-    fast([(src, n), (dst, n)], 4, stream_handle, scalars=flip)
+    fast([(src, n), (dst, n)], np.dtype(word).itemsize, stream_handle, scalars=flip)
 
 
 def flip16_device(src, dst, flip, stream=None):
@@ -231,15 +236,7 @@ def flip16_device(src, dst, flip, stream=None):
 
 def flip16_pointers(src, dst, flip, stream_handle=0):
     """flip16_device on raw device addresses, launched without numba's dispatcher."""
-    from .launch import _FastLaunch
-    fast = _flip16_fast.get(flip)
-    if fast is None or not fast.usable():
-        from numba import cuda
-        kernel, scratch = _flip16_dispatcher(), cuda.device_array(1, np.uint16)
-        kernel[1, ROUND_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
-        fast = _flip16_fast[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
-    n = flip[0] * flip[1] * flip[2]
-    fast([(src, n), (dst, n)], 2, stream_handle, scalars=flip)
+    _flip_pointers(_flip16_fast, _flip16_dispatcher, np.uint16, src, dst, flip, stream_handle)
 
 
 def flip_host(a, flip):
