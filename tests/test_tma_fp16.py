@@ -145,7 +145,8 @@ def test_flip16_device_matches_the_host(rng):
 FP16_TMA_GPU_CONFIGS = [fp16_tma_config(BM=128, BN=64, WN=64, stages=4),
                         fp16_tma_config(BM=128, BN=128, WN=128, stages=6),
                         fp16_tma_config(BM=256, BN=128, WM=128, WN=128, stages=4, tma=2),
-                        fp16_tma_config(BM=64, BN=128, WN=128, stages=2, tma=2)]
+                        fp16_tma_config(BM=64, BN=128, WN=128, stages=2, tma=2),
+                        fp16_tma_config(BM=128, BN=128, WN=128, stages=6, tma=2)]
 FP16_TMA_SHAPES = {"fwd": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                            ((3, 13, 11, 128), (40, 3, 3, 128), dict(padding=2, dilation=2)),
                            ((2, 9, 7, 192), (24, 1, 1, 192), {})],

@@ -155,8 +155,9 @@ TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128,
 
 # fp16 (float16 arrays, BK 64: the same 128-byte rows) adds a 128 x 256 tile (its MMAs take half the time of
 # TF32's, so wider tiles, fewer bytes of shared memory read per MMA, may pay) and the 128 x 64 tile warp-specialised
-# (the first fp16 tune picked 128 x 64 x 8 stages on 9 of 15 forward rows)
-TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2), (128, 64, 64, 64, 8, 2))
+# (the first fp16 tune picked 128 x 64 x 8 stages on 9 of 15 forward rows), and the 128 x 128 one too (no drain per
+# round there: PERF_NOTES #44)
+TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2), (128, 64, 64, 64, 8, 2), (128, 128, 64, 128, 6, 2))
 
 
 def tma_candidate_configs(problem, precision):
