@@ -17,6 +17,8 @@ named_barrier(id, count): bar.sync id, count - a barrier among `count` threads (
 tma_load_2d(dst, i, tmap, c0, c1, bar, j): the box at element coordinates (c0 innermost, c1) of the tiled
           tensor map (a device array holding it) into shared dst[i...] (128-byte aligned), completing on bar[j].
           Out-of-bounds elements arrive as zeros.
+tma_load_4d(dst, i, tmap, c0, c1, c2, c3, bar, j): the same for a 4-D tiled map (a filter seen as (k, w, h, c),
+          where a tap coordinate below 0 is a tap the filter lacks: zeros, KS-deconv's sub-filters).
 tma_load_im2col_4d(dst, i, tmap, c, w, h, n, dw, dh, bar, j): the im2col tensor map's column of
           pixelsPerColumn pixels x channelsPerPixel channels starting at channel c of base pixel (n, h, w)
           (walking w, then h, then n through the map's bounding box) each read at (h + dh, w + dw): one filter
@@ -116,6 +118,24 @@ def tma_load_2d(typingctx, dst, i, tmap, c0, c1, bar, j):
                     [d, m, *c, b], side_effect=True, name="tma_load_2d")
         return context.get_dummy_value()
     return types.void(dst, i, tmap, c0, c1, bar, j), codegen
+
+
+@intrinsic
+def tma_load_4d(typingctx, dst, i, tmap, c0, c1, c2, c3, bar, j):
+    if not (all(isinstance(a, types.Array) for a in (dst, tmap, bar)) and _is_int(i, c0, c1, c2, c3, j)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        d = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        m = _global_address(context, builder, sig.args[2], args[2])
+        c = [context.cast(builder, args[k], sig.args[k], types.int32) for k in (3, 4, 5, 6)]
+        b = shared_address(context, builder, sig.args[7], args[7], sig.args[8], args[8])
+        text = ("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                "[$0], [$1, {$2, $3, $4, $5}], [$6];")
+        builder.asm(ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32, _I32, _I32, _I32, _I32]), text,
+                    "r,l,r,r,r,r,r,~{memory}", [d, m, *c, b], side_effect=True, name="tma_load_4d")
+        return context.get_dummy_value()
+    return types.void(dst, i, tmap, c0, c1, c2, c3, bar, j), codegen
 
 
 @intrinsic

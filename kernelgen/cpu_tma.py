@@ -30,6 +30,25 @@ def tma_tiled_2d(dst, d0, src, dim0, dim1, stride1, box0, box1, c0, c1, swizzle)
 
 
 @njit(cache=True)
+def tma_tiled_4d(dst, d0, src, dim0, dim1, dim2, dim3, stride1, stride2, stride3, box0, box1, box2, box3,
+                 c0, c1, c2, c3, swizzle):
+    """The 4-D box at (c0, c1, c2, c3) of src (element strides of dims 1..3): rows of box0 elements, dim 1 of
+    the box fastest, zeros outside the tensor (a negative tap of KS-deconv's sub-filters)."""
+    r = 0
+    for i3 in range(box3):
+        for i2 in range(box2):
+            for i1 in range(box1):
+                y1, y2, y3 = c1 + i1, c2 + i2, c3 + i3
+                row_in = 0 <= y1 < dim1 and 0 <= y2 < dim2 and 0 <= y3 < dim3
+                for e in range(box0):
+                    x = c0 + e
+                    inside = row_in and 0 <= x < dim0
+                    dst[d0 + _place(r, e, box0, swizzle)] = src[y3 * stride3 + y2 * stride2 + y1 * stride1 + x] \
+                        if inside else 0
+                r += 1
+
+
+@njit(cache=True)
 def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, channels, pixels, c, w, h, n,
                   dw, dh, swizzle):
     """`pixels` rows of `channels` channels of the channels-last src[N, H, W, C] (see the module docstring)."""

@@ -250,7 +250,7 @@ class Pipeline(Stmt):
     keeps the MMAs asynchronous; after the branch it serialises them, C7518).  Other targets run `for kt: produce;
     consume`, then `finish` (their copies land when issued)."""
     var: str
-    count: int
+    count: object  # int, or an int Expr of block-uniform values (a per-block reduction length)
     stages: int
     full: str
     empty: str

@@ -76,6 +76,7 @@ def map_stmt_exprs(s, fn):
     if isinstance(s, MbarrierWait):
         return MbarrierWait(s.bar, fn(s.index), fn(s.parity))
     if isinstance(s, Pipeline):
+        s = replace(s, count=s.count if isinstance(s.count, int) else fn(s.count))
         return map_bodies(s, lambda body: tuple(map_stmt_exprs(b, fn) for b in body))
     return s
 

@@ -155,9 +155,13 @@ class SourcePrinter:
         """Tensor copies land when issued on targets that copy synchronously: mbarriers have nothing to count."""
         self.emit(depth, f"pass  # {type(s).__name__}: copies are synchronous on this target")
 
+    def extent(self, n):
+        """A loop's trip count: an int, or an int Expr."""
+        return str(n) if isinstance(n, int) else self.expr(n)
+
     def pipeline(self, s, depth):
         """Copies land when issued on targets that copy synchronously: each slice is produced, then consumed."""
-        self.emit(depth, f"for {s.var} in range({s.count}):  # pipeline: produce a slice, then consume it")
+        self.emit(depth, f"for {s.var} in range({self.extent(s.count)}):  # pipeline: produce a slice, then consume it")
         self.stmt(Assign(s.stage, Var(s.var) % s.stages), depth + 1)
         self.stmts(s.produce, depth + 1)
         self.stmts(s.consume, depth + 1)
@@ -194,7 +198,7 @@ class SourcePrinter:
 
     def serial_loop(self, s, depth):
         start = self.expr(s.start) if not isinstance(s.start, int) else str(s.start)
-        ext = self.expr(s.extent) if not isinstance(s.extent, int) else str(s.extent)
+        ext = self.extent(s.extent)
         rng = f"range({ext})" if start == "0" else f"range({start}, {start} + {ext})"
         self.emit(depth, f"for {s.var} in {rng}:")
         self.stmts(s.body, depth + 1)

@@ -85,10 +85,12 @@ class CpuPrinter(SourcePrinter):
         args = [s.dst, self.expr(di), m.source]
         if m.mode == "tiled" and len(m.dims) == 2:
             fn, geometry = "tma_tiled_2d", [*m.dims, m.strides[0] // m.itemsize, *m.box]
+        elif m.mode == "tiled" and len(m.dims) == 4:
+            fn, geometry = "tma_tiled_4d", [*m.dims, *(st // m.itemsize for st in m.strides), *m.box]
         elif m.mode == "im2col" and len(m.dims) == 4:
             fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box]
         else:
-            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D tiled and 4-D im2col boxes, got {m.mode} {m.dims}")
+            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D im2col boxes, got {m.mode} {m.dims}")
         self.tma_helpers.add(fn)
         coords = [self.expr(e) for e in s.coords + s.offsets]
         self.emit(depth, f"{fn}({', '.join(args + [str(g) for g in geometry] + coords)}, {int(m.swizzle == 128)})")

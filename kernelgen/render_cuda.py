@@ -160,9 +160,11 @@ class CudaPrinter(SourcePrinter):
 
     def tensor_copy(self, s, depth):
         m, (di,) = s.tmap, s.dst_index
-        fn = {("tiled", 2): "tma_load_2d", ("im2col", 4): "tma_load_im2col_4d"}.get((m.mode, len(m.dims)))
+        fn = {("tiled", 2): "tma_load_2d", ("tiled", 4): "tma_load_4d", ("im2col", 4): "tma_load_im2col_4d"}.get(
+            (m.mode, len(m.dims)))
         if fn is None:
-            raise ValueError(f"TensorCopy {m.name}: 2-D tiled and 4-D im2col boxes are rendered, got {m.mode} {m.dims}")
+            raise ValueError(f"TensorCopy {m.name}: 2-D and 4-D tiled and 4-D im2col boxes are rendered, got {m.mode} "
+                             f"{m.dims}")
         self.tma_helpers.add(fn)
         where = ", ".join(self.expr(e) for e in s.coords + s.offsets)
         self.emit(depth, f"{fn}({s.dst}, {self.expr(di)}, {m.name}, {where}, {s.bar}, {self.expr(s.bar_index)})")
@@ -208,13 +210,13 @@ class CudaPrinter(SourcePrinter):
             raise ValueError(f"Pipeline: the consumers must be whole warpgroups (their MMAs are), got {s.consumers}")
         self.emit(depth, f"if _wg >= {s.consumers // 128}:  # the producer warp")
         self.emit(depth + 1, f"if cuda.threadIdx.x == {s.consumers}:")
-        self.emit(depth + 2, f"for {s.var} in range({s.count}):")
+        self.emit(depth + 2, f"for {s.var} in range({self.extent(s.count)}):")
         self.stmt(Assign(s.stage, kt % S), depth + 3)
         self.emit(depth + 3, f"if {s.var} >= {S}:  # the consumers released slice {s.var} - {S}: the stage is free")
         wait(s.empty, (kt // S + 1) % 2, depth + 4)
         self.stmts(s.produce, depth + 3)
         self.emit(depth, "else:  # the consumers")
-        self.emit(depth + 1, f"for {s.var} in range({s.count}):")
+        self.emit(depth + 1, f"for {s.var} in range({self.extent(s.count)}):")
         self.stmt(Assign(s.stage, kt % S), depth + 2)
         wait(s.full, (kt // S) % 2, depth + 2)
         outer, self.consumers = self.consumers, s.consumers

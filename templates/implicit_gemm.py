@@ -110,7 +110,7 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
     vec = p.Cg % 4 == 0  # a tap's channels in chunks of 4: consecutive addresses of x and of w
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=vec), Operand("k", b_inv, b_elem, vector=vec),
                     store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w",
-                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0), pairs=True)
+                    tma=lambda cfg, ctx: forward_tma(p, cfg, ctx.m0, ctx.n0), pairs=True)
 
 
 def tma_forward_problem(p):
@@ -129,8 +129,12 @@ def tma_forward_problem(p):
 
 
 def tma_unmet(p):
-    """What the TMA boxes need that problem p lacks (an empty list: forward_tma builds)."""
+    """What the TMA boxes need that problem p lacks (an empty list: forward_tma builds; a strided backward-data
+    runs as KS-deconv's classes, ks_deconv.tma_unmet)."""
     from .tma_schedule import swizzled_row
+    if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
+        from .ks_deconv import tma_unmet as ks_unmet
+        return ks_unmet(p)
     f = tma_forward_problem(p)
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
@@ -231,7 +235,7 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
               Buffer("dx", (M * p.C,), p.dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
                     store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T",
-                    tma=lambda cfg, m0, n0: forward_tma(p, cfg, m0, n0), pairs=True)
+                    tma=lambda cfg, ctx: forward_tma(p, cfg, ctx.m0, ctx.n0), pairs=True)
 
 
 def backward_weight_view(p, cfg: TileConfig) -> GemmView:

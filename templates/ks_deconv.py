@@ -62,12 +62,20 @@ def _class_split(p):
     return split_class
 
 
+def ks_shape(p):
+    """(M, N, K, groups) of the classes' GEMM (ks_view): the largest class's positions x channels, the largest
+    sub-filter's taps x K, one GEMM per group and class."""
+    U = [_cdiv(i, s) for i, s in zip(p.in_size, p.stride)]   # positions per class, the largest class
+    J = [_cdiv(t, s) for t, s in zip(p.filter_size, p.stride)]   # taps per sub-filter, the largest sub-filter
+    return p.N * _prod(U), p.Cg, _prod(J) * p.Kg, p.groups * _prod(p.stride)
+
+
 def ks_view(p, cfg: TileConfig) -> GemmView:
     st, T, I, O = p.stride, p.filter_size, p.in_size, p.out_size
-    U = [_cdiv(I[ax], st[ax]) for ax in range(3)]   # positions per class, the largest class
-    J = [_cdiv(T[ax], st[ax]) for ax in range(3)]   # taps per sub-filter, the largest sub-filter
+    U = [_cdiv(I[ax], st[ax]) for ax in range(3)]
+    J = [_cdiv(T[ax], st[ax]) for ax in range(3)]
     classes = _prod(st)
-    M, Ng, Kr = p.N * _prod(U), p.Cg, _prod(J) * p.Kg
+    M, Ng, Kr, _ = ks_shape(p)
     TRS = _prod(T)
 
     split_class = _class_split(p)
@@ -121,7 +129,96 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
     # 4 consecutive k of dy share a tap and its tests (the tensor-core tiles read them as one 16-byte load)
     return GemmView(M, Ng, Kr, p.groups * classes, Operand("k", a_inv, a_elem, context=True, vector=p.Kg % 4 == 0),
                     Operand("mn", b_inv, b_elem, context=True), store, params, p.dtype,
-                    doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]")
+                    doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]",
+                    tma=lambda cfg, ctx: ks_tma(p, cfg, ctx), pairs=True,
+                    k_tiles=(lambda ctx: _tma_slices(p, cfg, ctx)) if _tma_trims(cfg) else None)
+
+
+def tma_unmet(p):
+    """What KS-deconv's TMA boxes (ks_tma) need that problem p lacks (an empty list: they build)."""
+    from .tma_schedule import swizzled_row
+    if not applies(p):
+        return ["a backward-data with stride > 1 and dilation 1"]
+    if p.dtype not in ("float32", "float16"):
+        return ["float32 or float16 arrays"]
+    J, U = [_cdiv(t, s) for t, s in zip(p.filter_size, p.stride)], [_cdiv(i, s) for i, s in zip(p.in_size, p.stride)]
+    corners = [1 - j for j in J[1:]] + [u - j + 1 - o for u, j, o in zip(U[1:], J[1:], p.out_size[1:])]
+    return [w for bad, w in ((p.groups != 1, "groups=1"),
+                             (p.in_size[0] != 1 or p.filter_size[0] != 1 or p.stride[0] != 1, "a 1-D or 2-D convolution"),
+                             (not all(-128 <= c <= 127 for c in corners), "an im2col box whose corners lie in "
+                                                                          "-128..127"),
+                             (p.K % swizzled_row(p.dtype), f"channels a multiple of {swizzled_row(p.dtype)} (of the "
+                                                           f"reduction, {p.dtype})")) if bad]
+
+
+def _tma_trims(cfg):
+    """Do KS-deconv's TMA boxes run each class over its own sub-filter's taps only (a per-block reduction length;
+    not with split-K, whose splits share out one length)?  Else every class runs the largest sub-filter, the taps
+    it lacks read as zeros."""
+    return cfg.tensor_core and cfg.wgmma and cfg.tma and cfg.split_k == 1
+
+
+def _tma_taps(p, cfg, ctx):
+    """(class a, dy offsets b, the taps of block z's reduction along h and along w): the class's own sub-filter of
+    J_a = ceil((T - a) / s) taps per dim (_tma_trims), else the largest one's J per dim."""
+    _, a, _, b = _class_split(p)(ctx.g)
+    (_, sh, sw), (_, th, tw) = p.stride, p.filter_size
+    if not _tma_trims(cfg):
+        return a, b, Const(_cdiv(th, sh)), Const(_cdiv(tw, sw))
+    return a, b, (th - a[1] + (sh - 1)) // sh, (tw - a[2] + (sw - 1)) // sw
+
+
+def _tma_slices(p, cfg, ctx):
+    """The slices of block z's reduction (GemmView.k_tiles): its class's taps x BK-channel slices of K."""
+    _, _, taps_h, taps_w = _tma_taps(p, cfg, ctx)
+    return taps_h * taps_w * (p.K // cfg.BK)
+
+
+def ks_tma(p, cfg: TileConfig, ctx):
+    """KS-deconv's operands as TMA boxes: block z's class a is a stride-1 correlation of dy with the sub-filter
+    of taps a + j s (module docstring), so A is one im2col map of dy for every class: the U positions of the
+    largest class per dim as the bounding box (lower corner 1 - J), base pixel u + 1 - J, the tap and the class's
+    dy offset b_a as the offsets b_a + J - 1 - j (>= 0); B reads the launcher's flipped copy of w (as the stride-1
+    backward-data does: TensorMap.flip) through a 4-D tiled map (k, w, h, c) at tap T - 1 - (a + j s) per dim, so
+    a tap the class's sub-filter lacks (a + j s >= T) is a coordinate below 0: zeros.  Classes smaller than the
+    largest compute extra rows that the store drops."""
+    from ..ir import TensorMap
+    from .tma_schedule import TmaOperands, swizzled_row
+    why = tma_unmet(p)
+    if why:
+        raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
+    ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2
+    if cfg.BK != ROW:
+        raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
+    (_, sh, sw), (_, th, tw), (_, ih, iw), (_, oh, ow) = p.stride, p.filter_size, p.in_size, p.out_size
+    uh, uw, jh, jw = _cdiv(ih, sh), _cdiv(iw, sw), _cdiv(th, sh), _cdiv(tw, sw)
+    rounding = "tf32" if p.dtype == "float32" else ""
+    a_map = TensorMap("dy_map", "dy", "im2col", (p.K, ow, oh, p.N), (e * p.K, e * ow * p.K, e * oh * ow * p.K),
+                      (ROW, cfg.BM), (1 - jw, 1 - jh), (uw - (jw - 1) - ow, uh - (jh - 1) - oh), 128, rounding,
+                      dtype=p.dtype)
+    b_map = TensorMap("w_map", "w", "tiled", (p.K, tw, th, p.C), (e * p.K, e * p.K * tw, e * p.K * tw * th),
+                      (ROW, 1, 1, cfg.BN), swizzle=128, rounding=rounding, flip=(p.K, th * tw, p.C), dtype=p.dtype)
+    a, b, taps_h, taps_w = _tma_taps(p, cfg, ctx)
+    n, u_h, u_w = ctx.m0 // (uh * uw), (ctx.m0 % (uh * uw)) // uw, ctx.m0 % uw
+    chunks = p.K // ROW  # channel slices per sub-filter tap
+    # the class's taps j < J_a are the last J_a of q = J - 1 - j; a class without taps runs no slice (max: no
+    # division by 0 in the copies' coordinates, which are not issued then)
+    span = Call("max", (Const(1), taps_w))
+    q0_h, q0_w = jh - taps_h, jw - taps_w
+
+    def taps(kt):  # the slice's (q_h, q_w) = (J - 1 - j) per dim, and its first channel
+        tap = kt // chunks
+        return q0_h + tap // span, q0_w + tap % span, (kt % chunks) * ROW
+
+    def a_box(kt):
+        qh, qw, k0 = taps(kt)
+        return (k0, u_w - (jw - 1), u_h - (jh - 1), n), (b[2] + qw, b[1] + qh)
+
+    def b_box(kt):
+        qh, qw, k0 = taps(kt)
+        return (k0, (tw - 1) - (a[2] + ((jw - 1) - qw) * sw), (th - 1) - (a[1] + ((jh - 1) - qh) * sh), ctx.n0)
+
+    return TmaOperands(a_map, b_map, a_box, b_box)
 
 
 def trim_ok(p, cfg: TileConfig):

@@ -59,7 +59,7 @@ class GemmView:
     doc: str = ""
     meta: dict = field(default_factory=dict)
     k_tiles: Callable | None = None  # (BlockContext) -> Expr: a per-block count of BK slices (ConvV2)
-    # (cfg, m0, n0) -> tma_schedule.TmaOperands: the operands as TMA boxes (TileConfig.tma); raises ValueError
+    # (cfg, BlockContext) -> tma_schedule.TmaOperands: the operands as TMA boxes (TileConfig.tma); raises ValueError
     # naming what the problem lacks
     tma: Callable | None = None
     # store(m, n + 1) writes the element after store(m, n)'s (a channels-last output, n its channel), so an
@@ -329,20 +329,20 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     k_lo = split * kt_per_split if SK > 1 else Const(0)
     k_extent = kt_per_split if SK > 1 else nkt
     if view.k_tiles is not None:  # the reduction length depends on the block
-        if SK > 1 or S > 1:
-            raise ValueError(f"TileConfig: a per-block reduction needs split_k=1 and stages=1, got {cfg}")
+        if SK > 1 or S > 1 and not cfg.tma:
+            raise ValueError(f"TileConfig: a per-block reduction needs split_k=1 and stages=1 (or tma), got {cfg}")
         k_extent = view.k_tiles(ctx)
     k_end = Call("min", (k_lo + k_extent, Const(nkt))) if SK > 1 and nkt % SK else k_lo + k_extent
     kt = Var("kt")
     ragged = SK > 1 and nkt % SK  # the last split has fewer slices: guard each one
     tma_locals, tma_params, tma_maps = (), (), ()
     if cfg.tma:
-        if view.tma is None or view.k_tiles is not None:
+        if view.tma is None:
             raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (implicit-GEMM "
                              f"forward or backward-data); {name} has none, got {cfg}")
         if nkt % SK:  # a box past the last slice would read real pixels at a tap the filter does not have
             raise ValueError(f"config: tma={cfg.tma} needs split_k to divide the {nkt} slices of {BK}, got {cfg}")
-        ops = view.tma(cfg, m0, n0)
+        ops = view.tma(cfg, ctx)
         if SK > 1:  # each split copies its own run of slices; the schedule counts from 0
             ops = replace(ops, a_box=lambda kt, box=ops.a_box: box(k_lo + kt),
                           b_box=lambda kt, box=ops.b_box: box(k_lo + kt))

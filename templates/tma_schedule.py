@@ -66,9 +66,16 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
 DRAIN_EACH_ROUND = True
 
 
-def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
-    """(prologue statements for the thread phase before the first barrier, k-loop statements, extra locals)."""
+def _when(cond, stmts):
+    """stmts, under `cond` unless it is the Python True of a length known when the kernel is built."""
+    return tuple(stmts) if cond is True else (If(cond, tuple(stmts)),)
+
+
+def tma_pipeline(ops: TmaOperands, cfg, nkt, wmma, As, Bs, NT: int, tid):
+    """(prologue statements for the thread phase before the first barrier, k-loop statements, extra locals).
+    nkt: the slices, an int, or an int Expr of the block's position (KS-deconv's classes: a sub-filter's taps)."""
     S = cfg.stages
+    fixed = isinstance(nkt, int)
     first = tid.eq(0)
     issue = lambda kt, stage: _issue(ops, cfg, As, Bs, kt, stage)
 
@@ -84,13 +91,18 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt: int, wmma, As, Bs, NT: int, tid):
                 *wmma.compute(tid, NT, As, Bs, stage, pending=pending))
 
     prologue = [If(first, tuple(MbarrierInit("full", s, 1) for s in range(S))
-                   + tuple(st for s in range(min(S, nkt)) for st in issue(Const(s), s)))]
+                   + tuple(st for s in range(min(S, nkt) if fixed else S)
+                           for st in _when(True if fixed else Const(s) < nkt, issue(Const(s), s))))]
     kp = Var("kp")
     # no MMA batch in flight across the loop's back edge (DRAIN_EACH_ROUND, PERF_NOTES #43): the round's last
     # slice waits for all of its MMAs
     last = lambda r: 0 if DRAIN_EACH_ROUND and r == S - 1 else slack
     kloop = [For("kp", nkt // S, sum((one_slice(kp * S + r, r, kp % 2, last(r)) for r in range(S)), ()), "serial")]
-    kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]
+    if fixed:
+        kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]
+    else:  # the remainder's slices, each under its own test
+        kloop += [st for r in range(S - 1)
+                  for st in _when(Const(r) < nkt % S, one_slice((nkt // S) * S + r, r, (nkt // S) % 2))]
     kloop += wmma.wait_all(NT) if slack else []
     return prologue, kloop, (Buffer("full", (S,), "int64", "shared"),)
 

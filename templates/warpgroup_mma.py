@@ -123,6 +123,15 @@ class WarpgroupGemm:
                     stores = view.store(m, n, g_, self.acc[i, j, r], split)
                     if paired:  # n even and N even: n + 1 < N wherever n < N
                         (first,), (second,) = stores, view.store(m, n + 1, g_, self.acc[i, j, r + 1], split)
-                        stores = [replace(first, pair=second.value)]
+                        stores = [_paired(first, second)]
                     out.append(If(guard, tuple(stores)))
         return out
+
+
+def _paired(first, second):
+    """One Store of first's element and second's (the next channel: ir.Store.pair), inside first's guard where the
+    view guards its store (KS-deconv's class sizes: the same test for both channels of a position)."""
+    if isinstance(first, If):
+        (a,), (b,) = first.body, second.body
+        return replace(first, body=(_paired(a, b),))
+    return replace(first, pair=second.value)

@@ -106,10 +106,14 @@ TMA_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
               ((2, 9, 7, 96), (24, 1, 1, 96), dict())]
 
 
-# backward-data reduces over K (a multiple of 32): a 3x3, a dilated 3x3 with 24 outputs per pixel, a 1x1
+# backward-data reduces over K (a multiple of 32): a 3x3, a dilated 3x3 with 24 outputs per pixel, a 1x1; strided,
+# KS-deconv's classes (ks_deconv.ks_tma): a 3x3 whose classes differ in size and taps, a 1x1 whose classes but one
+# have no tap (zeros); 3 slices of 32 channels per tap, so split-K 3 divides them all
 TMA_BWD_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                   ((3, 13, 11, 24), (64, 3, 3, 24), dict(padding=2, dilation=2)),
-                  ((2, 9, 7, 40), (96, 1, 1, 40), dict())]
+                  ((2, 9, 7, 40), (96, 1, 1, 40), dict()),
+                  ((2, 14, 13, 40), (96, 3, 3, 40), dict(padding=1, stride=2)),
+                  ((2, 10, 12, 24), (96, 1, 1, 24), dict(stride=2))]
 
 
 LAYOUT_SHAPES = [((3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)),

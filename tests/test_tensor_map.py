@@ -223,11 +223,28 @@ def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
 
 TMA_BWD_CPU_CASES = [((2, 6, 10, 24), (64, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
                      ((1, 7, 9, 16), (32, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=3)),
-                     ((1, 6, 6, 8), (32, 5, 3, 8), dict(padding=(2, 1)), dict(BM=64, BN=8, WN=8, stages=2, tma=2))]
+                     ((1, 6, 6, 8), (32, 5, 3, 8), dict(padding=(2, 1)), dict(BM=64, BN=8, WN=8, stages=2, tma=2)),
+                     # strided: KS-deconv's classes (ks_deconv.ks_tma), one with fewer positions and taps than another
+                     ((2, 8, 6, 24), (64, 3, 3, 24), dict(padding=1, stride=2), dict(BM=64, BN=24, WN=24, stages=2)),
+                     ((1, 9, 10, 8), (32, 5, 4, 8), dict(padding=(2, 1), stride=(3, 2)),
+                      dict(BM=64, BN=8, WN=8, stages=3, tma=2))]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, kw, tile", TMA_BWD_CPU_CASES)
 def test_cpu_tma_backward_data(x_shape, w_shape, kw, tile, rng):
+    check_cpu_tma_backward_data(x_shape, w_shape, kw, tile, rng)
+
+
+@pytest.mark.parametrize("tile", [dict(BM=64, BN=24, WN=24, stages=2), dict(BM=64, BN=24, WN=24, stages=3, tma=2)])
+def test_cpu_tma_strided_backward_data_untrimmed(tile, monkeypatch, rng):
+    """With split-K (CUDA only) KS-deconv's TMA classes all run the largest sub-filter, the taps a class lacks
+    read as TMA's zeros (a tap coordinate below 0): the same schedule here, where every block has one length."""
+    from kernelgen.templates import ks_deconv
+    monkeypatch.setattr(ks_deconv, "_tma_trims", lambda cfg: False)
+    check_cpu_tma_backward_data((2, 7, 9, 24), (64, 3, 3, 24), dict(padding=1, stride=2), tile, rng)
+
+
+def check_cpu_tma_backward_data(x_shape, w_shape, kw, tile, rng):
     """A stride-1 backward-data through the TMA boxes: the forward convolution of dy with the launcher's rounded
     copy of w transposed and flipped (TensorMap.flip), equal to the float64 backward-data of the TF32-rounded
     operands to float32 accuracy; the caller's w is left as it was."""
@@ -332,7 +349,8 @@ def test_pipeline_checks_its_shape():
 
 @pytest.mark.parametrize("direction, x_shape, w_shape, kw, tile, match", [
     ("bwd_weight", (2, 6, 10, 32), (64, 3, 3, 32), dict(padding=1), {}, "tma=1 needs a GEMM view whose operands"),
-    ("bwd_data", (2, 6, 10, 32), (64, 3, 3, 32), dict(padding=1, stride=2), {}, "GEMM view whose operands"),
+    ("bwd_data", (2, 6, 10, 32), (64, 3, 3, 16), dict(padding=1, stride=2, groups=2), {}, "tma=1 needs groups=1"),
+    ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1, stride=2), {}, "channels a multiple of 32"),
     ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "channels a multiple of 32 .of the reduction"),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=2), {}, "tma=1 needs stride 1"),
     ("fwd", (2, 6, 10, 16), (40, 3, 3, 16), {}, {}, "tma=1 needs channels a multiple of 32"),

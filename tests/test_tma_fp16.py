@@ -70,10 +70,15 @@ def test_cpu_fp16_tma_forward_bias_relu_pairs(rng):
 
 @pytest.mark.parametrize("x_shape, w_shape, kw, tile", [
     ((2, 5, 6, 24), (64, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
-    ((1, 6, 5, 16), (64, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=2, tma=2))])
+    ((1, 6, 5, 16), (64, 3, 3, 16), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=2, tma=2)),
+    ((2, 8, 6, 24), (64, 3, 3, 24), dict(padding=1, stride=2), dict(BM=64, BN=24, WN=24, stages=2)),
+    ((1, 7, 9, 16), (64, 3, 3, 16), dict(padding=1, stride=2), dict(BM=64, BN=16, WN=16, stages=2, tma=2)),
+    ((2, 8, 8, 40), (128, 1, 1, 40), dict(stride=2), dict(BM=64, BN=40, WN=40, stages=3))])
 def test_cpu_fp16_tma_backward_data(x_shape, w_shape, kw, tile, rng):
     """A stride-1 backward-data: the forward convolution of dy with the launcher's flipped float16 copy of w
-    (no rounding: fp16 operands are exact); the caller's w is left as it was."""
+    (no rounding: fp16 operands are exact); strided, KS-deconv's classes on the same flipped copy (ks_deconv.ks_tma:
+    a 7 x 9 dx has classes of 4 x 5, 4 x 4, 3 x 5 and 3 x 4 positions; 3 x 3 at stride 2, sub-filters of 2 x 2 down to
+    1 x 1 taps); the caller's w is left as it was."""
     from kernelgen import reference as ref
     from kernelgen.api import get_launcher, make_plan
     from kernelgen.problem import make_problem
@@ -153,7 +158,10 @@ FP16_TMA_SHAPES = {"fwd": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                    # backward-data reduces over K (a multiple of 64)
                    "bwd_data": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                                 ((3, 13, 11, 24), (64, 3, 3, 24), dict(padding=2, dilation=2)),
-                                ((2, 9, 7, 40), (128, 1, 1, 40), {})]}
+                                ((2, 9, 7, 40), (128, 1, 1, 40), {}),
+                                # strided: KS-deconv's classes (uneven in size and taps; 1x1: all but one empty)
+                                ((2, 14, 13, 40), (128, 3, 3, 40), dict(padding=1, stride=2)),
+                                ((2, 10, 12, 24), (64, 1, 1, 24), dict(stride=2))]}
 
 
 def gpu_fp16_calls(direction, shape, config, rng, calls=1):

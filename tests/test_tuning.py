@@ -277,8 +277,12 @@ def test_tensor_core_split_k_where_blocks_are_fewer_than_sms():
     bwd = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1)
     assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd, "tf32"))
     assert any(c.tma for _, c in tuner.tc_candidates(bwd, "tf32"))  # stride 1: the flipped filter's TMA boxes
+    # strided: KS-deconv's classes on TMA, 4 slices x 16 of 32 channels per class (2 x 2 taps at most), 4 classes
     strided = make_problem("bwd_data", (32, 14, 14, 512), (512, 3, 3, 512), padding=1, stride=2)
-    assert not any(c.tma for _, c in tuner.tc_candidates(strided, "tf32"))
+    tma = [c for _, c in tuner.tc_candidates(strided, "tf32") if c.tma]
+    assert tma and all(64 % c.split_k == 0 for c in tma) and any(c.split_k > 1 for c in tma)
+    grouped = make_problem("bwd_data", (32, 14, 14, 512), (512, 3, 3, 256), padding=1, stride=2, groups=2)
+    assert not any(c.tma for _, c in tuner.tc_candidates(grouped, "tf32"))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):

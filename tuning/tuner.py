@@ -136,9 +136,10 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
         return [1]
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk)
-    from kernelgen.templates import gemm_shape
+    from kernelgen.templates import gemm_shape, ks_deconv
     from kernelgen.templates.tiled_gemm import _cdiv
-    M, N, K, G = gemm_shape(problem)
+    # the tensor-core template runs a strided backward-data as KS-deconv's classes
+    M, N, K, G = ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
     if blocks >= SM_COUNT:
         return [1]
@@ -147,7 +148,7 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
     return sorted({1} | {min(usable, key=lambda s: abs(s - t)) for t in targets if usable})
 
 
-# TMA-fed warpgroup tiles (TileConfig.tma; forward and backward-data at stride 1, channels a multiple of 32):
+# TMA-fed warpgroup tiles (TileConfig.tma; forward at stride 1 and backward-data, channels a multiple of 32):
 # (BM, BN, WM, WN, stages, tma).  The two measured best on the H100 (PERF_NOTES #38: 128 x 128 with 6 stages,
 # 256 x 128 warp-specialised), and a 64-wide one for grids with few blocks.
 TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128, 128, 4, 2))
@@ -164,14 +165,19 @@ def tma_candidate_configs(problem, precision):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
     tc_split_choices; never for float16 outputs), where the forward TMA view builds (implicit_gemm.tma_unmet):
     TF32 on float32 arrays, fp16 on float16 arrays."""
-    from kernelgen.templates import implicit_gemm
+    from kernelgen.templates import gemm_shape, implicit_gemm
     from kernelgen.templates.config import TileConfig
     from kernelgen.templates.tma_schedule import swizzled_row
     if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or implicit_gemm.tma_unmet(problem):
         return []
     bk = swizzled_row(problem.dtype)
+    tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
+    n = gemm_shape(problem)[1]
+    if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
+        bn = -(-n // 8) * 8
+        tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
-            for bm, bn, wm, wn, st, tma in (TMA_TILES if precision == "tf32" else TMA_TILES_FP16)
+            for bm, bn, wm, wn, st, tma in tiles
             for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))]
 
 
