@@ -1,7 +1,7 @@
 """Compile the tensor-core kernels for sm_90 without a GPU and report what ptxas and the SASS say.
 
     NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--layers r50_3x3_28,r18_c64_32] [--config K=V,...]...
-        [--precision tf32|fp16|bf16] [--keep DIR]
+        [--precision tf32|fp16|bf16] [--dtype float32|float16] [--keep DIR]
 
 For forward, backward-data and backward-weight of each layer (gpu_md table names) this renders the
 implicit_gemm_tc kernel (--precision, default "tf32"; the variant's default CUDA config per direction, or each
@@ -34,7 +34,7 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 os.environ.setdefault("NUMBA_FORCE_CUDA_CC", "9.0")
 os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
 
-from numba import cuda, float32  # noqa: E402
+from numba import cuda  # noqa: E402
 
 from kernelgen.api import make_plan  # noqa: E402
 from kernelgen.render_cuda import render_cuda  # noqa: E402
@@ -52,13 +52,13 @@ def _allow_missing_nvrtc():
             "include_dir": cp._get_include_dir()}
 
 
-def problems(layers):
+def problems(layers, dtype="float32"):
     from kernelgen.tuning.shapes import load_table
     _, table = load_table("gpu_md")
     by_name = {layer.name: layer for layer in table}
     for name in layers:
         for direction in ("fwd", "bwd_data", "bwd_weight"):
-            yield name, by_name[name].problem(direction)
+            yield name, by_name[name].problem(direction, dtype=dtype)
 
 
 def occupancy(regs, smem, threads):
@@ -70,7 +70,8 @@ def occupancy(regs, smem, threads):
     return blocks, round(blocks * warps / 64, 3)
 
 
-def compile_ptx(source, workdir, name):
+def compile_ptx(source, workdir, name, param_dtypes=None):
+    """PTX of a rendered module's kernel; param_dtypes: the kernel's parameters' dtypes (default all float32)."""
     path = os.path.join(workdir, f"{name}.py")
     with open(path, "w") as f:
         f.write(source.replace("_CACHE = True", "_CACHE = False"))
@@ -78,7 +79,9 @@ def compile_ptx(source, workdir, name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     bounds = getattr(mod, "LAUNCH_BOUNDS", None)  # TileConfig.min_blocks (py_func drops jit's options)
-    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(float32[::1] for _ in mod.PARAMS), cc=(9, 0),
+    from numba import types
+    dtypes = param_dtypes or ["float32"] * len(mod.PARAMS)
+    ptx, _ = cuda.compile_ptx(mod.KERNEL.py_func, tuple(getattr(types, d)[::1] for d in dtypes), cc=(9, 0),
                               **({"launch_bounds": bounds} if bounds else {}))
     # wgmma is an sm_90a instruction: numba targets sm_90a on an H100 by itself; here the CC is forced
     return ptx.replace(".target sm_90\n", ".target sm_90a\n") if "wgmma." in ptx else ptx
@@ -152,6 +155,8 @@ def main(argv=None):
                          "swizzle=1' (repeatable; default: the variant's default per direction)")
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "fp16", "bf16"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16"),
+                    help="the arrays' dtype (float16: fp16 kernels on 16-bit tensors, as the bench runs them)")
     args = ap.parse_args(argv)
     _allow_missing_nvrtc()
     workdir = args.keep or tempfile.mkdtemp(prefix="kg_ptx_")
@@ -161,14 +166,14 @@ def main(argv=None):
     print("| layer | dir | config | threads | regs | local B | spills | smem B | blocks/SM | occupancy | HMMA | "
           "LDS | LDS.64 | LDS.128 | LDSM | LDS per HMMA | STS | STS.64 | STS.128 | SASS instr per HMMA |")
     print("|" + "---|" * 20)
-    for layer, p in problems(args.layers.split(",")):
+    for layer, p in problems(args.layers.split(","), args.dtype):
         if p.direction not in args.directions.split(","):
             continue
         for cfg in configs:
             plan = make_plan(p, "cuda", config=cfg, precision=args.precision)
             kernel = plan.kernel_ir()
             name = f"tc_{args.precision}_{layer}_{p.direction}_{plan.config}"
-            ptx = compile_ptx(render_cuda(kernel), workdir, name)
+            ptx = compile_ptx(render_cuda(kernel), workdir, name, [b.dtype for b in kernel.params])
             ptx_path, cubin = os.path.join(workdir, f"{name}.ptx"), os.path.join(workdir, f"{name}.cubin")
             with open(ptx_path, "w") as f:
                 f.write(ptx)
