@@ -126,6 +126,12 @@ def tc_cost(problem, cfg):
     return _cdiv(blocks, SM_COUNT) * cfg.BM * cfg.BN * depth * issue
 
 
+def tc_gemm_shape(problem):
+    """(M, N, K, groups) of the tensor-core template's GEMM: a strided backward-data runs as KS-deconv's classes."""
+    from kernelgen.templates import gemm_shape, ks_deconv
+    return ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
+
+
 def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
     """split-K factors of a tensor-core tile: backward-weight's (split_choices); for the other directions 1, and
     where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that fill
@@ -136,10 +142,8 @@ def tc_split_choices(problem, bm, bn, bk, divides=False, waves=(1, 2)):
         return [1]
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk)
-    from kernelgen.templates import gemm_shape, ks_deconv
     from kernelgen.templates.tiled_gemm import _cdiv
-    # the tensor-core template runs a strided backward-data as KS-deconv's classes
-    M, N, K, G = ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
+    M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
     if blocks >= SM_COUNT:
         return [1]
@@ -159,20 +163,25 @@ TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128,
 # (the first fp16 tune picked 128 x 64 x 8 stages on 9 of 15 forward rows), and the 128 x 128 one too (no drain per
 # round there: PERF_NOTES #44)
 TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2), (128, 64, 64, 64, 8, 2), (128, 128, 64, 128, 6, 2))
+# fp16 takes no split-K (float16 outputs): where 128 x 128 tiles leave SMs idle (r50_3x3_7: 52 blocks), one-warpgroup
+# tiles of 64 rows give the grid twice or four times the blocks
+TMA_TILES_SMALL_GRID = ((64, 128, 64, 128, 6, 2), (64, 64, 64, 64, 8, 2))
 
 
 def tma_candidate_configs(problem, precision):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
     tc_split_choices; never for float16 outputs), where the forward TMA view builds (implicit_gemm.tma_unmet):
     TF32 on float32 arrays, fp16 on float16 arrays."""
-    from kernelgen.templates import gemm_shape, implicit_gemm
+    from kernelgen.templates import implicit_gemm
     from kernelgen.templates.config import TileConfig
     from kernelgen.templates.tma_schedule import swizzled_row
     if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or implicit_gemm.tma_unmet(problem):
         return []
     bk = swizzled_row(problem.dtype)
     tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
-    n = gemm_shape(problem)[1]
+    m, n, _, groups = tc_gemm_shape(problem)
+    if precision == "fp16" and -(-m // 128) * -(-n // 128) * groups < SM_COUNT:
+        tiles = tiles + TMA_TILES_SMALL_GRID
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
