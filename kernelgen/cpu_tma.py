@@ -4,7 +4,9 @@ elements; with a 128-byte swizzle the 16-byte chunk j of row r at chunk j ^ (r %
 as their uint16 bit patterns (the CPU's float16), moved unchanged.
 
 The im2col walk is the reading that scripts/tma_check.py checks on the H100: `pixels` base positions from
-(w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw)."""
+(w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw); a map's
+traversal steps (a strided convolution's) take w and h that many apart, back to the lower corner when they pass
+the upper one (as TileLang's Hopper im2col convolution reads it; not yet checked on the H100)."""
 from __future__ import annotations
 
 from numba import njit
@@ -49,8 +51,8 @@ def tma_tiled_4d(dst, d0, src, dim0, dim1, dim2, dim3, stride1, stride2, stride3
 
 
 @njit(cache=True)
-def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, channels, pixels, c, w, h, n,
-                  dw, dh, swizzle):
+def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, channels, pixels, step_w, step_h,
+                  c, w, h, n, dw, dh, swizzle):
     """`pixels` rows of `channels` channels of the channels-last src[N, H, W, C] (see the module docstring)."""
     for p in range(pixels):
         hi, wi = h + dh, w + dw
@@ -58,10 +60,10 @@ def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, 
             ch = c + e
             inside = 0 <= ch < C and 0 <= wi < W and 0 <= hi < H and 0 <= n < N
             dst[d0 + _place(p, e, channels, swizzle)] = src[((n * H + hi) * W + wi) * C + ch] if inside else 0
-        w += 1
+        w += step_w
         if w > W - 1 + upper_w:
             w = lower_w
-            h += 1
+            h += step_h
             if h > H - 1 + upper_h:
                 h = lower_h
                 n += 1

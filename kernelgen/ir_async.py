@@ -121,7 +121,8 @@ class TensorMap:
     encodes from the caller's array and passes as the uint64 parameter `name`).  Dims, byte strides (of dims
     1..) and boxes are innermost first.  mode "tiled": boxes of `box` elements; "im2col": `box` = (channels,
     pixels) of a channels-last (C, W, H, N) tensor, the pixels walking the base positions [lower, (W, H) - 1 +
-    upper] w, then h, then n.  swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy).
+    upper] w, then h, then n, `traversal` apart per dim (a strided convolution's window corners; () = 1).
+    swizzle 0 or 128 (bytes): where a box's 128-byte rows land (TensorCopy).
     rounding "tf32": the map (and the kernel's `source` parameter) reads a copy of the caller's array rounded to
     TF32 (cvt.rna) that the launcher makes before the kernel runs: wgmma truncates what it reads, and rounding the
     landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38).
@@ -141,6 +142,7 @@ class TensorMap:
     rounding: str = ""
     flip: Tuple[int, ...] = ()
     dtype: str = "float32"  # the source's elements: float32, or float16 (fp16 operands, never rounded)
+    traversal: Tuple[int, ...] = ()  # im2col: the walk's step per spatial dim (w, h), a convolution's stride; () = 1
 
     def __post_init__(self):
         if self.mode not in ("tiled", "im2col") or self.swizzle not in (0, 128) or self.rounding not in ("", "tf32"):
@@ -149,6 +151,10 @@ class TensorMap:
         if self.dtype not in MAP_ITEMSIZE or self.rounding and self.dtype != "float32":
             raise ValueError(f"TensorMap {self.name}: dtype float32 or float16 (rounding float32 only), got "
                              f"{self.dtype} with rounding {self.rounding!r}")
+        if self.traversal and (self.mode != "im2col" or len(self.traversal) != len(self.lower)
+                               or not all(1 <= t <= 8 for t in self.traversal)):
+            raise ValueError(f"TensorMap {self.name}: traversal is an im2col map's step per spatial dim, 1..8 each, "
+                             f"got {self.traversal} ({self.mode}, {len(self.lower)} spatial dims)")
         if self.flip and len(self.flip) != 3:
             raise ValueError(f"TensorMap {self.name}: flip is (K, T, C), got {self.flip}")
         if self.swizzle and self.box[0] != self.row:  # the swizzled layout is one of 128-byte rows

@@ -241,7 +241,7 @@ def launch_constants(kernel: Kernel) -> str:
     maps = kernel.meta.get("tensor_maps")
     if maps:  # the launcher derives these parameters from the TensorMap fields, as tuples
         specs = tuple((m.name, m.source, m.mode, m.dims, m.strides, m.box, m.lower, m.upper, m.swizzle, m.rounding,
-                      m.flip, m.dtype)
+                      m.flip, m.dtype, m.traversal)
                       for m in maps)
         out += f"TENSOR_MAPS = {specs!r}\n"
     return out

@@ -88,7 +88,7 @@ class CpuPrinter(SourcePrinter):
         elif m.mode == "tiled" and len(m.dims) == 4:
             fn, geometry = "tma_tiled_4d", [*m.dims, *(st // m.itemsize for st in m.strides), *m.box]
         elif m.mode == "im2col" and len(m.dims) == 4:
-            fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box]
+            fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box, *(m.traversal or (1, 1))]
         else:
             raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D im2col boxes, got {m.mode} {m.dims}")
         self.tma_helpers.add(fn)

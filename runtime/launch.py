@@ -252,8 +252,8 @@ class Launcher:
     # the module defines this; render_cuda): run for arrays that do not
     kernel_any: object = None
     # TMA tensor maps the kernel takes as parameters, derived from the arrays they describe (ir.TensorMap fields
-    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding, flip, dtype; older modules
-    # end at rounding or flip); encoded per device pointer
+    # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding, flip, dtype, traversal;
+    # older modules end at rounding, flip or dtype); encoded per device pointer
     tensor_maps: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
@@ -309,8 +309,10 @@ class Launcher:
             if ptr % 16:
                 raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
             swz = swizzle or None
+            traversal = tuple(spec[12]) if len(spec) > 12 else ()
             host = (encode_tiled(ptr, dtype, dims, strides, box, swizzle=swz) if mode == "tiled" else
-                    encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz))
+                    encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz,
+                                  traversal=traversal))
             if len(self._maps) >= 64:  # arrays come and go: keep the recent ones
                 self._maps.clear()
             found = self._maps[(name, ptr)] = cuda.to_device(host)

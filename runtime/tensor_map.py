@@ -31,8 +31,9 @@ def _check(cu, result, what):
         raise ValueError(f"{what}: the driver refused the tensor map ({(name.value or b'?').decode()}, {result})")
 
 
-def _common(address, dtype, dims, strides, swizzle):
-    """Validated (data type, dims, byte strides of dims 1.., element strides) arrays for the driver."""
+def _common(address, dtype, dims, strides, swizzle, traversal=()):
+    """Validated (data type, dims, byte strides of dims 1.., element strides) arrays for the driver; traversal:
+    an im2col walk's step per spatial dim (the element strides of dims 1 .. rank - 2; the others 1)."""
     dtype = np.dtype(dtype)
     if dtype not in DATA_TYPES:
         raise TypeError(f"dtype: expected float32 or float16, got {dtype}")
@@ -43,8 +44,11 @@ def _common(address, dtype, dims, strides, swizzle):
     if len(strides) != len(dims) - 1 or any(s % 16 for s in strides):
         raise ValueError(f"strides: expected {len(dims) - 1} byte strides (dims 1..), multiples of 16, got {strides}")
     rank = len(dims)
+    steps = (1, *traversal, 1) if traversal else (1,) * rank
+    if len(steps) != rank or not all(1 <= t <= 8 for t in steps):
+        raise ValueError(f"traversal: expected {rank - 2} steps in 1..8 (the spatial dims), got {traversal}")
     return (DATA_TYPES[dtype], rank, (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
-            (ctypes.c_uint32 * rank)(*([1] * rank)))
+            (ctypes.c_uint32 * rank)(*steps))
 
 
 def _map_buffer() -> np.ndarray:
@@ -70,12 +74,13 @@ def encode_tiled(address, dtype, dims, strides, box, *, swizzle=None) -> np.ndar
     return out
 
 
-def encode_im2col(address, dtype, dims, strides, lower, upper, channels, pixels, *, swizzle=None) -> np.ndarray:
+def encode_im2col(address, dtype, dims, strides, lower, upper, channels, pixels, *, swizzle=None,
+                  traversal=()) -> np.ndarray:
     """The im2col tensor map of a 4-D channels-last tensor dims = (C, W, H, N): a copy brings `pixels` pixels
     x `channels` channels, the pixels walking the bounding box of base positions [lower, (W, H) - 1 + upper]
-    (per spatial dim, innermost first; for a convolution lower = -padding, upper = padding - (R - 1) dilation
-    at stride 1).  Returned as 16 uint64 words."""
-    dt, rank, gdim, gstride, estride = _common(address, dtype, dims, strides, swizzle)
+    (per spatial dim, innermost first; for a convolution lower = -padding, upper = padding - (R - 1) dilation),
+    `traversal` (w, h) apart (a convolution's stride; () = 1).  Returned as 16 uint64 words."""
+    dt, rank, gdim, gstride, estride = _common(address, dtype, dims, strides, swizzle, traversal)
     if rank != 4 or len(lower) != 2 or len(upper) != 2:
         raise ValueError(f"dims: expected (C, W, H, N) with 2 lower and 2 upper corners, got {dims}, {lower}, {upper}")
     if not all(-128 <= v < 128 for v in (*lower, *upper)):

@@ -144,14 +144,14 @@ def tma_unmet(p):
     row = swizzled_row(p.dtype)
     return [w for bad, w in ((f.groups != 1, "groups=1"),
                              (f.in_size[0] != 1 or f.filter_size[0] != 1, "a 1-D or 2-D convolution"),
-                             (f.stride != (1, 1, 1), "stride 1"),
+                             (f.stride[0] != 1 or max(f.stride) > 8, "stride 1 to 8"),
                              (f.Cg % row, f"channels a multiple of {row} (of the reduction, {p.dtype})")) if bad]
 
 
 def forward_tma(p, cfg: TileConfig, m0, n0):
     """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x BK
     channels (128 bytes: 32 float32, 64 float16) at one filter tap (x seen as (C, W, H, N), base pixel = the first
-    pixel's window corner, the tap as the offsets), B's the tiled box of BN filters x BK of their k (w seen as Kr x K).  Float32 maps read copies of x
+    pixel's window corner, the tap as the offsets, the corners `stride` apart), B's the tiled box of BN filters x BK of their k (w seen as Kr x K).  Float32 maps read copies of x
     and w rounded to TF32 (TensorMap.rounding): once per call, where rounding the landed boxes would round each
     pixel of x once per filter tap, in the compute threads' time.  A stride-1 backward-data is the forward
     convolution tma_forward_problem names: its maps read dy, and the launcher's copy of w flipped (TensorMap.flip)."""
@@ -162,15 +162,17 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     f = tma_forward_problem(p)
-    (_, fh, fw), (_, ph, pw), (_, dh, dw) = f.filter_size, f.padding, f.dilation
+    (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = f.filter_size, f.padding, f.dilation, f.stride
     (_, H, W), (_, OH, OW) = f.in_size, f.out_size
     Kr = fh * fw * f.C
     ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2  # a slice's channels; bytes per element
     if cfg.BK != ROW:
         raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
     rounding = "tf32" if p.dtype == "float32" else ""  # float16 operands are exact as stored
+    # a strided forward walks the window corners `stride` apart (the map's traversal steps)
     a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (e * f.C, e * W * f.C, e * H * W * f.C), (ROW, cfg.BM),
-                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, rounding, dtype=p.dtype)
+                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, rounding, dtype=p.dtype,
+                  traversal=(sw, sh) if sw * sh > 1 else ())
     b = TensorMap("w_map", "w", "tiled", (Kr, f.K), (e * Kr,), (ROW, cfg.BN), swizzle=128, rounding=rounding,
                   dtype=p.dtype)
     if p.direction == "bwd_data":
@@ -180,7 +182,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
 
     def a_box(kt):
         tap = kt // chunks
-        return (((kt % chunks) * ROW, wo - pw, ho - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
+        return (((kt % chunks) * ROW, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
 
     return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
 

@@ -103,7 +103,10 @@ TMA_GPU_CONFIGS = [TileConfig(128, 64, 32, WM=64, WN=64, stages=4, wgmma=1, tma=
 # a 3x3 with padding, a dilated 3x3 with ragged M and N, a 1x1 over three 32-channel slices
 TMA_SHAPES = [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
               ((3, 13, 11, 32), (40, 3, 3, 32), dict(padding=2, dilation=2)),
-              ((2, 9, 7, 96), (24, 1, 1, 96), dict())]
+              ((2, 9, 7, 96), (24, 1, 1, 96), dict()),
+              # strided: the im2col map's traversal steps (9 and 3 slices: split-K 3 divides them too)
+              ((2, 17, 15, 32), (40, 3, 3, 32), dict(padding=1, stride=2)),
+              ((2, 10, 12, 96), (24, 1, 1, 96), dict(stride=2))]
 
 
 # backward-data reduces over K (a multiple of 32): a 3x3, a dilated 3x3 with 24 outputs per pixel, a 1x1; strided,

@@ -27,6 +27,8 @@ DIMS, STRIDES = channels_last((2, 6, 10, 32))  # x[N=2, H=6, W=10, C=32]
     (lambda: encode_im2col(256, np.float32, (32, 8), (128,), (-1, -1), (-1, -1), 32, 64), "dims: expected (C, W, H, N)"),
     (lambda: encode_im2col(256, np.float32, DIMS, STRIDES, (-200, 0), (0, 0), 32, 64), "lower, upper: a 4-D im2col"),
     (lambda: encode_im2col(256, np.float32, DIMS, STRIDES, (-1, -1), (-1, -1), 32, 2048), "channels, pixels"),
+    (lambda: encode_im2col(256, np.float32, DIMS, STRIDES, (-1, -1), (-1, -1), 32, 64, traversal=(9, 1)),
+     "traversal: expected 2 steps in 1..8"),
 ])
 def test_bad_arguments_are_refused_before_the_driver(call, match):
     with pytest.raises((ValueError, TypeError), match=match.replace("(", r"\(").replace(")", r"\)")):
@@ -188,7 +190,12 @@ def test_gpu_im2col_and_tiled_copies(swizzle, rng):
 TMA_CPU_CASES = [((2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), dict(BM=64, BN=32, WN=32, stages=2)),
                  ((1, 7, 9, 64), (24, 3, 3, 64), dict(padding=2, dilation=2), dict(BM=64, BN=16, WN=16, stages=3)),
                  ((2, 5, 5, 32), (16, 1, 1, 32), {}, dict(BM=64, BN=16, WN=16, stages=2)),
-                 ((1, 6, 6, 32), (32, 5, 3, 32), dict(padding=(2, 0)), dict(BM=128, BN=32, WN=32, stages=4))]
+                 ((1, 6, 6, 32), (32, 5, 3, 32), dict(padding=(2, 0)), dict(BM=128, BN=32, WN=32, stages=4)),
+                 # strided: the im2col walk's traversal steps (odd sizes: the last window of a row is partial)
+                 ((2, 9, 11, 32), (24, 3, 3, 32), dict(padding=1, stride=2), dict(BM=64, BN=24, WN=24, stages=2)),
+                 ((1, 12, 13, 32), (16, 3, 3, 32), dict(padding=2, dilation=2, stride=(3, 2)),
+                  dict(BM=64, BN=16, WN=16, stages=3)),
+                 ((2, 8, 10, 64), (16, 1, 1, 64), dict(stride=2), dict(BM=64, BN=16, WN=16, stages=2))]
 
 
 def tma_config(**kw):
@@ -201,7 +208,7 @@ def tma_config(**kw):
     pytest.param(*case[:3], {**case[3], "tma": 2}, id=f"tma2-{i}") for i, case in enumerate(TMA_CPU_CASES[::3])])
 def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
     """The TMA schedule on the CPU backend (copies when issued, wgmma emulated per thread, truncating): ragged M
-    and N, 1..2 warpgroups, 2..4 stages, dilation and asymmetric padding.  Equal to the float64 GEMM of
+    and N, 1..2 warpgroups, 2..4 stages, dilation, asymmetric padding and strides.  Equal to the float64 GEMM of
     TF32-rounded operands to float32 accuracy, because the threads round each landed stage."""
     from kernelgen import reference as ref
     from kernelgen.api import get_launcher, make_plan
@@ -277,9 +284,14 @@ def test_tma_module_names_its_maps():
                       .kernel_ir(), cache=False)
     assert "PARAMS = ('x', 'w', 'y', 'x_map', 'w_map')" in src
     assert "TENSOR_MAPS = (('x_map', 'x', 'im2col', (32, 10, 6, 2), (128, 1280, 7680), (32, 64), (-1, -1), (-1, -1), " \
-           "128, 'tf32', (), 'float32'), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32', (), " \
-           "'float32'))" in src
+           "128, 'tf32', (), 'float32', ()), ('w_map', 'w', 'tiled', (288, 40), (1152,), (32, 32), (), (), 128, 'tf32', " \
+           "(), 'float32', ()))" in src
     assert "smem_desc_sw128(As, " in src and "copy_async" not in src and "KERNEL_ANY_ALIGNMENT" not in src
+    # a strided forward: the map walks the window corners 2 apart (its traversal steps), from 2 wo - pad
+    p = make_problem("fwd", (2, 9, 11, 32), (40, 3, 3, 32), padding=1, stride=2)
+    src = render_cuda(make_plan(p, "cuda", config=tma_config(BM=64, BN=32, WN=32, stages=2), precision="tf32")
+                      .kernel_ir(), cache=False)
+    assert "(32, 64), (-1, -1), (-1, -1), 128, 'tf32', (), 'float32', (2, 2)), ('w_map'" in src
 
 
 def test_tma_split_k_module():
@@ -352,7 +364,7 @@ def test_pipeline_checks_its_shape():
     ("bwd_data", (2, 6, 10, 32), (64, 3, 3, 16), dict(padding=1, stride=2, groups=2), {}, "tma=1 needs groups=1"),
     ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1, stride=2), {}, "channels a multiple of 32"),
     ("bwd_data", (2, 6, 10, 32), (40, 3, 3, 32), dict(padding=1), {}, "channels a multiple of 32 .of the reduction"),
-    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=2), {}, "tma=1 needs stride 1"),
+    ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), dict(stride=9), {}, "tma=1 needs stride 1 to 8"),
     ("fwd", (2, 6, 10, 16), (40, 3, 3, 16), {}, {}, "tma=1 needs channels a multiple of 32"),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(BK=16), "BK in .8, 16, 32. .tma: 32 or 64."),
     ("fwd", (2, 6, 10, 32), (40, 3, 3, 32), {}, dict(async_copy=1), "tma=1 needs wgmma=1, async_copy=0"),

@@ -32,12 +32,15 @@ def close_to_float64(got, want):
 FWD_CASES = [((2, 5, 7, 64), (40, 3, 3, 64), dict(padding=1), dict(BM=64, BN=40, WN=40, stages=2)),
              ((1, 6, 6, 128), (16, 3, 1, 128), dict(padding=(2, 0), dilation=(2, 1)),
               dict(BM=128, BN=16, WN=16, stages=3)),
-             ((1, 4, 5, 64), (24, 1, 1, 64), {}, dict(BM=64, BN=24, WN=24, stages=2, tma=2))]
+             ((1, 4, 5, 64), (24, 1, 1, 64), {}, dict(BM=64, BN=24, WN=24, stages=2, tma=2)),
+             ((2, 9, 11, 64), (40, 3, 3, 64), dict(padding=1, stride=2), dict(BM=64, BN=40, WN=40, stages=2)),
+             ((1, 8, 10, 64), (24, 1, 1, 64), dict(stride=(2, 3)), dict(BM=64, BN=24, WN=24, stages=2, tma=2))]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, kw, tile", FWD_CASES)
 def test_cpu_fp16_tma_forward(x_shape, w_shape, kw, tile, rng):
-    """Ragged M and N, 1-2 warpgroups, two slices per tap (C = 128), dilation, asymmetric padding, tma=2."""
+    """Ragged M and N, 1-2 warpgroups, two slices per tap (C = 128), dilation, asymmetric padding, tma=2, strides
+    (the im2col walk's traversal steps)."""
     from kernelgen import reference as ref
     from kernelgen.api import get_launcher, make_plan
     from kernelgen.problem import make_problem
@@ -154,7 +157,10 @@ FP16_TMA_GPU_CONFIGS = [fp16_tma_config(BM=128, BN=64, WN=64, stages=4),
                         fp16_tma_config(BM=128, BN=128, WN=128, stages=6, tma=2)]
 FP16_TMA_SHAPES = {"fwd": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                            ((3, 13, 11, 128), (40, 3, 3, 128), dict(padding=2, dilation=2)),
-                           ((2, 9, 7, 192), (24, 1, 1, 192), {})],
+                           ((2, 9, 7, 192), (24, 1, 1, 192), {}),
+                           # strided: the im2col map's traversal steps
+                           ((2, 17, 15, 64), (40, 3, 3, 64), dict(padding=1, stride=2)),
+                           ((2, 10, 12, 64), (24, 1, 1, 64), dict(stride=2))],
                    # backward-data reduces over K (a multiple of 64)
                    "bwd_data": [((4, 16, 16, 64), (64, 3, 3, 64), dict(padding=1)),
                                 ((3, 13, 11, 24), (64, 3, 3, 24), dict(padding=2, dilation=2)),
