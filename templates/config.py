@@ -41,8 +41,8 @@ class TileConfig:
     threads; slices arrive by asynchronous copies (needs async_copy=1, swizzle=0) into the MMA's core-matrix
     layout, where each thread rounds the words its copies landed to TF32 (wgmma would truncate them).  0 by
     default and then absent from string and dict.
-    tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last arrays at stride 1 and
-    stride-1 backward-data; float32 at TF32 with channels a multiple of 32 and BK = 32, or float16 at fp16 with
+    tma=1 (with wgmma=1 instead of async_copy, forward convolutions of channels-last arrays and backward-data,
+    strided as KS-deconv's classes; float32 at TF32 with channels a multiple of 32 and BK = 32, or float16 at fp16 with
     channels a multiple of 64 and BK = 64): each slice arrives by two TMA copies that one thread issues
     (ir.TensorCopy: an im2col box of x, a tiled box of w) into the 128-byte swizzled layout, counted on a shared
     mbarrier per stage.
