@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 
 def fp16_tma_config(**kw):
@@ -97,6 +99,48 @@ def test_cpu_fp16_tma_backward_data(x_shape, w_shape, kw, tile, rng):
     close_to_float64(dx.reshape(x_shape), ref.conv_backward_data(dy.astype(np.float64), w.astype(np.float64),
                                                                   x_shape, **kw))
     assert np.array_equal(w_flat.view(np.uint16), w.ravel().view(np.uint16))
+
+
+@st.composite
+def strided_tma_cases(draw):
+    """A strided 2-D convolution whose fp16 TMA boxes build: stride 1-3 per dim (one above 1), filter 1-5, padding
+    below the filter, sizes that leave partial windows and classes of unequal size (or none: a 1x1 at stride 2),
+    the reduction's channels 64 or 128, the GEMM's columns 3..40 (ragged tiles; C = 3 as the stem's)."""
+    stride = [draw(st.integers(1, 3)) for _ in range(2)]
+    assume(max(stride) > 1)
+    filt = [draw(st.integers(1, 5)) for _ in range(2)]
+    pad = [draw(st.integers(0, f - 1)) for f in filt]
+    size = [draw(st.integers(max(1, f - 2 * p), max(1, f - 2 * p) + 7)) for f, p in zip(filt, pad)]
+    direction = draw(st.sampled_from(["fwd", "bwd_data"]))
+    reduced, columns = draw(st.sampled_from([64, 128])), draw(st.sampled_from([3, 8, 24, 40]))
+    c, k = (reduced, columns) if direction == "fwd" else (columns, reduced)
+    bn = -(-columns // 8) * 8
+    tile = dict(BM=64, BN=bn, WN=bn, stages=draw(st.integers(2, 3)), tma=draw(st.sampled_from([1, 2])))
+    return direction, (draw(st.integers(1, 2)), *size, c), (k, *filt, c), dict(stride=tuple(stride), padding=tuple(pad)), tile
+
+
+@settings(max_examples=6)
+@given(case=strided_tma_cases())
+def test_cpu_fp16_tma_strided_matches_float64(case):
+    """Strided convolutions on TMA, both ways: forward (the im2col walk's traversal steps) and backward-data
+    (KS-deconv's classes, each over its own sub-filter), fresh float16 data, a poisoned output."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    direction, x_shape, w_shape, kw, tile = case
+    rng = np.random.default_rng(abs(hash(str(case))) % 2 ** 32)
+    p = make_problem(direction, x_shape, w_shape, dtype="float16", **kw)
+    x, w, dy = fp16_inputs(rng, x_shape, w_shape, p.y_shape)
+    launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
+    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float16)
+    f64 = lambda a: a.astype(np.float64)
+    if direction == "fwd":
+        launcher({"x": x.ravel(), "w": w.ravel(), "y": out})
+        want = ref.conv_forward(f64(x), f64(w), **kw)
+    else:
+        launcher({"dy": dy.ravel(), "w": w.ravel(), "dx": out})
+        want = ref.conv_backward_data(f64(dy), f64(w), x_shape, **kw)
+    close_to_float64(out.reshape(p.output_shape), want)
 
 
 def test_fp16_tma_module_reads_float16_tiles():
