@@ -14,6 +14,7 @@ wgmma_tf32_m64n{N}k8(acc, da, db) -> acc': acc (N / 2 float32) += A (64 x 8) B (
           Asynchronous: valid only after wgmma_wait, which also hands the registers back.
 wgmma_f16_m64n{N}k16(acc, da, db) -> acc': the same with A (64 x 16) B (16 x N) of fp16 operands (exact),
           float32 accumulators in the same layout; a K-major row of the 128-byte swizzled layout holds 64 of them.
+          wgmma_f16_m64n128k16_bmn: B MN-major (its transpose immediate set), for scripts/wgmma_check.py.
 wgmma_fence(): wgmma.fence (before the first wgmma of a batch: orders earlier register and shared accesses).
 wgmma_commit(): closes a batch;  wgmma_wait(acc, n) -> acc: waits until at most n batches are in flight,
           threading acc through so no use of the accumulators moves above the wait.
@@ -75,10 +76,12 @@ def smem_desc_sw128(typingctx, arr, i, lbo, sbo):
     return types.uint64(arr, i, lbo, sbo), _descriptor(True)
 
 
-def _wgmma(n, kind="tf32"):
+def _wgmma(n, kind="tf32", b_mn_major=False):
     regs = n // 2
-    # fp16 takes two more immediates, the operands' transposes: 0 0 = both K-major, as for tf32 (which has no choice)
-    shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""), "fp16": (f"m64n{n}k16.f32.f16.f16", ", 0, 0")}[kind]
+    # fp16 takes two more immediates, the operands' transposes: 0 0 = both K-major, as for tf32 (which has no choice);
+    # 0 1 = B MN-major (n contiguous), which only scripts/wgmma_check.py uses so far
+    shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""),
+                    "fp16": (f"m64n{n}k16.f32.f16.f16", ", 0, 1" if b_mn_major else ", 0, 0")}[kind]
     text = (f"{{ .reg .pred p; setp.ne.b32 p, ${regs + 2}, 0; "
             f"wgmma.mma_async.sync.aligned.{shape} "
             "{" + ", ".join(f"${i}" for i in range(regs)) + f"}}, ${regs}, ${regs + 1}, p, 1, 1{extra}; }}")
@@ -96,7 +99,7 @@ def _wgmma(n, kind="tf32"):
             fnty = ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32] + [_F32] * regs)
             cons = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)]) + ",~{memory}"
             out = builder.asm(fnty, text, cons, descs + [ir.Constant(_I32, 1)] + vals, side_effect=True,
-                              name=f"wgmma_{kind}_n{n}")
+                              name=f"wgmma_{kind}_n{n}" + ("_bmn" if b_mn_major else ""))
             return context.make_tuple(builder, ret, [builder.extract_value(out, i) for i in range(regs)])
         return ret(acc, da, db), codegen
     return wgmma
@@ -104,6 +107,8 @@ def _wgmma(n, kind="tf32"):
 
 WGMMA_TF32 = {n: _wgmma(n) for n in range(8, 257, 8)}  # every n wgmma has for TF32
 WGMMA_F16 = {n: _wgmma(n, "fp16") for n in range(8, 257, 8)}  # ... and for fp16 operands, fp32 accumulators
+# fp16 with B MN-major: the probe of PERF_NOTES' lead on backward-data without the flip launch
+wgmma_f16_m64n128k16_bmn = _wgmma(128, "fp16", b_mn_major=True)
 wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_tf32_m64n256k8 = WGMMA_TF32[64], WGMMA_TF32[128], WGMMA_TF32[256]
 
 

@@ -10,7 +10,8 @@
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
 #   mma-ceiling: scripts/mma_ceiling.py (TF32 mma.sync ceilings, $OUT/mma_ceiling.json)
-#   wgmma-check: scripts/wgmma_check.py (wgmma layout check + ceilings, $OUT/wgmma_check.json)
+#   wgmma-check: scripts/wgmma_check.py (wgmma layout checks + ceilings, $OUT/wgmma_check.json; WGMMA_ARGS go to it,
+#   e.g. "--parts mn-major")
 #   tma-check: scripts/tma_check.py (TMA im2col/tiled copies checked, copy streams TMA vs cp.async, TMA + wgmma
 #   conv beside cuDNN, $OUT/tma_check.json; TMA_ARGS="--generated-only": kernelgen's generated TMA kernels only)
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
@@ -96,7 +97,7 @@ if has mma-ceiling; then  # mma.sync issue / feed / barrier ceilings (scripts/mm
   pack
 fi
 if has wgmma-check; then  # sm_90a wgmma: descriptor layout check and issue ceilings (scripts/wgmma_check.py)
-  python3 "$REPO/scripts/wgmma_check.py" --out "$OUT/wgmma_check.json" 2>&1 | tee "$OUT/wgmma_check.log" | grep -v "Warning\|warn("
+  python3 "$REPO/scripts/wgmma_check.py" --out "$OUT/wgmma_check.json" ${WGMMA_ARGS:-} 2>&1 | tee "$OUT/wgmma_check.log" | grep -v "Warning\|warn("
   pack
 fi
 if has tma-check; then  # TMA copies, copy-stream throughput, TMA-fed wgmma conv vs cuDNN (scripts/tma_check.py)

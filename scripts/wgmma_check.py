@@ -1,12 +1,16 @@
 """Does sm_90a wgmma work from a generated numba kernel, and how fast?  A probe for PERF_NOTES, not a test.
 
-    python scripts/wgmma_check.py [--out wgmma_check.json]
+    python scripts/wgmma_check.py [--out wgmma_check.json] [--parts layout,mn-major,ceiling]
 
 1. layout: one m64n64k8 TF32 wgmma on fresh random operands staged in the no-swizzle K-major layout (core
    matrices of 8 rows x 16 bytes; K-adjacent ones 128 bytes apart, M-adjacent 256), checked against a float64
    product of TF32-truncated operands, for both readings of the descriptor's two offsets (leading = along K,
    stride = along M, and the other way round): which one the hardware means.
-2. ceiling: wgmma from fixed shared tiles, BK = 32 per batch (4 k-steps x m64nNk8, per 64-row half of the block
+2. mn-major (fp16): one m64n128k16 wgmma with B MN-major (n contiguous: w as stored, for backward-data without
+   the flip launch; PERF_NOTES lead) in the 128-byte swizzled layout TMA boxes of (64 n, 1, 16 k) would write (rows
+   of 64 n along k, 8-row atoms 1024 bytes apart along k, 64-wide blocks of n 2048 bytes apart), A K-major as the
+   generated kernels stage it; checked against float64 for both readings of the descriptor's offsets.
+3. ceiling: wgmma from fixed shared tiles, BK = 32 per batch (4 k-steps x m64nNk8, per 64-row half of the block
    tile), wait(0) after each batch, at 1..3 blocks per SM: the issue ceiling for N = 64/128/256, 1 or 2
    warpgroups per block, with and without a block barrier per batch.
 """
@@ -30,7 +34,8 @@ def _acc(n):
 
 
 def build(src, name):
-    ns = {"cuda": cuda, "float32": np.float32, **{k: getattr(W, k) for k in dir(W) if not k.startswith("_")}}
+    ns = {"cuda": cuda, "float32": np.float32, "float16": np.float16,
+          **{k: getattr(W, k) for k in dir(W) if not k.startswith("_")}}
     exec(compile(src, f"<{name}>", "exec"), ns)
     return ns[name]
 
@@ -79,6 +84,58 @@ def check_layout():
         err = float(np.nanmax(np.abs(got - ref)) / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
         out[label] = err
         print(f"layout {label:32s} max rel err {err:.2e}", flush=True)
+    return out
+
+
+def mn_major_kernel():
+    acc = _acc(128)
+    src = f'''
+@cuda.jit
+def mn(a, b, d, lbo, sbo):
+    As = cuda.shared.array(4096, float16, alignment=1024)
+    Bs = cuda.shared.array(2048, float16, alignment=1024)
+    t = cuda.threadIdx.x
+    for e in range(t, 1024, 128):  # A[m, k], k < 16 of 128-byte K-major rows, chunk k // 8 at (k // 8) ^ (m % 8)
+        m, k = e // 16, e % 16
+        As[m * 64 + ((k // 8) ^ (m % 8)) * 8 + k % 8] = a[m, k]
+    for e in range(t, 2048, 128):  # B[k, n]: rows of 64 n along k, chunk (n % 64) // 8 at that ^ (k % 8)
+        k, n = e // 128, e % 128
+        Bs[(n // 64) * 1024 + (k // 8) * 512 + (k % 8) * 64 + (((n % 64) // 8) ^ (k % 8)) * 8 + n % 8] = b[k, n]
+    async_proxy_fence()
+    cuda.syncthreads()
+    {acc} = {", ".join(["float32(0.0)"] * 64)}
+    wgmma_fence()
+    {acc} = wgmma_f16_m64n128k16_bmn(({acc},), smem_desc_sw128(As, 0, 16, 1024), smem_desc_sw128(Bs, 0, lbo, sbo))
+    wgmma_commit()
+    {acc} = wgmma_wait(({acc},), 0)
+    wq, lane = t // 32, t % 32
+    g, q = lane // 4, lane % 4
+    regs = ({acc},)
+    for r in range(64):
+        d[16 * wq + g + 8 * ((r % 4) // 2), 8 * (r // 4) + 2 * q + r % 2] = regs[r]
+'''
+    return build(src, "mn")
+
+
+def check_mn_major():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 128)).astype(np.float16)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    try:
+        k = mn_major_kernel()
+    except Exception as e:  # report and go on to the ceilings
+        print(f"mn-major: {type(e).__name__}: {e}", flush=True)
+        return {"error": f"{type(e).__name__}: {e}"}
+    out = {}
+    for label, lbo, sbo in (("leading=N blocks(2048) stride=K atoms(1024)", 2048, 1024),
+                            ("leading=K atoms(1024) stride=N blocks(2048)", 1024, 2048)):
+        d = cuda.to_device(np.full((64, 128), np.nan, np.float32))
+        k[1, 128](cuda.to_device(a), cuda.to_device(b), d, lbo, sbo)
+        got = d.copy_to_host().astype(np.float64)
+        err = float(np.nanmax(np.abs(got - ref)) / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
+        out[label] = err
+        print(f"mn-major B {label:44s} max rel err {err:.2e}", flush=True)
     return out
 
 
@@ -157,9 +214,15 @@ def ceilings():
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="wgmma_check.json")
+    ap.add_argument("--parts", default="layout,mn-major,ceiling", help="comma-separated: layout, mn-major, ceiling")
     args = ap.parse_args(argv)
-    report = {"layout": check_layout()}
-    report["ceilings"] = ceilings()
+    parts, report = args.parts.split(","), {}
+    if "layout" in parts:
+        report["layout"] = check_layout()
+    if "mn-major" in parts:
+        report["mn_major"] = check_mn_major()
+    if "ceiling" in parts:
+        report["ceilings"] = ceilings()
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
 
