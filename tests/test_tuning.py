@@ -286,14 +286,18 @@ def test_tensor_core_split_k_where_blocks_are_fewer_than_sms():
 
 
 def test_fp16_tma_candidates_fit_the_grid():
-    """fp16 takes no split-K: a grid of fewer 128 x 128 blocks than SMs gets the 64-row tiles too; a GEMM of a few
-    columns (the stem's backward-data, C = 3) only the narrowest wgmma tiles."""
+    """fp16 takes no split-K: a grid of fewer 128 x 128 blocks than SMs gets the 64-row tiles too; a reduction of
+    a few slices 2-stage tiles; a GEMM of a few columns (the stem's backward-data, C = 3) only the narrowest wgmma
+    tiles."""
     from kernelgen.problem import make_problem
     from kernelgen.tuning import tuner
     bm64 = lambda p: {(c.BM, c.BN) for c in tuner.tma_candidate_configs(p, "fp16") if c.BM == 64}
     small = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")  # 13 x 4 blocks
     large = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
     assert bm64(small) == {(64, 128), (64, 64)} and not bm64(large)
+    short = make_problem("fwd", (32, 56, 56, 64), (256, 1, 1, 64), dtype="float16")  # one 64-deep slice
+    assert {(c.BM, c.BN) for c in tuner.tma_candidate_configs(short, "fp16") if c.stages == 2} == {(128, 128), (128, 64)}
+    assert not any(c.stages == 2 for c in tuner.tma_candidate_configs(large, "fp16"))  # 18 slices
     stem = make_problem("bwd_data", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
     assert {(c.BN, c.WN, c.tma) for c in tuner.tma_candidate_configs(stem, "fp16")} == {(8, 8, 1), (8, 8, 2)}
 

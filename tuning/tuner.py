@@ -166,6 +166,10 @@ TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2), (128, 64, 64, 64, 8, 2)
 # fp16 takes no split-K (float16 outputs): where 128 x 128 tiles leave SMs idle (r50_3x3_7: 52 blocks), one-warpgroup
 # tiles of 64 rows give the grid twice or four times the blocks
 TMA_TILES_SMALL_GRID = ((64, 128, 64, 128, 6, 2), (64, 64, 64, 64, 8, 2))
+# a reduction of a few slices (the 1x1 layers: r50_1x1_56 forward is one 64-deep fp16 slice) has nothing to keep in
+# flight: 2 stages leave shared memory for 2-3 blocks per SM, whose loads and stores overlap, where the 6-8 stage
+# tiles run one block per SM, load, multiply and store in turn
+TMA_TILES_SHORT = ((128, 128, 64, 128, 2, 1), (128, 64, 64, 64, 2, 1))
 
 
 def tma_candidate_configs(problem, precision):
@@ -179,9 +183,11 @@ def tma_candidate_configs(problem, precision):
         return []
     bk = swizzled_row(problem.dtype)
     tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
-    m, n, _, groups = tc_gemm_shape(problem)
+    m, n, k, groups = tc_gemm_shape(problem)
     if precision == "fp16" and -(-m // 128) * -(-n // 128) * groups < SM_COUNT:
         tiles = tiles + TMA_TILES_SMALL_GRID
+    if -(-k // bk) <= 4:
+        tiles = tiles + TMA_TILES_SHORT
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
