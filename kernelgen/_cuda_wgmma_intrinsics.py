@@ -14,7 +14,7 @@ wgmma_tf32_m64n{N}k8(acc, da, db) -> acc': acc (N / 2 float32) += A (64 x 8) B (
           Asynchronous: valid only after wgmma_wait, which also hands the registers back.
 wgmma_f16_m64n{N}k16(acc, da, db) -> acc': the same with A (64 x 16) B (16 x N) of fp16 operands (exact),
           float32 accumulators in the same layout; a K-major row of the 128-byte swizzled layout holds 64 of them.
-          wgmma_f16_m64n128k16_bmn: B MN-major (its transpose immediate set), for scripts/wgmma_check.py.
+          wgmma_f16_m64n{N}k16_bmn (N a multiple of 64): B MN-major (its transpose immediate set).
 wgmma_fence(): wgmma.fence (before the first wgmma of a batch: orders earlier register and shared accesses).
 wgmma_commit(): closes a batch;  wgmma_wait(acc, n) -> acc: waits until at most n batches are in flight,
           threading acc through so no use of the accumulators moves above the wait.
@@ -79,7 +79,7 @@ def smem_desc_sw128(typingctx, arr, i, lbo, sbo):
 def _wgmma(n, kind="tf32", b_mn_major=False):
     regs = n // 2
     # fp16 takes two more immediates, the operands' transposes: 0 0 = both K-major, as for tf32 (which has no choice);
-    # 0 1 = B MN-major (n contiguous), which only scripts/wgmma_check.py uses so far
+    # 0 1 = B MN-major (n contiguous: TileConfig.b_mn)
     shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""),
                     "fp16": (f"m64n{n}k16.f32.f16.f16", ", 0, 1" if b_mn_major else ", 0, 0")}[kind]
     text = (f"{{ .reg .pred p; setp.ne.b32 p, ${regs + 2}, 0; "
@@ -107,8 +107,9 @@ def _wgmma(n, kind="tf32", b_mn_major=False):
 
 WGMMA_TF32 = {n: _wgmma(n) for n in range(8, 257, 8)}  # every n wgmma has for TF32
 WGMMA_F16 = {n: _wgmma(n, "fp16") for n in range(8, 257, 8)}  # ... and for fp16 operands, fp32 accumulators
-# fp16 with B MN-major: the probe of PERF_NOTES' lead on backward-data without the flip launch
-wgmma_f16_m64n128k16_bmn = _wgmma(128, "fp16", b_mn_major=True)
+# fp16 with B MN-major (ir.WarpgroupMma.b_mn: backward-data reading w as stored, TileConfig.b_mn)
+WGMMA_F16_BMN = {n: _wgmma(n, "fp16", b_mn_major=True) for n in range(64, 257, 64)}
+wgmma_f16_m64n128k16_bmn = WGMMA_F16_BMN[128]  # scripts/wgmma_check.py's mn-major probe
 wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_tf32_m64n256k8 = WGMMA_TF32[64], WGMMA_TF32[128], WGMMA_TF32[256]
 
 

@@ -102,6 +102,14 @@ def _operand_word(start, row, k, lbo, sbo, swizzle, itemsize=4):
 
 
 @njit(cache=True)
+def _mn_word(start, col, k, n_block, k_group):
+    """Shared element of (col, k) of an MN-major float16 B (ir.WarpgroupMma.b_mn): rows of 64 columns along k,
+    the 16-byte chunk XORed with k % 8 (the row within its 1024-byte group)."""
+    byte = 2 * (start + (col // 64) * n_block + (k // 8) * k_group + (k % 8) * 64 + col % 64)
+    return (byte ^ (((byte >> 7) & 7) << 4)) // 2
+
+
+@njit(cache=True)
 def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
     """ir.WarpgroupMma for one thread: acc[first + 4 j + r] += sum over k < 8 of A[row, k] B[col, k], with
     row = 16 w + g + 8 (r // 2), col = 8 j + 2 t + r % 2 (w, g, t: the thread's warp in its warpgroup, group
@@ -112,10 +120,22 @@ def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
 
 
 @njit(cache=True)
-def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128):
+def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0):
     """wgmma_tf32 for kind "fp16": k < 16, the operands float16 bit patterns (uint16) in the 128-byte swizzled
-    layout, used exactly; the products are exact in float32, summed in float32."""
-    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2)
+    layout, used exactly; the products are exact in float32, summed in float32.  b_block > 0: B MN-major with
+    these (n block, k group) strides (ir.WarpgroupMma.b_mn)."""
+    if b_block == 0:
+        _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2)
+        return
+    w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
+    for i in range(n // 2):
+        j, r = i // 4, i % 4
+        row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
+        s = float32(0.0)
+        for k in range(16):
+            av = _operand(a[_operand_word(a0, row, k, lbo, sbo, swizzle, 2)])
+            s += av * _operand(b[_mn_word(b0, col, k, b_block, b_group)])
+        acc[first + i] += s
 
 
 def _operand(v):

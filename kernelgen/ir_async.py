@@ -74,8 +74,16 @@ class WarpgroupMma(Stmt):
     # "tf32": k 8 of float32 buffers (A[64 x 8] above); "fp16": k 16 of float16 buffers (A[64 x 16], exact
     # operands, 128-byte swizzle only); indices and offsets count the buffers' elements
     kind: str = "tf32"
+    # (n block, k group) strides in elements: B MN-major instead (fp16 only), element (col, k) at  b_index +
+    # (col // 64) n_block + (k // 8) k_group + (k % 8) 64 + col % 64  (rows of 64 n along k, 128 bytes, swizzled
+    # as above with k % 8 for the row): w as stored, read without a transposed copy.  Which descriptor offset
+    # carries which stride on the H100 is scripts/wgmma_check.py's mn-major probe (render_cuda.MN_MAJOR_OFFSETS)
+    b_mn: Tuple[int, ...] = ()
 
     def __post_init__(self):
+        if self.b_mn and (self.kind != "fp16" or len(self.b_mn) != 2):
+            raise ValueError(f"WarpgroupMma: b_mn is fp16's (n block, k group) strides of an MN-major B, got "
+                             f"{self.b_mn} with kind {self.kind!r}")
         if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
             raise ValueError(f"WarpgroupMma: n must be a multiple of 8 in 8..256 with n / 2 accumulators, got "
                              f"n={self.n} and {len(self.acc)}")

@@ -64,8 +64,8 @@ def map_stmt_exprs(s, fn):
     if isinstance(s, AsyncCopy):
         return AsyncCopy(s.dst, tuple(map(fn, s.dst_index)), s.src, tuple(map(fn, s.src_index)), fn(s.cond), s.width)
     if isinstance(s, WarpgroupMma):
-        return WarpgroupMma(tuple(map(fn, s.acc)), s.a, tuple(map(fn, s.a_index)), s.b, tuple(map(fn, s.b_index)),
-                            s.n, s.lbo, s.sbo, s.swizzle, s.kind)
+        return replace(s, acc=tuple(map(fn, s.acc)), a_index=tuple(map(fn, s.a_index)),
+                       b_index=tuple(map(fn, s.b_index)))
     if isinstance(s, WarpgroupWait):
         return WarpgroupWait(s.pending, tuple(map(fn, s.acc)))
     if isinstance(s, TensorCopy):

@@ -74,8 +74,9 @@ class CpuPrinter(SourcePrinter):
         self.helpers.add(fn)
         (ai,), (bi,) = s.a_index, s.b_index
         tid = self.thread_var
+        mn = "".join(f", {v}" for v in s.b_mn)  # an MN-major B's strides (wgmma_f16)
         self.emit(depth, f"{fn}({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
-                         f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid}, {s.swizzle})")
+                         f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid}, {s.swizzle}{mn})")
 
     def tensor_copy(self, s, depth):
         """The box, copied now (kernelgen.cpu_tma): the thread phases after the MbarrierWait read it."""

@@ -10,6 +10,10 @@ from .passes import lower
 from .render_base import SourcePrinter, launch_constants
 
 _AXES = "xyz"
+# an MN-major B operand's descriptor (ir.WarpgroupMma.b_mn): which stride goes in the leading and which in the stride
+# byte offset.  A reading of the PTX ISA's MN-major layouts, not yet run: `scripts/wgmma_check.py --parts mn-major`
+# on the H100 says which of the two readings the hardware means (swap the names if it is the other)
+MN_MAJOR_OFFSETS = ("n_block", "k_group")
 _INT_OPS = {"+": "add32", "-": "sub32", "*": "mul32", "//": "floordiv32", "%": "mod32"}  # kernelgen.cuda_index
 
 
@@ -137,15 +141,19 @@ class CudaPrinter(SourcePrinter):
         self.emit(depth, f"store_pair16({s.buf}, {self.expr(i)}, {self.expr(s.value)}, {self.expr(s.pair)})")
 
     def warpgroup_mma(self, s, depth):
-        fn = {"tf32": f"wgmma_tf32_m64n{s.n}k8", "fp16": f"wgmma_f16_m64n{s.n}k16"}[s.kind]
+        fn = {"tf32": f"wgmma_tf32_m64n{s.n}k8", "fp16": f"wgmma_f16_m64n{s.n}k16"}[s.kind] + ("_bmn" if s.b_mn else "")
         desc = "smem_desc_sw128" if s.swizzle else "smem_desc"
         self.wgmma_helpers |= {fn, desc}
         acc = ", ".join(self.expr(e) for e in s.acc)
         (ai,), (bi,) = s.a_index, s.b_index
         # descriptors take byte offsets; the IR counts the buffers' elements
         e = _BYTES[self.kernel.buffer(s.a).dtype]
+        b_offsets = (e * s.lbo, e * s.sbo)
+        if s.b_mn:  # an MN-major B: its (n block, k group) strides in the offsets MN_MAJOR_OFFSETS names
+            strides = dict(zip(("n_block", "k_group"), s.b_mn))
+            b_offsets = tuple(e * strides[f] for f in MN_MAJOR_OFFSETS)
         self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {e * s.lbo}, {e * s.sbo}), "
-                         f"{desc}({s.b}, {self.expr(bi)}, {e * s.lbo}, {e * s.sbo}))")
+                         f"{desc}({s.b}, {self.expr(bi)}, {b_offsets[0]}, {b_offsets[1]}))")
 
     def warpgroup_sync(self, s, depth):
         if isinstance(s, WarpgroupWait):

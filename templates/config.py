@@ -51,6 +51,9 @@ class TileConfig:
     tma=2: as 1, warp-specialised (cuDNN's and CUTLASS's Hopper schedule; ir.Pipeline): one more warp per block
     produces, issuing every copy as soon as the consumers release a stage (a full and an empty mbarrier per
     stage), and the compute threads consume with no block barrier in the k-loop.
+    b_mn=1 (fp16 backward-data on TMA, opt-in until measured: PERF_NOTES lead (6)): the B boxes come from w as
+    stored (c contiguous) and the wgmma reads B MN-major, so no launch flips w first; BN and WN multiples of 64
+    (one 128-byte box row of c per 64 columns).  0 by default and then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -69,6 +72,7 @@ class TileConfig:
     async_copy: int = 0
     wgmma: int = 0
     tma: int = 0
+    b_mn: int = 0
 
     @property
     def tensor_core(self):
@@ -116,6 +120,9 @@ class TileConfig:
             raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK 32 (float32) or 64 "
                              f"(float16) and stages 2..8; "
                              f"got {self}")
+        if self.b_mn not in (0, 1) or self.b_mn and (not self.tma or self.BK != 64 or self.BN % 64 or self.WN % 64):
+            raise ValueError(f"TileConfig: b_mn=1 needs tma=1 or 2, BK 64 (fp16) and BN, WN multiples of 64; got "
+                             f"{self}")
         if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
             raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "
                              f"wgmma=1 and stages 2..8), got {self}")
@@ -131,7 +138,7 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma"):  # newer fields: absent while unused (keys, entries unchanged)
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn"):  # newer fields: absent while unused (keys, entries unchanged)
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -163,6 +170,8 @@ class TileConfig:
             s += "_WG"
         if self.tma:
             s += "_TMA" if self.tma == 1 else f"_TMA{self.tma}"
+        if self.b_mn:
+            s += "_BMN"
         return s
 
     @classmethod
@@ -181,6 +190,8 @@ class TileConfig:
                 kw["async_copy"] = 1
             elif part == "WG":
                 kw["wgmma"] = 1
+            elif part == "BMN":
+                kw["b_mn"] = 1
             elif m and m.group(1) == "TMA":
                 kw["tma"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):

@@ -184,7 +184,24 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
         tap = kt // chunks
         return (((kt % chunks) * ROW, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
 
+    if cfg.b_mn:  # backward-data reading w as stored, MN-major (TileConfig.b_mn): no flipped copy
+        if p.direction != "bwd_data":
+            raise ValueError(f"config: b_mn=1 reads a backward-data filter as stored; {p.direction} reads w K-major "
+                             f"already, got {cfg}")
+        # slice kt: f's flipped tap kt // chunks = (r, s) is w's tap (fh - 1 - r, fw - 1 - s); w seen as (c, s, r, k)
+        b = TensorMap("w_map", "w", "tiled", (p.C, fw, fh, p.K), (e * p.C, e * p.C * fw, e * p.C * fw * fh),
+                      (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
+
+        def b_box(kt):
+            tap = kt // chunks
+            return (n0, fw - 1 - tap % fw, fh - 1 - tap // fw, (kt % chunks) * ROW)
+        return TmaOperands(a, b, a_box, b_box, b_mn_parts(cfg), 0)
     return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
+
+
+def b_mn_parts(cfg: TileConfig):
+    """TmaOperands.b_parts of an MN-major B (TileConfig.b_mn): a box of 64 columns x BK rows per 64 columns."""
+    return tuple((part * 64 * cfg.BK, part * 64) for part in range(cfg.BN // 64))
 
 
 def backward_data_view(p, cfg: TileConfig) -> GemmView:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..ir import Buffer, Call, Const, If, Load, Store, all_of, select
 
 from .config import TileConfig
-from .implicit_gemm import _flatten, _prod, _unflatten, reduction_split
+from .implicit_gemm import _flatten, _prod, _unflatten, b_mn_parts, reduction_split
 from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 
 NAME = "ks_deconv"
@@ -218,6 +218,14 @@ def ks_tma(p, cfg: TileConfig, ctx):
         qh, qw, k0 = taps(kt)
         return (k0, (tw - 1) - (a[2] + ((jw - 1) - qw) * sw), (th - 1) - (a[1] + ((jh - 1) - qh) * sh), ctx.n0)
 
+    if cfg.b_mn:  # w as stored, MN-major (TileConfig.b_mn): the tap itself, a + j s, past the filter where it lacks one
+        b_map = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (e * p.C, e * p.C * tw, e * p.C * tw * th),
+                          (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
+
+        def b_mn_box(kt):
+            qh, qw, k0 = taps(kt)
+            return (ctx.n0, a[2] + ((jw - 1) - qw) * sw, a[1] + ((jh - 1) - qh) * sh, k0)
+        return TmaOperands(a_map, b_map, a_box, b_mn_box, b_mn_parts(cfg), 0)
     return TmaOperands(a_map, b_map, a_box, b_box)
 
 

@@ -41,11 +41,14 @@ def swizzled_row(dtype):
 @dataclass(frozen=True)
 class TmaOperands:
     """A view's operands as TMA boxes: the two tensor maps, and per slice kt (an Expr) the coordinates of A's box
-    (coords, offsets) and of B's box (coords)."""
+    (coords, offsets) and of B's box (coords).  b_parts: B's slice as several boxes, (element offset in the stage,
+    added to coordinate b_axis) each (an MN-major B: one box per 64 columns)."""
     a: TensorMap
     b: TensorMap
     a_box: Callable
     b_box: Callable
+    b_parts: tuple = ((0, 0),)
+    b_axis: int = 0
 
     def params(self):
         """The maps as kernel parameters (the launcher derives them from the arrays they describe)."""
@@ -56,9 +59,12 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
     """One thread's statements that fill `stage` with slice kt: announce the bytes on full[stage], copy both boxes."""
     coords, offsets = ops.a_box(kt)
     stage = as_expr(stage)
+    b_coords = ops.b_box(kt)
+    moved = lambda shift: tuple(c + shift if i == ops.b_axis and shift else c for i, c in enumerate(b_coords))
     return (MbarrierExpect("full", stage, 128 * (cfg.BM + cfg.BN)),  # BM + BN rows of 128 bytes
             TensorCopy(As.name, (stage, Const(0)), ops.a, coords, offsets, "full", stage),
-            TensorCopy(Bs.name, (stage, Const(0)), ops.b, ops.b_box(kt), (), "full", stage))
+            *(TensorCopy(Bs.name, (stage, Const(at)), ops.b, moved(shift), (), "full", stage)
+              for at, shift in ops.b_parts))
 
 
 # fp16 kernels measured wrong (0.1-0.3 relative) on the H100 where a k-loop of 3+ rounds carried wgmma batches in

@@ -90,6 +90,9 @@ class WarpgroupGemm:
                     a_first, b_first = (wgm * cfg.WM + 64 * i) * BK + d * ks, wgn * cfg.WN * BK + d * ks
                     # lbo: unused by the swizzled K-major layout; 16 bytes (encoded 1), as CUTLASS sets it
                     layout = dict(lbo=BK // 8, sbo=8 * BK, swizzle=128, kind=self.kind)
+                    if cfg.b_mn:  # B MN-major: BK rows of 64 columns per 64-column block, a k step d rows on
+                        b_first = (wgn * cfg.WN // 64) * BK * 64 + d * ks * 64
+                        layout["b_mn"] = (BK * 64, 8 * 64)
                 else:
                     a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
                     b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)

@@ -143,6 +143,51 @@ def test_cpu_fp16_tma_strided_matches_float64(case):
     close_to_float64(out.reshape(p.output_shape), want)
 
 
+B_MN_CASES = [((2, 5, 6, 64), (64, 3, 3, 64), dict(padding=1), dict(BM=64, BN=64, WN=64, stages=2)),
+              ((1, 6, 5, 128), (64, 3, 3, 128), dict(padding=2, dilation=2), dict(BM=64, BN=128, WN=64, stages=3, tma=2)),
+              ((1, 7, 9, 70), (64, 3, 3, 70), dict(padding=1, stride=2), dict(BM=64, BN=128, WN=128, stages=2, tma=2)),
+              ((2, 8, 8, 40), (128, 1, 1, 40), dict(stride=2), dict(BM=64, BN=64, WN=64, stages=3))]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile", B_MN_CASES)
+def test_cpu_fp16_tma_backward_data_reads_w_as_stored(x_shape, w_shape, kw, tile, rng):
+    """TileConfig.b_mn: backward-data's B boxes from w as stored (no flipped copy: the map reads the caller's
+    array), 64 columns a box, read MN-major by the (emulated) wgmma; stride 1 and KS-deconv's classes, ragged C."""
+    from kernelgen import reference as ref
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    (w,) = fp16_inputs(rng, w_shape)
+    p = make_problem("bwd_data", x_shape, w_shape, dtype="float16", **kw)
+    (dy,) = fp16_inputs(rng, p.y_shape)
+    launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile, b_mn=1), precision="fp16"))
+    assert [(m[0], m[1], m[2], m[10]) for m in launcher.tensor_maps] == [("dy_map", "dy", "im2col", ()),
+                                                                         ("w_map", "w", "tiled", ())]
+    dx = np.full(int(np.prod(x_shape)), np.nan, np.float16)
+    launcher({"dy": dy.ravel(), "w": w.ravel(), "dx": dx})
+    close_to_float64(dx.reshape(x_shape), ref.conv_backward_data(dy.astype(np.float64), w.astype(np.float64),
+                                                                  x_shape, **kw))
+
+
+def test_fp16_b_mn_module_and_refusals():
+    """The CUDA module: the MN-major fp16 wgmma, B's descriptor offsets as render_cuda.MN_MAJOR_OFFSETS says (the
+    64-column blocks BK rows of 128 bytes apart, 8-row groups 1024 bytes), one B copy per 64 columns; refused for
+    the forward (its w is K-major already) and for tiles not a multiple of 64 wide."""
+    from kernelgen.api import make_plan
+    from kernelgen.problem import make_problem
+    from kernelgen.render_cuda import MN_MAJOR_OFFSETS, render_cuda
+    p = make_problem("bwd_data", (4, 16, 16, 128), (64, 3, 3, 128), padding=1, dtype="float16")
+    src = render_cuda(make_plan(p, "cuda", config=fp16_tma_config(BM=128, BN=128, WN=128, stages=6, tma=2, b_mn=1),
+                                precision="fp16").kernel_ir(), cache=False)
+    offsets = {"n_block": 8192, "k_group": 1024}
+    assert f"{offsets[MN_MAJOR_OFFSETS[0]]}, {offsets[MN_MAJOR_OFFSETS[1]]}))" in src
+    assert "wgmma_f16_m64n128k16_bmn((" in src and src.count("tma_load_4d(Bs, ") == 2
+    fwd = make_problem("fwd", (4, 16, 16, 128), (64, 3, 3, 128), padding=1, dtype="float16")
+    with pytest.raises(ValueError, match="b_mn=1 reads a backward-data filter as stored"):
+        make_plan(fwd, "cpu", config=fp16_tma_config(BM=64, BN=64, WN=64, stages=2, b_mn=1), precision="fp16").kernel_ir()
+    with pytest.raises(ValueError, match="b_mn=1 needs tma=1 or 2, BK 64 .fp16. and BN, WN multiples of 64"):
+        fp16_tma_config(BM=64, BN=40, WN=40, stages=2, b_mn=1).validate()
+
+
 def test_fp16_tma_module_reads_float16_tiles():
     """The CUDA module: float16 shared tiles, 16-deep fp16 warpgroup MMAs with byte offsets of 2-byte elements,
     float16 maps that read the caller's arrays (no rounding copy)."""
@@ -238,6 +283,16 @@ def gpu_fp16_calls(direction, shape, config, rng, calls=1):
         for k, v in inputs.items():
             assert np.array_equal(args[k].copy_to_host().view(np.uint16), v.ravel().view(np.uint16))
     return launcher
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [fp16_tma_config(BM=128, BN=64, WN=64, stages=4, b_mn=1),
+                                    fp16_tma_config(BM=128, BN=128, WN=128, stages=6, tma=2, b_mn=1)], ids=str)
+def test_gpu_fp16_tma_b_mn(config, rng):
+    """Backward-data reading w as stored, B MN-major (TileConfig.b_mn): the descriptor reading that
+    scripts/wgmma_check.py --parts mn-major probes, on every backward-data shape."""
+    for shape in FP16_TMA_SHAPES["bwd_data"]:  # C of 24 and 40 as well: columns past C read as zeros, not stored
+        gpu_fp16_calls("bwd_data", shape, config, rng)
 
 
 @pytest.mark.gpu

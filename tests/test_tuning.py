@@ -8,6 +8,7 @@ simulator cannot run mma.sync, so their end-to-end test replaces the timing.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -298,8 +299,22 @@ def test_fp16_tma_candidates_fit_the_grid():
     short = make_problem("fwd", (32, 56, 56, 64), (256, 1, 1, 64), dtype="float16")  # one 64-deep slice
     assert {(c.BM, c.BN) for c in tuner.tma_candidate_configs(short, "fp16") if c.stages == 2} == {(128, 128), (128, 64)}
     assert not any(c.stages == 2 for c in tuner.tma_candidate_configs(large, "fp16"))  # 18 slices
+    assert not any(c.b_mn for c in tuner.tma_candidate_configs(large, "fp16"))  # opt-in (tuner.B_MN_CANDIDATES)
     stem = make_problem("bwd_data", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
     assert {(c.BN, c.WN, c.tma) for c in tuner.tma_candidate_configs(stem, "fp16")} == {(8, 8, 1), (8, 8, 2)}
+
+
+def test_b_mn_candidates_when_switched_on(monkeypatch):
+    """tuner.B_MN_CANDIDATES: every fp16 backward-data TMA tile a multiple of 64 wide also reading w as stored."""
+    from kernelgen.problem import make_problem
+    from kernelgen.tuning import tuner
+    p = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
+    monkeypatch.setattr(tuner, "B_MN_CANDIDATES", True)
+    cfgs = tuner.tma_candidate_configs(p, "fp16")
+    plain = {c for c in cfgs if not c.b_mn}
+    assert {c for c in cfgs if c.b_mn} == {replace(c, b_mn=1) for c in plain if c.BN % 64 == 0 and c.WN % 64 == 0}
+    fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
+    assert not any(c.b_mn for c in tuner.tma_candidate_configs(fwd, "fp16"))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):

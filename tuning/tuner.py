@@ -172,6 +172,11 @@ TMA_TILES_SMALL_GRID = ((64, 128, 64, 128, 6, 2), (64, 64, 64, 64, 8, 2))
 TMA_TILES_SHORT = ((128, 128, 64, 128, 2, 1), (128, 64, 64, 64, 2, 1))
 
 
+# fp16 backward-data reading w as stored (TileConfig.b_mn; PERF_NOTES lead (6)): off until
+# `scripts/wgmma_check.py --parts mn-major` matched on the H100 (render_cuda.MN_MAJOR_OFFSETS) and the GPU tests pass
+B_MN_CANDIDATES = False
+
+
 def tma_candidate_configs(problem, precision):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
     tc_split_choices; never for float16 outputs), where the forward TMA view builds (implicit_gemm.tma_unmet):
@@ -191,9 +196,11 @@ def tma_candidate_configs(problem, precision):
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma)
+    b_mn = (0, 1) if B_MN_CANDIDATES and precision == "fp16" and problem.direction == "bwd_data" else (0,)
+    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma, b_mn=mn)
             for bm, bn, wm, wn, st, tma in tiles
-            for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))]
+            for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))
+            for mn in b_mn if not mn or bn % 64 == 0 and wn % 64 == 0]
 
 
 def tc_candidate_configs(problem, precision, keep=None):
