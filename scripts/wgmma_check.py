@@ -40,33 +40,42 @@ def build(src, name):
     return ns[name]
 
 
-def layout_kernel():
-    acc = _acc(64)
+def one_wgmma_kernel(name, stage, n, call):
+    """A probe kernel `name(a, b, d, lbo, sbo)`: `stage` (source lines) puts A and B in shared memory, then one
+    wgmma `call` (formatted with acc=) on the n / 2 accumulators, and D[64 x n] written out in their layout."""
+    acc = _acc(n)
     src = f'''
 @cuda.jit
-def one(a, b, d, lbo, sbo):
-    As = cuda.shared.array(512, float32, alignment=128)
-    Bs = cuda.shared.array(512, float32, alignment=128)
+def {name}(a, b, d, lbo, sbo):
     t = cuda.threadIdx.x
-    for e in range(t, 512, 128):
-        m, k = e // 8, e % 8
-        w = (m // 8) * 64 + (k // 4) * 32 + (m % 8) * 4 + k % 4
-        As[w] = a[m, k]
-        Bs[w] = b[m, k]
+{stage}
     async_proxy_fence()
     cuda.syncthreads()
-    {acc} = {", ".join(["float32(0.0)"] * 32)}
+    {acc} = {", ".join(["float32(0.0)"] * (n // 2))}
     wgmma_fence()
-    {acc} = wgmma_tf32_m64n64k8(({acc},), smem_desc(As, 0, lbo, sbo), smem_desc(Bs, 0, lbo, sbo))
+    {acc} = {call.format(acc=acc)}
     wgmma_commit()
     {acc} = wgmma_wait(({acc},), 0)
     wq, lane = t // 32, t % 32
     g, q = lane // 4, lane % 4
     regs = ({acc},)
-    for r in range(32):
+    for r in range({n // 2}):
         d[16 * wq + g + 8 * ((r % 4) // 2), 8 * (r // 4) + 2 * q + r % 2] = regs[r]
 '''
-    return build(src, "one")
+    return build(src, name)
+
+
+def readings(what, kernel, a, b, ref, offsets):
+    """Max relative error of `kernel` against ref for each (label, lbo, sbo) reading of the descriptor offsets."""
+    out = {}
+    for label, lbo, sbo in offsets:
+        d = cuda.to_device(np.full(ref.shape, np.nan, np.float32))
+        kernel[1, 128](cuda.to_device(a), cuda.to_device(b), d, lbo, sbo)
+        got = d.copy_to_host().astype(np.float64)
+        err = float(np.nanmax(np.abs(got - ref)) / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
+        out[label] = err
+        print(f"{what} {label:44s} max rel err {err:.2e}", flush=True)
+    return out
 
 
 def check_layout():
@@ -74,69 +83,42 @@ def check_layout():
     a = rng.standard_normal((64, 8)).astype(np.float32)
     b = rng.standard_normal((64, 8)).astype(np.float32)
     trunc = lambda x: (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
-    ref = trunc(a) @ trunc(b).T
-    k = layout_kernel()
-    out = {}
-    for label, lbo, sbo in (("leading=K(128) stride=M(256)", 128, 256), ("leading=M(256) stride=K(128)", 256, 128)):
-        d = cuda.to_device(np.full((64, 64), np.nan, np.float32))
-        k[1, 128](cuda.to_device(a), cuda.to_device(b), d, lbo, sbo)
-        got = d.copy_to_host().astype(np.float64)
-        err = float(np.nanmax(np.abs(got - ref)) / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
-        out[label] = err
-        print(f"layout {label:32s} max rel err {err:.2e}", flush=True)
-    return out
-
-
-def mn_major_kernel():
-    acc = _acc(128)
-    src = f'''
-@cuda.jit
-def mn(a, b, d, lbo, sbo):
-    As = cuda.shared.array(4096, float16, alignment=1024)
-    Bs = cuda.shared.array(2048, float16, alignment=1024)
-    t = cuda.threadIdx.x
-    for e in range(t, 1024, 128):  # A[m, k], k < 16 of 128-byte K-major rows, chunk k // 8 at (k // 8) ^ (m % 8)
-        m, k = e // 16, e % 16
-        As[m * 64 + ((k // 8) ^ (m % 8)) * 8 + k % 8] = a[m, k]
-    for e in range(t, 2048, 128):  # B[k, n]: rows of 64 n along k, chunk (n % 64) // 8 at that ^ (k % 8)
-        k, n = e // 128, e % 128
-        Bs[(n // 64) * 1024 + (k // 8) * 512 + (k % 8) * 64 + (((n % 64) // 8) ^ (k % 8)) * 8 + n % 8] = b[k, n]
-    async_proxy_fence()
-    cuda.syncthreads()
-    {acc} = {", ".join(["float32(0.0)"] * 64)}
-    wgmma_fence()
-    {acc} = wgmma_f16_m64n128k16_bmn(({acc},), smem_desc_sw128(As, 0, 16, 1024), smem_desc_sw128(Bs, 0, lbo, sbo))
-    wgmma_commit()
-    {acc} = wgmma_wait(({acc},), 0)
-    wq, lane = t // 32, t % 32
-    g, q = lane // 4, lane % 4
-    regs = ({acc},)
-    for r in range(64):
-        d[16 * wq + g + 8 * ((r % 4) // 2), 8 * (r // 4) + 2 * q + r % 2] = regs[r]
-'''
-    return build(src, "mn")
+    stage = """    As = cuda.shared.array(512, float32, alignment=128)
+    Bs = cuda.shared.array(512, float32, alignment=128)
+    for e in range(t, 512, 128):
+        m, k = e // 8, e % 8
+        w = (m // 8) * 64 + (k // 4) * 32 + (m % 8) * 4 + k % 4
+        As[w] = a[m, k]
+        Bs[w] = b[m, k]"""
+    k = one_wgmma_kernel("one", stage, 64, "wgmma_tf32_m64n64k8(({acc},), smem_desc(As, 0, lbo, sbo), "
+                                            "smem_desc(Bs, 0, lbo, sbo))")
+    return readings("layout", k, a, b, trunc(a) @ trunc(b).T,
+                    (("leading=K(128) stride=M(256)", 128, 256), ("leading=M(256) stride=K(128)", 256, 128)))
 
 
 def check_mn_major():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((64, 16)).astype(np.float16)
     b = rng.standard_normal((16, 128)).astype(np.float16)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
+    # A[m, k], k < 16 of 128-byte K-major rows, chunk k // 8 at (k // 8) ^ (m % 8); B[k, n]: rows of 64 n along k,
+    # chunk (n % 64) // 8 at that ^ (k % 8), 64-column blocks 16 rows (2048 bytes) apart
+    stage = """    As = cuda.shared.array(4096, float16, alignment=1024)
+    Bs = cuda.shared.array(2048, float16, alignment=1024)
+    for e in range(t, 1024, 128):
+        m, k = e // 16, e % 16
+        As[m * 64 + ((k // 8) ^ (m % 8)) * 8 + k % 8] = a[m, k]
+    for e in range(t, 2048, 128):
+        k, n = e // 128, e % 128
+        Bs[(n // 64) * 1024 + (k // 8) * 512 + (k % 8) * 64 + (((n % 64) // 8) ^ (k % 8)) * 8 + n % 8] = b[k, n]"""
     try:
-        k = mn_major_kernel()
+        k = one_wgmma_kernel("mn", stage, 128, "wgmma_f16_m64n128k16_bmn(({acc},), smem_desc_sw128(As, 0, 16, 1024), "
+                                               "smem_desc_sw128(Bs, 0, lbo, sbo))")
     except Exception as e:  # report and go on to the ceilings
         print(f"mn-major: {type(e).__name__}: {e}", flush=True)
         return {"error": f"{type(e).__name__}: {e}"}
-    out = {}
-    for label, lbo, sbo in (("leading=N blocks(2048) stride=K atoms(1024)", 2048, 1024),
-                            ("leading=K atoms(1024) stride=N blocks(2048)", 1024, 2048)):
-        d = cuda.to_device(np.full((64, 128), np.nan, np.float32))
-        k[1, 128](cuda.to_device(a), cuda.to_device(b), d, lbo, sbo)
-        got = d.copy_to_host().astype(np.float64)
-        err = float(np.nanmax(np.abs(got - ref)) / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
-        out[label] = err
-        print(f"mn-major B {label:44s} max rel err {err:.2e}", flush=True)
-    return out
+    return readings("mn-major B", k, a, b, a.astype(np.float64) @ b.astype(np.float64),
+                    (("leading=N blocks(2048) stride=K atoms(1024)", 2048, 1024),
+                     ("leading=K atoms(1024) stride=N blocks(2048)", 1024, 2048)))
 
 
 def ceiling_kernel(n, wgs, barrier, pending):
