@@ -196,8 +196,6 @@ def ks_tma(p, cfg: TileConfig, ctx):
     a_map = TensorMap("dy_map", "dy", "im2col", (p.K, ow, oh, p.N), (e * p.K, e * ow * p.K, e * oh * ow * p.K),
                       (ROW, cfg.BM), (1 - jw, 1 - jh), (uw - (jw - 1) - ow, uh - (jh - 1) - oh), 128, rounding,
                       dtype=p.dtype)
-    b_map = TensorMap("w_map", "w", "tiled", (p.K, tw, th, p.C), (e * p.K, e * p.K * tw, e * p.K * tw * th),
-                      (ROW, 1, 1, cfg.BN), swizzle=128, rounding=rounding, flip=(p.K, th * tw, p.C), dtype=p.dtype)
     a, b, taps_h, taps_w = _tma_taps(p, cfg, ctx)
     n, u_h, u_w = ctx.m0 // (uh * uw), (ctx.m0 % (uh * uw)) // uw, ctx.m0 % uw
     chunks = p.K // ROW  # channel slices per sub-filter tap
@@ -214,18 +212,20 @@ def ks_tma(p, cfg: TileConfig, ctx):
         qh, qw, k0 = taps(kt)
         return (k0, u_w - (jw - 1), u_h - (jh - 1), n), (b[2] + qw, b[1] + qh)
 
-    def b_box(kt):
+    def w_tap(kt):  # the slice's tap of w, a + j s per dim (w, h), and its first channel
         qh, qw, k0 = taps(kt)
-        return (k0, (tw - 1) - (a[2] + ((jw - 1) - qw) * sw), (th - 1) - (a[1] + ((jh - 1) - qh) * sh), ctx.n0)
+        return a[2] + ((jw - 1) - qw) * sw, a[1] + ((jh - 1) - qh) * sh, k0
 
-    if cfg.b_mn:  # w as stored, MN-major (TileConfig.b_mn): the tap itself, a + j s, past the filter where it lacks one
+    if cfg.b_mn:  # w as stored, read MN-major (TileConfig.b_mn): a tap the sub-filter lacks lies past the filter
         b_map = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (e * p.C, e * p.C * tw, e * p.C * tw * th),
                           (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
+        return TmaOperands(a_map, b_map, a_box, lambda kt: (ctx.n0, *w_tap(kt)), b_mn_parts(cfg), 0)
+    b_map = TensorMap("w_map", "w", "tiled", (p.K, tw, th, p.C), (e * p.K, e * p.K * tw, e * p.K * tw * th),
+                      (ROW, 1, 1, cfg.BN), swizzle=128, rounding=rounding, flip=(p.K, th * tw, p.C), dtype=p.dtype)
 
-        def b_mn_box(kt):
-            qh, qw, k0 = taps(kt)
-            return (ctx.n0, a[2] + ((jw - 1) - qw) * sw, a[1] + ((jh - 1) - qh) * sh, k0)
-        return TmaOperands(a_map, b_map, a_box, b_mn_box, b_mn_parts(cfg), 0)
+    def b_box(kt):  # the flipped copy's tap T - 1 - (a + j s), below 0 where the sub-filter lacks one
+        t_w, t_h, k0 = w_tap(kt)
+        return k0, (tw - 1) - t_w, (th - 1) - t_h, ctx.n0
     return TmaOperands(a_map, b_map, a_box, b_box)
 
 
