@@ -9,6 +9,7 @@ COMMANDS = {
     "cache": ("kernelgen.runtime.cli", "compiled-kernel cache: info | clear"),
     "bench": ("kernelgen.tuning.bench", "benchmark a shape table (optionally against torch/cuDNN)"),
     "tune": ("kernelgen.tuning.tuner", "autotune a shape table into the tuned database"),
+    "db": ("kernelgen.tuning.database", "tuned-database files: merge a tune's entries into another"),
     "train": ("kernelgen.nn.train", "train a network through kernelgen kernels (e.g. `train digits`)"),
 }
 

@@ -701,3 +701,20 @@ def test_fp16_tma_candidates_on_float16_arrays():
             implicit_gemm_tc.build(p, c, "fp16")
     assert not [c for _, c in tuner.tc_candidates(make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128),
                                                                 padding=1), "fp16") if c.tma]  # float32 arrays
+
+
+def test_db_merge_writes_one_precisions_entries(tmp_path):
+    """`python -m kernelgen db merge`: a tune's fp16 entries into a shipped file, replacing those of the same key,
+    its other entries and the shipped device name kept; a file that is no database is refused."""
+    from kernelgen.__main__ import main
+    shipped, tuned = tmp_path / "ship.json", tmp_path / "tuned.json"
+    old = {"a_fp16": {"precision": "fp16", "ms": 2.0}, "b": {"ms": 1.0}}
+    database.save(shipped, old, "sm_90 test")
+    database.save(tuned, {"a_fp16": {"precision": "fp16", "ms": 1.5}, "c_tf32": {"precision": "tf32", "ms": 3.0},
+                          "d": {"ms": 4.0}}, "other")
+    assert main(["db", "merge", str(tuned), "--into", str(shipped), "--precision", "fp16"]) == 0
+    assert database.load(shipped) == {"a_fp16": {"precision": "fp16", "ms": 1.5}, "b": {"ms": 1.0}}
+    assert json.loads(shipped.read_text())["device"] == "sm_90 test"
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no database entries"):
+        database.merge(tmp_path / "junk.json", shipped)

@@ -183,3 +183,33 @@ def entry(problem, variant, config, ms, candidates_tried, precision="fp32"):
     p = asdict(problem)
     e = {"problem": p, "variant": variant, "config": config.as_dict(), "ms": ms, "tried": candidates_tried}
     return e if precision == "fp32" else {**e, "precision": precision}
+
+
+def merge(tuned: Path, into: Path, precision=None) -> int:
+    """Entries of the database file `tuned` (a tune's output, e.g. the device run's copy) written into the database
+    file `into` (a shipped one), replacing entries of the same key; only those tuned at `precision` if given.
+    The device named stays `into`'s.  Returns how many entries it wrote."""
+    src = Path(tuned)
+    if not load(src):
+        raise ValueError(f"tuned: {src} holds no database entries of format {FORMAT}")
+    device = json.loads(Path(into).read_text()).get("device", "") if Path(into).exists() else \
+        json.loads(src.read_text()).get("device", "")
+    new = {k: e for k, e in load(src).items() if precision is None or precision_of(e) == precision}
+    save(into, {**load(into), **new}, device)
+    entries_for.cache_clear()
+    return len(new)
+
+
+def main(argv=None):
+    """`python -m kernelgen db merge TUNED --into SHIPPED [--precision P]`."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m kernelgen db", description="tuned-database files")
+    sub = ap.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("merge", help="write a tune's entries into another database file (e.g. the shipped one)")
+    m.add_argument("tuned", help="the tune's database file")
+    m.add_argument("--into", required=True, help="the database file to update (e.g. tuning/db/sm_90_....json)")
+    m.add_argument("--precision", default=None, help="only entries tuned at this precision (fp32, tf32, fp16, bf16)")
+    args = ap.parse_args(argv)
+    n = merge(args.tuned, args.into, args.precision)
+    print(f"db merge: {n} entries of {args.tuned} written into {args.into}")
+    return 0
