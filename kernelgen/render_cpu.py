@@ -91,7 +91,8 @@ class CpuPrinter(SourcePrinter):
         elif m.mode == "im2col" and len(m.dims) == 4:
             fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box, *(m.traversal or (1, 1))]
         else:
-            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D im2col boxes, got {m.mode} {m.dims}")
+            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D im2col boxes, got "
+                             f"{m.mode} {m.dims}")
         self.tma_helpers.add(fn)
         coords = [self.expr(e) for e in s.coords + s.offsets]
         self.emit(depth, f"{fn}({', '.join(args + [str(g) for g in geometry] + coords)}, {int(m.swizzle == 128)})")

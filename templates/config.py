@@ -138,7 +138,8 @@ class TileConfig:
         d = asdict(self)
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn"):  # newer fields: absent while unused (keys, entries unchanged)
+        # newer fields: absent while unused (keys, entries unchanged)
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn"):
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:

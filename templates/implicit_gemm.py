@@ -151,10 +151,11 @@ def tma_unmet(p):
 def forward_tma(p, cfg: TileConfig, m0, n0):
     """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x BK
     channels (128 bytes: 32 float32, 64 float16) at one filter tap (x seen as (C, W, H, N), base pixel = the first
-    pixel's window corner, the tap as the offsets, the corners `stride` apart), B's the tiled box of BN filters x BK of their k (w seen as Kr x K).  Float32 maps read copies of x
-    and w rounded to TF32 (TensorMap.rounding): once per call, where rounding the landed boxes would round each
-    pixel of x once per filter tap, in the compute threads' time.  A stride-1 backward-data is the forward
-    convolution tma_forward_problem names: its maps read dy, and the launcher's copy of w flipped (TensorMap.flip)."""
+    pixel's window corner, the tap as the offsets, the corners `stride` apart), B's the tiled box of BN filters x
+    BK of their k (w seen as Kr x K).  Float32 maps read copies of x and w rounded to TF32 (TensorMap.rounding):
+    once per call, where rounding the landed boxes would round each pixel of x once per filter tap, in the compute
+    threads' time.  A stride-1 backward-data is the forward convolution tma_forward_problem names: its maps read
+    dy, and the launcher's copy of w flipped (TensorMap.flip), or with b_mn w itself, MN-major."""
     from dataclasses import replace
     from .tma_schedule import TmaOperands, swizzled_row
     from ..ir import TensorMap

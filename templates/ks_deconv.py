@@ -144,7 +144,8 @@ def tma_unmet(p):
     J, U = [_cdiv(t, s) for t, s in zip(p.filter_size, p.stride)], [_cdiv(i, s) for i, s in zip(p.in_size, p.stride)]
     corners = [1 - j for j in J[1:]] + [u - j + 1 - o for u, j, o in zip(U[1:], J[1:], p.out_size[1:])]
     return [w for bad, w in ((p.groups != 1, "groups=1"),
-                             (p.in_size[0] != 1 or p.filter_size[0] != 1 or p.stride[0] != 1, "a 1-D or 2-D convolution"),
+                             (p.in_size[0] != 1 or p.filter_size[0] != 1 or p.stride[0] != 1,
+                              "a 1-D or 2-D convolution"),
                              (not all(-128 <= c <= 127 for c in corners), "an im2col box whose corners lie in "
                                                                           "-128..127"),
                              (p.K % swizzled_row(p.dtype), f"channels a multiple of {swizzled_row(p.dtype)} (of the "

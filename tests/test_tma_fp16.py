@@ -116,7 +116,8 @@ def strided_tma_cases(draw):
     c, k = (reduced, columns) if direction == "fwd" else (columns, reduced)
     bn = -(-columns // 8) * 8
     tile = dict(BM=64, BN=bn, WN=bn, stages=draw(st.integers(2, 3)), tma=draw(st.sampled_from([1, 2])))
-    return direction, (draw(st.integers(1, 2)), *size, c), (k, *filt, c), dict(stride=tuple(stride), padding=tuple(pad)), tile
+    kw = dict(stride=tuple(stride), padding=tuple(pad))
+    return direction, (draw(st.integers(1, 2)), *size, c), (k, *filt, c), kw, tile
 
 
 @settings(max_examples=6)
@@ -144,7 +145,8 @@ def test_cpu_fp16_tma_strided_matches_float64(case):
 
 
 B_MN_CASES = [((2, 5, 6, 64), (64, 3, 3, 64), dict(padding=1), dict(BM=64, BN=64, WN=64, stages=2)),
-              ((1, 6, 5, 128), (64, 3, 3, 128), dict(padding=2, dilation=2), dict(BM=64, BN=128, WN=64, stages=3, tma=2)),
+              ((1, 6, 5, 128), (64, 3, 3, 128), dict(padding=2, dilation=2),
+               dict(BM=64, BN=128, WN=64, stages=3, tma=2)),
               ((1, 7, 9, 70), (64, 3, 3, 70), dict(padding=1, stride=2), dict(BM=64, BN=128, WN=128, stages=2, tma=2)),
               ((2, 8, 8, 40), (128, 1, 1, 40), dict(stride=2), dict(BM=64, BN=64, WN=64, stages=3))]
 
@@ -183,7 +185,8 @@ def test_fp16_b_mn_module_and_refusals():
     assert "wgmma_f16_m64n128k16_bmn((" in src and src.count("tma_load_4d(Bs, ") == 2
     fwd = make_problem("fwd", (4, 16, 16, 128), (64, 3, 3, 128), padding=1, dtype="float16")
     with pytest.raises(ValueError, match="b_mn=1 reads a backward-data filter as stored"):
-        make_plan(fwd, "cpu", config=fp16_tma_config(BM=64, BN=64, WN=64, stages=2, b_mn=1), precision="fp16").kernel_ir()
+        make_plan(fwd, "cpu", config=fp16_tma_config(BM=64, BN=64, WN=64, stages=2, b_mn=1),
+                  precision="fp16").kernel_ir()
     with pytest.raises(ValueError, match="b_mn=1 needs tma=1 or 2, BK 64 .fp16. and BN, WN multiples of 64"):
         fp16_tma_config(BM=64, BN=40, WN=40, stages=2, b_mn=1).validate()
 
