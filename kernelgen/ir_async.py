@@ -159,6 +159,9 @@ class TensorMap:
         if self.dtype not in MAP_ITEMSIZE or self.rounding and self.dtype != "float32":
             raise ValueError(f"TensorMap {self.name}: dtype float32 or float16 (rounding float32 only), got "
                              f"{self.dtype} with rounding {self.rounding!r}")
+        if any(st % 16 for st in self.strides):  # the driver's rule (cuTensorMapEncode*): checked where the IR is built
+            raise ValueError(f"TensorMap {self.name}: byte strides must be multiples of 16, got {self.strides} (dims "
+                             f"{self.dims})")
         if self.traversal and (self.mode != "im2col" or len(self.traversal) != len(self.lower)
                                or not all(1 <= t <= 8 for t in self.traversal)):
             raise ValueError(f"TensorMap {self.name}: traversal is an im2col map's step per spatial dim, 1..8 each, "

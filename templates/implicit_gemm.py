@@ -189,6 +189,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
         if p.direction != "bwd_data":
             raise ValueError(f"config: b_mn=1 reads a backward-data filter as stored; {p.direction} reads w K-major "
                              f"already, got {cfg}")
+        check_b_mn_rows(p)
         # slice kt: f's flipped tap kt // chunks = (r, s) is w's tap (fh - 1 - r, fw - 1 - s); w seen as (c, s, r, k)
         b = TensorMap("w_map", "w", "tiled", (p.C, fw, fh, p.K), (e * p.C, e * p.C * fw, e * p.C * fw * fh),
                       (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
@@ -198,6 +199,13 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
             return (n0, fw - 1 - tap % fw, fh - 1 - tap // fw, (kt % chunks) * ROW)
         return TmaOperands(a, b, a_box, b_box, b_mn_parts(cfg), 0)
     return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
+
+
+def check_b_mn_rows(p):
+    """A tensor map's rows are a multiple of 16 bytes: w read as stored (TileConfig.b_mn) needs C * itemsize so."""
+    if p.C * 2 % 16:
+        raise ValueError(f"config: b_mn=1 reads w as stored, whose rows of C channels must be a multiple of 16 bytes "
+                         f"(C a multiple of 8 at float16), got C={p.C}")
 
 
 def b_mn_parts(cfg: TileConfig):

@@ -147,14 +147,15 @@ def test_cpu_fp16_tma_strided_matches_float64(case):
 B_MN_CASES = [((2, 5, 6, 64), (64, 3, 3, 64), dict(padding=1), dict(BM=64, BN=64, WN=64, stages=2)),
               ((1, 6, 5, 128), (64, 3, 3, 128), dict(padding=2, dilation=2),
                dict(BM=64, BN=128, WN=64, stages=3, tma=2)),
-              ((1, 7, 9, 70), (64, 3, 3, 70), dict(padding=1, stride=2), dict(BM=64, BN=128, WN=128, stages=2, tma=2)),
+              ((1, 7, 9, 72), (64, 3, 3, 72), dict(padding=1, stride=2), dict(BM=64, BN=128, WN=128, stages=2, tma=2)),
               ((2, 8, 8, 40), (128, 1, 1, 40), dict(stride=2), dict(BM=64, BN=64, WN=64, stages=3))]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, kw, tile", B_MN_CASES)
 def test_cpu_fp16_tma_backward_data_reads_w_as_stored(x_shape, w_shape, kw, tile, rng):
     """TileConfig.b_mn: backward-data's B boxes from w as stored (no flipped copy: the map reads the caller's
-    array), 64 columns a box, read MN-major by the (emulated) wgmma; stride 1 and KS-deconv's classes, ragged C."""
+    array), 64 columns a box, read MN-major by the (emulated) wgmma; stride 1 and KS-deconv's classes, C ragged
+    against the tile (a multiple of 8: the map's rows are 16-byte multiples)."""
     from kernelgen import reference as ref
     from kernelgen.api import get_launcher, make_plan
     from kernelgen.problem import make_problem
@@ -189,6 +190,11 @@ def test_fp16_b_mn_module_and_refusals():
                   precision="fp16").kernel_ir()
     with pytest.raises(ValueError, match="b_mn=1 needs tma=1 or 2, BK 64 .fp16. and BN, WN multiples of 64"):
         fp16_tma_config(BM=64, BN=40, WN=40, stages=2, b_mn=1).validate()
+    for kw in ({}, dict(stride=2)):  # the map's rows of 12 channels: 24 bytes
+        odd = make_problem("bwd_data", (2, 8, 8, 12), (64, 3, 3, 12), padding=1, dtype="float16", **kw)
+        with pytest.raises(ValueError, match="rows of C channels must be a multiple of 16 bytes .* got C=12"):
+            make_plan(odd, "cpu", config=fp16_tma_config(BM=64, BN=64, WN=64, stages=2, b_mn=1),
+                      precision="fp16").kernel_ir()
 
 
 def test_fp16_tma_module_reads_float16_tiles():

@@ -196,7 +196,8 @@ def tma_candidate_configs(problem, precision):
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    b_mn = (0, 1) if B_MN_CANDIDATES and precision == "fp16" and problem.direction == "bwd_data" else (0,)
+    b_mn = (0, 1) if B_MN_CANDIDATES and precision == "fp16" and problem.direction == "bwd_data" \
+        and problem.C % 8 == 0 else (0,)  # rows of w as stored: a multiple of 16 bytes
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma, b_mn=mn)
             for bm, bn, wm, wn, st, tma in tiles
             for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))
