@@ -124,18 +124,7 @@ def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_bloc
     """wgmma_tf32 for kind "fp16": k < 16, the operands float16 bit patterns (uint16) in the 128-byte swizzled
     layout, used exactly; the products are exact in float32, summed in float32.  b_block > 0: B MN-major with
     these (n block, k group) strides (ir.WarpgroupMma.b_mn)."""
-    if b_block == 0:
-        _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2)
-        return
-    w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
-    for i in range(n // 2):
-        j, r = i // 4, i % 4
-        row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
-        s = float32(0.0)
-        for k in range(16):
-            av = _operand(a[_operand_word(a0, row, k, lbo, sbo, swizzle, 2)])
-            s += av * _operand(b[_mn_word(b0, col, k, b_block, b_group)])
-        acc[first + i] += s
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group)
 
 
 def _operand(v):
@@ -150,7 +139,7 @@ def _operand_impl(v):
 
 
 @njit(cache=True)
-def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize):
+def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize, b_block=0, b_group=0):
     w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
     for i in range(n // 2):
         j, r = i // 4, i % 4
@@ -158,6 +147,8 @@ def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsi
         s = float32(0.0)
         for k in range(depth):
             av = _operand(a[_operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)])
-            bv = _operand(b[_operand_word(b0, col, k, lbo, sbo, swizzle, itemsize)])
+            bw = _mn_word(b0, col, k, b_block, b_group) if b_block else _operand_word(b0, col, k, lbo, sbo, swizzle,
+                                                                                      itemsize)
+            bv = _operand(b[bw])
             s += av * bv
         acc[first + i] += s

@@ -189,28 +189,26 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
         if p.direction != "bwd_data":
             raise ValueError(f"config: b_mn=1 reads a backward-data filter as stored; {p.direction} reads w K-major "
                              f"already, got {cfg}")
-        check_b_mn_rows(p)
-        # slice kt: f's flipped tap kt // chunks = (r, s) is w's tap (fh - 1 - r, fw - 1 - s); w seen as (c, s, r, k)
-        b = TensorMap("w_map", "w", "tiled", (p.C, fw, fh, p.K), (e * p.C, e * p.C * fw, e * p.C * fw * fh),
-                      (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
 
-        def b_box(kt):
+        def b_box(kt):  # f's flipped tap kt // chunks = (r, s) is w's tap (fh - 1 - r, fw - 1 - s)
             tap = kt // chunks
             return (n0, fw - 1 - tap % fw, fh - 1 - tap // fw, (kt % chunks) * ROW)
-        return TmaOperands(a, b, a_box, b_box, b_mn_parts(cfg), 0)
+        return b_mn_operands(p, cfg, a, a_box, b_box)
     return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
 
 
-def check_b_mn_rows(p):
-    """A tensor map's rows are a multiple of 16 bytes: w read as stored (TileConfig.b_mn) needs C * itemsize so."""
-    if p.C * 2 % 16:
+def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
+    """TmaOperands whose B reads w as stored (TileConfig.b_mn), seen as (c, s, r, k): b_box(kt) -> the slice's
+    (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile."""
+    from .tma_schedule import TmaOperands
+    from ..ir import TensorMap
+    if p.C * 2 % 16:  # a tensor map's rows are multiples of 16 bytes
         raise ValueError(f"config: b_mn=1 reads w as stored, whose rows of C channels must be a multiple of 16 bytes "
                          f"(C a multiple of 8 at float16), got C={p.C}")
-
-
-def b_mn_parts(cfg: TileConfig):
-    """TmaOperands.b_parts of an MN-major B (TileConfig.b_mn): a box of 64 columns x BK rows per 64 columns."""
-    return tuple((part * 64 * cfg.BK, part * 64) for part in range(cfg.BN // 64))
+    _, th, tw = p.filter_size
+    b = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (2 * p.C, 2 * p.C * tw, 2 * p.C * tw * th),
+                  (64, 1, 1, cfg.BK), swizzle=128, dtype=p.dtype)
+    return TmaOperands(a, b, a_box, b_box, tuple((part * 64 * cfg.BK, part * 64) for part in range(cfg.BN // 64)), 0)
 
 
 def backward_data_view(p, cfg: TileConfig) -> GemmView:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..ir import Buffer, Call, Const, If, Load, Store, all_of, select
 
 from .config import TileConfig
-from .implicit_gemm import _flatten, _prod, _unflatten, b_mn_parts, check_b_mn_rows, reduction_split
+from .implicit_gemm import _flatten, _prod, _unflatten, b_mn_operands, reduction_split
 from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 
 NAME = "ks_deconv"
@@ -218,10 +218,7 @@ def ks_tma(p, cfg: TileConfig, ctx):
         return a[2] + ((jw - 1) - qw) * sw, a[1] + ((jh - 1) - qh) * sh, k0
 
     if cfg.b_mn:  # w as stored, read MN-major (TileConfig.b_mn): a tap the sub-filter lacks lies past the filter
-        check_b_mn_rows(p)
-        b_map = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (e * p.C, e * p.C * tw, e * p.C * tw * th),
-                          (64, 1, 1, ROW), swizzle=128, dtype=p.dtype)
-        return TmaOperands(a_map, b_map, a_box, lambda kt: (ctx.n0, *w_tap(kt)), b_mn_parts(cfg), 0)
+        return b_mn_operands(p, cfg, a_map, a_box, lambda kt: (ctx.n0, *w_tap(kt)))
     b_map = TensorMap("w_map", "w", "tiled", (p.K, tw, th, p.C), (e * p.K, e * p.K * tw, e * p.K * tw * th),
                       (ROW, 1, 1, cfg.BN), swizzle=128, rounding=rounding, flip=(p.K, th * tw, p.C), dtype=p.dtype)
 

@@ -189,12 +189,12 @@ def merge(tuned: Path, into: Path, precision=None) -> int:
     """Entries of the database file `tuned` (a tune's output, e.g. the device run's copy) written into the database
     file `into` (a shipped one), replacing entries of the same key; only those tuned at `precision` if given.
     The device named stays `into`'s.  Returns how many entries it wrote."""
-    src = Path(tuned)
-    if not load(src):
+    src, target = Path(tuned), Path(into)
+    entries = load(src)
+    if not entries:
         raise ValueError(f"tuned: {src} holds no database entries of format {FORMAT}")
-    device = json.loads(Path(into).read_text()).get("device", "") if Path(into).exists() else \
-        json.loads(src.read_text()).get("device", "")
-    new = {k: e for k, e in load(src).items() if precision is None or precision_of(e) == precision}
+    device = json.loads((target if target.exists() else src).read_text()).get("device", "")
+    new = {k: e for k, e in entries.items() if precision is None or precision_of(e) == precision}
     save(into, {**load(into), **new}, device)
     entries_for.cache_clear()
     return len(new)
