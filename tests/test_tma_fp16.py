@@ -249,6 +249,9 @@ def test_flip16_device_matches_the_host(rng):
 # --- the same kernels on the H100 -----------------------------------------------------------------------------
 
 FP16_TMA_GPU_CONFIGS = [fp16_tma_config(BM=128, BN=64, WN=64, stages=4),
+                        # 8 stages: the strided backward-data's classes of 8, 4, 4 and 2 slices all end in the
+                        # remainder's tested slices (measured wrong on the H100 before they drained, 4.05e-02)
+                        fp16_tma_config(BM=128, BN=64, WN=64, stages=8),
                         fp16_tma_config(BM=128, BN=128, WN=128, stages=6),
                         fp16_tma_config(BM=256, BN=128, WM=128, WN=128, stages=4, tma=2),
                         fp16_tma_config(BM=64, BN=128, WN=128, stages=2, tma=2),

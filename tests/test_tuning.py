@@ -300,22 +300,23 @@ def test_fp16_tma_candidates_fit_the_grid():
     two_stage = {(c.BM, c.BN) for c in tuner.tma_candidate_configs(short, "fp16") if c.stages == 2}
     assert two_stage == {(128, 128), (128, 64)}
     assert not any(c.stages == 2 for c in tuner.tma_candidate_configs(large, "fp16"))  # 18 slices
-    assert not any(c.b_mn for c in tuner.tma_candidate_configs(large, "fp16"))  # opt-in (tuner.B_MN_CANDIDATES)
     stem = make_problem("bwd_data", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
     assert {(c.BN, c.WN, c.tma) for c in tuner.tma_candidate_configs(stem, "fp16")} == {(8, 8, 1), (8, 8, 2)}
 
 
-def test_b_mn_candidates_when_switched_on(monkeypatch):
-    """tuner.B_MN_CANDIDATES: every fp16 backward-data TMA tile a multiple of 64 wide also reading w as stored."""
+def test_b_mn_candidates_where_w_allows(monkeypatch):
+    """tuner.B_MN_WHERE_ALLOWED: every fp16 backward-data TMA tile a multiple of 64 wide reads w as stored where
+    w's rows are 16-byte multiples (C % 8 == 0); the others, forward, and the switch off keep the flipped copy."""
     from kernelgen.problem import make_problem
     from kernelgen.tuning import tuner
     p = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
-    monkeypatch.setattr(tuner, "B_MN_CANDIDATES", True)
     cfgs = tuner.tma_candidate_configs(p, "fp16")
-    plain = {c for c in cfgs if not c.b_mn}
-    assert {c for c in cfgs if c.b_mn} == {replace(c, b_mn=1) for c in plain if c.BN % 64 == 0 and c.WN % 64 == 0}
+    assert cfgs and all(c.b_mn == (c.BN % 64 == 0 and c.WN % 64 == 0) for c in cfgs)
+    ragged = make_problem("bwd_data", (32, 28, 28, 20), (128, 3, 3, 20), padding=1, dtype="float16")
     fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
-    assert not any(c.b_mn for c in tuner.tma_candidate_configs(fwd, "fp16"))
+    assert not any(c.b_mn for q in (ragged, fwd) for c in tuner.tma_candidate_configs(q, "fp16"))
+    monkeypatch.setattr(tuner, "B_MN_WHERE_ALLOWED", False)
+    assert {replace(c, b_mn=0) for c in cfgs} == set(tuner.tma_candidate_configs(p, "fp16"))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):

@@ -172,9 +172,10 @@ TMA_TILES_SMALL_GRID = ((64, 128, 64, 128, 6, 2), (64, 64, 64, 64, 8, 2))
 TMA_TILES_SHORT = ((128, 128, 64, 128, 2, 1), (128, 64, 64, 64, 2, 1))
 
 
-# fp16 backward-data reading w as stored (TileConfig.b_mn; PERF_NOTES lead (6)): off until
-# `scripts/wgmma_check.py --parts mn-major` matched on the H100 (render_cuda.MN_MAJOR_OFFSETS) and the GPU tests pass
-B_MN_CANDIDATES = False
+# fp16 backward-data TMA tiles read w as stored (TileConfig.b_mn, PERF_NOTES #49) wherever its rows allow, in place
+# of the flipped copy: on the H100 the MN-major descriptor reading matched float64 and every gpu_md row ran faster
+# with it (geo-mean 0.778 -> 0.941 of cuDNN, BENCHMARKS.md 2026-11-25).  False tunes the flipped-copy tiles instead.
+B_MN_WHERE_ALLOWED = True
 
 
 def tma_candidate_configs(problem, precision):
@@ -196,12 +197,12 @@ def tma_candidate_configs(problem, precision):
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    b_mn = (0, 1) if B_MN_CANDIDATES and precision == "fp16" and problem.direction == "bwd_data" \
-        and problem.C % 8 == 0 else (0,)  # rows of w as stored: a multiple of 16 bytes
-    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma, b_mn=mn)
+    b_mn = B_MN_WHERE_ALLOWED and precision == "fp16" and problem.direction == "bwd_data" \
+        and problem.C % 8 == 0  # rows of w as stored: a multiple of 16 bytes
+    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,
+                       b_mn=int(b_mn and bn % 64 == 0 and wn % 64 == 0))
             for bm, bn, wm, wn, st, tma in tiles
-            for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))
-            for mn in b_mn if not mn or bn % 64 == 0 and wn % 64 == 0]
+            for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))]
 
 
 def tc_candidate_configs(problem, precision, keep=None):
