@@ -5,7 +5,8 @@
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, wino-sweep,
 #   comma-separated
-#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"), then the demo
+#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"; TEST_SHARDS=N: N
+#   pytest processes side by side, each every N-th test), then the demo
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
@@ -56,8 +57,21 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 if has tests; then
   if [ -d "$REPO/tests" ]; then
     files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
-    timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
-      | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
+    if [ "${TEST_SHARDS:-1}" -gt 1 ]; then
+      # TEST_SHARDS processes share the GPU, each running every N-th test: compiling, not the GPU, is what they wait for
+      python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "${files[@]}" 2>/dev/null | grep "::" > "$OUT/gpu-test-ids.txt" || true
+      for i in $(seq 0 $((TEST_SHARDS - 1))); do
+        mapfile -t ids < <(awk -v n="$TEST_SHARDS" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' "$OUT/gpu-test-ids.txt")
+        [ "${#ids[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
+          -p no:cacheprovider -rfE "${ids[@]}" > "$OUT/gpu-tests-$i.log" 2>&1) &
+      done
+      wait
+      cat "$OUT"/gpu-tests-*.log > "$OUT/gpu-tests.log"
+      grep -h "passed\|failed\|^FAILED\|^ERROR" "$OUT"/gpu-tests-*.log | tail -40 || true
+    else
+      timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
+        | tee "$OUT/gpu-tests.log" | grep -v "Warning\|warn(\|^$\|^tests/.*::" | tail -15 || true
+    fi
     pack
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
