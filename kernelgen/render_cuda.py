@@ -11,8 +11,8 @@ from .render_base import SourcePrinter, launch_constants
 
 _AXES = "xyz"
 # an MN-major B operand's descriptor (ir.WarpgroupMma.b_mn): which stride goes in the leading and which in the stride
-# byte offset.  A reading of the PTX ISA's MN-major layouts, not yet run: `scripts/wgmma_check.py --parts mn-major`
-# on the H100 says which of the two readings the hardware means (swap the names if it is the other)
+# byte offset.  Measured on the H100 (`scripts/wgmma_check.py --parts mn-major`, BENCHMARKS.md 2026-11-25): the
+# 64-column block stride leads, the 8-row group stride (1024 B) strides; the swapped reading is 0.92 wrong
 MN_MAJOR_OFFSETS = ("n_block", "k_group")
 _INT_OPS = {"+": "add32", "-": "sub32", "*": "mul32", "//": "floordiv32", "%": "mod32"}  # kernelgen.cuda_index
 
