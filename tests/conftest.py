@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import glob
+import json
 import os
 import secrets
 import shutil
@@ -206,3 +207,18 @@ def torch():
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     return torch
+
+
+@pytest.fixture
+def tiny_table(tmp_path):
+    """A one-layer shape table, small enough for the simulator to tune (test_tuning*.py)."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"name": "tiny", "layers": [
+        {"name": "a", "N": 1, "H": 4, "W": 5, "C": 4, "K": 4, "R": 3, "stride": 1, "padding": 1}]}))
+    return path
+
+
+@pytest.fixture
+def tiny_tiles():
+    """Two tiles (BM, BN, TM, TN, stages) for a simulator tune of tiny_table."""
+    return [(16, 16, 4, 4, 2), (32, 8, 4, 4, 2)]
