@@ -153,15 +153,26 @@ class Plan:
         return render_cuda(k) if self.backend == "cuda" else render_cpu(k)
 
 
+def _hopper_untuned_config(problem, precision):
+    """fp16 on an sm_90 GPU with no tuned entry: the TMA tile measured best on average there
+    (tuner.untuned_tma_config; the template's mma.sync default is 2-3x slower on those problems), or None."""
+    if precision != "fp16" or not gpu_present():
+        return None
+    from .tuning.tuner import untuned_tma_config
+    config = untuned_tma_config(problem, precision)
+    return config if config is not None and device_key("cuda") == "sm_90" else None
+
+
 def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
     """The tensor-core implicit GEMM at `precision`: the given config, else (CUDA, a GPU present, tuned
-    databases not turned off) the tuned entry for exactly (problem, precision), else the template's default."""
+    databases not turned off) the tuned entry for exactly (problem, precision), else (fp16 on sm_90) the untuned
+    TMA tile, else the template's default."""
     from .templates import implicit_gemm, implicit_gemm_tc
     if algo not in (None, implicit_gemm.NAME, implicit_gemm_tc.NAME):
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
     if config is None and backend == "cuda":
-        config = tuned_tensor_core_config(problem, precision)
+        config = tuned_tensor_core_config(problem, precision) or _hopper_untuned_config(problem, precision)
     if config is None:
         config = implicit_gemm_tc.default_config(problem, backend, precision)
     if not config.tensor_core:

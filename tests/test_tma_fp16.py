@@ -7,6 +7,8 @@ the same kernels on the H100.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -246,6 +248,35 @@ def test_flip16_device_matches_the_host(rng):
     assert np.array_equal(out.copy_to_host().view(np.uint16), want.view(np.uint16))
 
 
+def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
+    """fp16 without a tuned entry on an sm_90 GPU: tuner.UNTUNED_TMA_TILE_FP16 (backward-data reading w as stored
+    where its rows allow); mma.sync's default where that tile does not apply (C = 3: no im2col map forward, a GEMM
+    of 3 columns backward), on other GPUs, and for TF32; a tuned entry still wins."""
+    from kernelgen import api
+    from kernelgen.problem import make_problem
+    from kernelgen.templates import implicit_gemm_tc
+    from kernelgen.templates.config import TileConfig
+    monkeypatch.setattr(api, "gpu_present", lambda: True)
+    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: None)
+    monkeypatch.setattr(api, "device_key", lambda backend: "sm_90")
+    plan = lambda d, x, w, prec="fp16", **kw: api.make_plan(
+        make_problem(d, x, w, dtype="float16" if prec == "fp16" else "float32", **kw), "cuda", precision=prec)
+    tile = TileConfig(128, 64, 64, WM=64, WN=64, stages=8, wgmma=1, tma=2)
+    assert plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config == tile
+    assert plan("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, stride=2).config == replace(tile, b_mn=1)
+    for d in ("fwd", "bwd_data"):
+        stem = make_problem(d, (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
+        assert api.make_plan(stem, "cuda", precision="fp16").config == implicit_gemm_tc.default_config(stem, "cuda",
+                                                                                                      "fp16")
+    assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), "tf32", padding=1).config.tma
+    tuned = TileConfig(128, 128, 64, WM=64, WN=128, stages=6, wgmma=1, tma=1)
+    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: tuned)
+    assert plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config == tuned
+    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: None)
+    monkeypatch.setattr(api, "device_key", lambda backend: "sm_80")
+    assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config.tma
+
+
 # --- the same kernels on the H100 -----------------------------------------------------------------------------
 
 FP16_TMA_GPU_CONFIGS = [fp16_tma_config(BM=128, BN=64, WN=64, stages=4),
@@ -320,6 +351,23 @@ def test_gpu_fp16_tma(config, direction, rng):
     for shape in FP16_TMA_SHAPES[direction]:
         launcher = gpu_fp16_calls(direction, shape, config, rng)
         assert kernel_resources(launcher, launcher.threads).get("local_bytes") <= spill
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_gpu_untuned_fp16_calls_take_the_tma_tile(direction, rng, monkeypatch):
+    """A call no tune has seen (the tuned databases off) runs tuner.untuned_tma_config on the H100, right on every
+    TMA shape; backward-data reads w as stored (no flipped copy) where that config says so."""
+    from kernelgen.problem import make_problem
+    from kernelgen.tuning.tuner import untuned_tma_config
+    monkeypatch.setenv("KERNELGEN_NO_TUNED", "1")
+    shapes = [(s, untuned_tma_config(make_problem(direction, *s[:2], dtype="float16", **s[2]), "fp16"))
+              for s in FP16_TMA_SHAPES[direction]]
+    assert sum(config is not None for _, config in shapes) >= 3  # the others: GEMMs of 24 columns
+    for shape, config in shapes:
+        launcher = gpu_fp16_calls(direction, shape, None, rng)
+        assert bool(launcher.tensor_maps) == (config is not None)
+        assert bool(launcher._copied_sources) == (direction == "bwd_data" and config is not None and not config.b_mn)
 
 
 @pytest.mark.gpu

@@ -205,6 +205,22 @@ def tma_candidate_configs(problem, precision):
             for sk in tc_split_choices(problem, bm, bn, bk, divides=True, waves=(1,))]
 
 
+# fp16 without a tuned entry on an sm_90 GPU (kernelgen.api): over the 30 fp16 forward / backward-data problems of
+# the shipped H100 database whose tunes tried TMA tiles, this one reached 0.89 of the tuned kernel's speed
+# (geo-mean, worst 0.68), mma.sync's cost-model default (implicit_gemm_tc.default_config) 0.375
+UNTUNED_TMA_TILE_FP16 = (128, 64, 64, 64, 8, 2)
+
+
+def untuned_tma_config(problem, precision):
+    """The TMA tile for an fp16 problem no tune has seen: UNTUNED_TMA_TILE_FP16, with w read as stored where
+    tma_candidate_configs would, or None where that tile does not take the problem (no TMA view, or a GEMM of
+    32 columns or fewer, whose narrow tiles only a tune picks)."""
+    if precision != "fp16":
+        return None
+    shape = lambda c: (c.BM, c.BN, c.WM, c.WN, c.stages, c.tma)
+    return next((c for c in tma_candidate_configs(problem, precision) if shape(c) == UNTUNED_TMA_TILE_FP16), None)
+
+
 def tc_candidate_configs(problem, precision, keep=None):
     """Tensor-core configs to try at `precision`: the template's default first, then BK of the CUDA default (16)
     and twice it x CUDA_TC_TILES x split-K (tc_split_choices) x swizzle 1 and 2, two stages, each kept only where
