@@ -14,7 +14,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     smem_desc = smem_desc_sw128 = wgmma_fence = wgmma_commit = wgmma_wait = async_proxy_fence = _unavailable
     globals().update({f"wgmma_tf32_m64n{n}k8": _unavailable for n in range(8, 257, 8)})
     globals().update({f"wgmma_f16_m64n{n}k16": _unavailable for n in range(8, 257, 8)})
-    globals().update({f"wgmma_f16_m64n{n}k16_bmn": _unavailable for n in range(8, 257, 8)})
+    globals().update({f"wgmma_f16_m64n{n}k16_bmn": _unavailable for n in range(64, 257, 64)})
 else:
     from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, smem_desc_sw128, wgmma_commit,  # noqa: F401
                                          wgmma_fence, wgmma_wait)

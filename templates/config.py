@@ -52,8 +52,9 @@ class TileConfig:
     produces, issuing every copy as soon as the consumers release a stage (a full and an empty mbarrier per
     stage), and the compute threads consume with no block barrier in the k-loop.
     b_mn=1 (fp16 backward-data on TMA; the tuner's tiles wherever C % 8 == 0, PERF_NOTES #49): the B boxes come
-    from w as stored (c contiguous) and the wgmma reads B MN-major, so no launch flips w first; BN and WN multiples of 64
-    (one 128-byte box row of c per 64 columns).  0 by default and then absent from string and dict.
+    from w as stored (c contiguous) and the wgmma reads B MN-major, so no launch flips w first; BN and WN
+    multiples of 64 (one 128-byte box row of c per 64 columns).  0 by default and then absent from string and
+    dict.
     """
     BM: int = 64
     BN: int = 64
