@@ -4,9 +4,14 @@ The bookkeeping is pure Python so it is testable without a GPU; `CudaBacking` an
 External Memory Manager plug it into real device memory. Nothing is installed at import:
 call `install()` (or set KERNELGEN_ARENA=1 and call `install_from_env()`) before numba creates
 its CUDA context.
+
+Out of memory: a failed backing allocation releases the pool's cache (and flushes numba's deferred frees),
+retries once, then raises MemoryError naming the request and what the pool held.  Tests reach that path
+with `inject_alloc_failures`, which makes chosen raw allocations fail (tests/test_arena_faults.py).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import defaultdict
 
@@ -48,10 +53,14 @@ class Pool:
         self.peak = 0
         self.served_from_pool = 0
         self.backing_allocs = 0
+        self.oom_retries = 0                # backing out of memory: cache released, allocation retried
+        self.oom_errors = 0                 # ... and the retry failed too: MemoryError to the caller
 
     def stats(self) -> dict:
         return {"in_use": self.in_use, "cached": self.cached, "peak": self.peak,
-                "served_from_pool": self.served_from_pool, "backing_allocs": self.backing_allocs}
+                "served_from_pool": self.served_from_pool, "backing_allocs": self.backing_allocs,
+                "cached_blocks": sum(map(len, self._free.values())), "live_blocks": len(self._live),
+                "oom_retries": self.oom_retries, "oom_errors": self.oom_errors}
 
     def alloc(self, nbytes: int, stream=0) -> Block:
         size = size_class(nbytes)
@@ -72,12 +81,19 @@ class Pool:
         try:
             return self.backing.alloc(size)
         except MemoryError:
-            self.release_cached()
+            # what the pool held when the backing ran out, for the message if the retry fails too
+            held = (f"in_use={self.in_use} bytes in {len(self._live)} blocks, cached={self.cached} bytes "
+                    f"in {sum(map(len, self._free.values()))} blocks")
+            self.oom_retries += 1
+            released = self.reclaim()
         try:
             return self.backing.alloc(size)
         except MemoryError as e:
-            raise MemoryError(f"device allocation of {requested} bytes (class {size}) failed after "
-                              f"releasing cached blocks; pool stats {self.stats()}") from e
+            self.oom_errors += 1
+            # chained from the driver's own error where the backing converted one (CudaBacking does)
+            raise MemoryError(f"device allocation of {requested} bytes (size class {size}) failed: out of memory "
+                              f"with the pool holding {held}; released the {released} cached bytes and retried "
+                              f"once, still out of memory") from (e.__cause__ or e)
 
     def free(self, block: Block) -> None:
         if self._live.pop(id(block.handle), None) is None:
@@ -87,31 +103,79 @@ class Pool:
         self._free[(block.size, block.stream)].append(block)
 
     def release_cached(self) -> int:
+        """Every cached block back to the backing; returns the bytes released.  Block by block, so that if
+        a free raises, the blocks not yet freed are still cached and the counts still add up."""
         released = 0
-        for blocks in self._free.values():
-            for block in blocks:
-                self.backing.free(block.handle)
-                released += block.size
-        self._free.clear()
-        self.cached = 0
+        for key in list(self._free):
+            blocks = self._free[key]
+            while blocks:
+                self.backing.free(blocks[-1].handle)
+                size = blocks.pop().size
+                self.cached -= size
+                released += size
+            del self._free[key]
+        return released
+
+    def reclaim(self) -> int:
+        """Out of memory: release the cache, then let a backing that frees lazily (numba queues frees of
+        its own allocations) flush, so the retry sees every byte nobody uses.  Returns the bytes released."""
+        released = self.release_cached()
+        flush = getattr(self.backing, "flush", None)
+        if flush is not None:
+            flush()
         return released
 
 
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def _is_out_of_memory(err) -> bool:
+    """numba's CudaAPIError carries the CUresult (an int enum) as .code."""
+    try:
+        return int(getattr(err, "code", -1)) == CUDA_ERROR_OUT_OF_MEMORY
+    except (TypeError, ValueError):
+        return False
+
+
+def _flush_numba_deallocations():
+    """numba frees its own device and pinned memory lazily, through queues flushed when full.  In
+    numba-cuda the context (streams, events, modules) and its memory manager (allocations) have separate
+    queues: flush both, as numba itself does before retrying an allocation that ran out."""
+    ctx = _context()
+    for owner in (ctx, getattr(ctx, "memory_manager", None)):
+        queue = getattr(owner, "deallocations", None)
+        if queue is not None:
+            queue.clear()
+
+
 class CudaBacking:
-    """cuMemAlloc / cuMemFree through numba's driver API; out-of-memory becomes MemoryError."""
+    """cuMemAlloc / cuMemFree through numba's driver API; out-of-memory becomes MemoryError chained from the
+    driver's error.  `raw_alloc`, `raw_free` and `flush` replace the driver calls and numba's deallocation
+    flush: a fake device, for testing the conversion without a GPU."""
+
+    def __init__(self, raw_alloc=None, raw_free=None, flush=None):
+        self._raw_alloc, self._raw_free = raw_alloc, raw_free
+        self.flush = flush or _flush_numba_deallocations
 
     def alloc(self, nbytes):
-        from numba.cuda.cudadrv import driver
+        if self._raw_alloc is None:
+            from numba.cuda.cudadrv import driver
+            raw = driver.driver.cuMemAlloc
+        else:
+            raw = self._raw_alloc
         try:
-            return driver.driver.cuMemAlloc(nbytes)
-        except driver.CudaAPIError as e:
-            if int(getattr(e, "code", -1)) == 2:   # CUDA_ERROR_OUT_OF_MEMORY
-                raise MemoryError(str(e)) from e
+            return raw(nbytes)
+        except Exception as e:  # numba's CudaAPIError; any other failure is not ours to translate
+            if _is_out_of_memory(e):
+                raise MemoryError(f"cuMemAlloc of {nbytes} bytes: {e}") from e
             raise
 
     def free(self, handle):
-        from numba.cuda.cudadrv import driver
-        driver.driver.cuMemFree(handle)
+        if self._raw_free is None:
+            from numba.cuda.cudadrv import driver
+            driver.driver.cuMemFree(handle)
+        else:
+            self._raw_free(handle)
 
 
 class PinnedBacking:
@@ -126,6 +190,10 @@ class PinnedBacking:
 
     def free(self, handle):
         pass  # numba frees pinned memory when the array is collected
+
+    def flush(self):
+        # a released array's cuMemFreeHost waits in numba's queue: run it before the retry
+        _flush_numba_deallocations()
 
 
 POOL: Pool | None = None          # device memory (also numba's, once install() ran)
@@ -144,6 +212,79 @@ def pinned_pool() -> Pool:
     if PINNED is None:
         PINNED = Pool(PinnedBacking())
     return PINNED
+
+
+class InjectedAllocError(RuntimeError):
+    """Stands for the driver's CUDA_ERROR_OUT_OF_MEMORY (same .code and .msg as numba's CudaAPIError)."""
+
+    def __init__(self, msg):
+        self.code, self.msg = CUDA_ERROR_OUT_OF_MEMORY, msg
+        super().__init__(self.code, msg)
+
+
+class FailingBacking:
+    """A backing that fails chosen raw allocations of the one it wraps, as out-of-memory would: MemoryError
+    chained from an InjectedAllocError, the shape CudaBacking gives a real one.  Installed and removed by
+    inject_alloc_failures; the pool's own code is unchanged (and pays nothing) outside it.
+
+    attempts: (number, nbytes, failed, pool's cached bytes at the call) per raw allocation, numbered from 1;
+    live: the raw allocations made through it and not freed yet (handle id -> nbytes)."""
+
+    def __init__(self, inner, pool, should_fail):
+        self.inner, self.pool, self._should_fail = inner, pool, should_fail
+        self.calls = self.failures = 0
+        self.attempts = []
+        self.live = {}
+
+    def alloc(self, nbytes):
+        self.calls += 1
+        failed = bool(self._should_fail(self.calls))
+        self.attempts.append((self.calls, nbytes, failed, self.pool.cached))
+        if failed:
+            self.failures += 1
+            cause = InjectedAllocError(f"injected CUDA_ERROR_OUT_OF_MEMORY at raw allocation {self.calls} "
+                                       f"({nbytes} bytes)")
+            raise MemoryError(str(cause)) from cause
+        handle = self.inner.alloc(nbytes)
+        self.live[id(handle)] = nbytes
+        return handle
+
+    def free(self, handle):
+        self.inner.free(handle)
+        self.live.pop(id(handle), None)  # a block allocated before the injection began is not counted
+
+    def flush(self):
+        flush = getattr(self.inner, "flush", None)
+        if flush is not None:
+            flush()
+
+
+@contextlib.contextmanager
+def inject_alloc_failures(pool=None, *, after=None, every=None, count=None, when=None):
+    """For tests: make `pool`'s (default: the device pool's) raw allocations fail inside the block.
+
+    Raw allocations (pool misses, and the pool's retry after one fails) are numbered 1, 2, ... from the
+    block's start; number n fails when n > after, (n - after) is a multiple of `every`, fewer than `count`
+    have failed so far and `when(n)` is true (each None: no condition).  So the defaults fail every raw
+    allocation (persistent out-of-memory: MemoryError), count=1 only the next (transient: the retry
+    succeeds), after=k lets k succeed first, when=lambda n: rng.random() < 0.01 fails a random 1%.
+    Yields the FailingBacking (its attempts, failures, live)."""
+    pool = device_pool() if pool is None else pool
+    after, every = after or 0, every or 1
+
+    def should_fail(n):
+        if n <= after or (n - after) % every:
+            return False
+        if count is not None and injector.failures >= count:
+            return False
+        return when is None or when(n)
+
+    injector = FailingBacking(pool.backing, pool, should_fail)
+    pool.backing = injector
+    try:
+        yield injector
+    finally:
+        pool.backing = injector.inner
 
 
 def _stream_key(stream):
