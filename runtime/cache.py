@@ -4,25 +4,36 @@ Triton-style: an explicit specialisation key (problem, variant, config, backend,
 names an entry, together with CODE_VERSION: the package version and a digest of the code that renders
 kernels (kernelgen's own modules and the templates), so an edited or upgraded kernelgen never imports a
 kernel that older code generated (Triton keys its cache on its compiler's source the same way).  On disk
-each entry is a generated module `<digest>.py` whose numba decorator has cache=True, so a warm process
+each entry is a generated module `kg_<digest>.py` whose numba decorator has cache=True, so a warm process
 skips both rendering (the module is imported as it is) and numba compilation (numba's own cache sits
-beside it in __pycache__).
+beside it in __pycache__, in files named after the module: `kg_<digest>.<function>-<line>.py311.nbi`).
 
 Entries are written atomically (temp file + os.replace) and carry a header with the key digest
 and a checksum of the body; a truncated, corrupt or version-mismatched file is re-rendered, never
 trusted.  Two processes filling one directory both succeed: the last rename wins with identical
 content.
+
+The directory may be shared with the user's own files (KERNELGEN_CACHE_DIR is any directory), so the cache
+only ever deletes what it can tell is its own (see _scan).  Its size is bounded (KERNELGEN_CACHE_MAX_BYTES):
+after a write, least recently used entries are evicted.  Eviction may delete a file another process is
+about to import; for that process it is a miss like any other (KernelCache._load).  A directory that cannot
+be written costs one KernelCacheWarning and the disk cache, never a call: entries then go to a private
+temporary directory for this process only.
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
-import json
 import importlib.util
+import json
 import os
+import re
+import shutil
 import sys
 import tempfile
 import threading
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,12 +56,57 @@ def _code_version() -> str:
 CODE_VERSION = _code_version()
 
 
+DEFAULT_MAX_BYTES = 4 << 30
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+# What the cache may delete in a directory it shares with the user: an entry is a kg_<hex digest>.py file whose
+# first line is our header naming that digest; its __pycache__ files start with its stem and a dot (python's
+# .pyc, numba's .nbi/.nbc and numba's own .tmp. files); our temporaries are mkstemp's ".tmp_" + 8 characters.
+_ENTRY = re.compile(r"kg_([0-9a-f]{16,64})\.py")
+_CACHED = re.compile(r"kg_([0-9a-f]{16,64})\..+")
+_TEMP = re.compile(r"\.tmp_[A-Za-z0-9_]{8}\.(py|json)")
+_STALE_TEMP_S = 3600     # a writer needs milliseconds: an older temporary is a killed writer's
+_ATTEMPTS = 3            # imports of an entry that other processes keep evicting; the last from the private dir
+
+
+class KernelCacheWarning(UserWarning):
+    """The cache directory cannot be written: compiled kernels last for this process only."""
+
+
 def cache_dir() -> Path:
     env = os.environ.get("KERNELGEN_CACHE_DIR")
     if env:
         return Path(env)
     import platformdirs
     return Path(platformdirs.user_cache_dir("kernelgen"))
+
+
+def max_bytes() -> int:
+    """The disk cache's size bound: KERNELGEN_CACHE_MAX_BYTES (4 GiB if unset)."""
+    env = os.environ.get("KERNELGEN_CACHE_MAX_BYTES")
+    if env is None or not env.strip():
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_bytes(env)
+    except ValueError as e:
+        raise ValueError(f"KERNELGEN_CACHE_MAX_BYTES: {e}") from None
+
+
+def parse_bytes(text: str) -> int:
+    """A positive byte count: 4294967296, 512M, 2G, 1.5GiB (K, M, G, T are binary units, with or without B/iB)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    value = int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
+    if value <= 0:
+        raise ValueError(f"expected a positive byte count such as 4294967296, 512M or 2G, got {text!r}")
+    return value
+
+
+def format_bytes(n: int) -> str:
+    """85.2 MiB: binary units, as KERNELGEN_CACHE_MAX_BYTES reads them."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
 
 
 def key_digest(key) -> str:
@@ -69,6 +125,107 @@ class CacheStats:
     corrupt: int = 0
 
 
+_warned_unwritable = False
+
+
+def _warn_unwritable(directory: Path, error: OSError):
+    """Once per process: a warning at every miss would bury the user's own output."""
+    global _warned_unwritable
+    if _warned_unwritable:
+        return
+    _warned_unwritable = True
+    warnings.warn(f"kernelgen: cannot write the kernel cache directory {directory} ({type(error).__name__}: "
+                  f"{error}); compiled kernels are kept for this process only (set KERNELGEN_CACHE_DIR to a "
+                  "writable directory)", KernelCacheWarning, stacklevel=3)
+
+
+@dataclass
+class _Entry:
+    path: Path
+    used: float                                    # recency: see KernelCache._touch
+    bytes: int                                     # the entry and its __pycache__ files
+    cached: list = field(default_factory=list)     # its __pycache__ files
+
+
+def _is_entry(path: Path, digest: str) -> bool:
+    """Our header naming this digest (any version: an old version's entry is ours to delete too)."""
+    try:
+        with os.fdopen(_open_noatime(path), "rb") as f:
+            parts = f.readline(256).decode("ascii", "replace").split()
+    except OSError:
+        return False
+    return len(parts) == 5 and parts[:2] == ["#", "kernelgen-cache"] and parts[3] == digest
+
+
+def _open_noatime(path: Path) -> int:
+    """Open for reading without marking the file used: recency is its access time (KernelCache._touch), and a
+    scan reading every entry's header must not make every entry look recent.  O_NOATIME is Linux's and only
+    allowed on one's own files; elsewhere relatime mostly spares us (it updates the atime once a day)."""
+    flag = getattr(os, "O_NOATIME", 0)
+    try:
+        return os.open(path, os.O_RDONLY | flag)
+    except PermissionError:
+        if not flag:
+            raise
+        return os.open(path, os.O_RDONLY)
+
+
+def _files(directory: Path):
+    """Regular files directly in `directory`, symlinks excluded (never followed out of the directory)."""
+    try:
+        with os.scandir(directory) as it:
+            return [e for e in it if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _scan(directory: Path):
+    """kernelgen's own files in `directory`: ({digest: _Entry}, orphans, temporaries).  Orphans are __pycache__
+    files of an entry whose module is gone (numba writes them after an eviction it raced with)."""
+    entries = {}
+    for f in _files(directory):
+        m = _ENTRY.fullmatch(f.name)
+        if m and _is_entry(Path(f.path), m.group(1)):
+            try:
+                st = f.stat(follow_symlinks=False)
+            except OSError:
+                continue  # evicted meanwhile
+            entries[m.group(1)] = _Entry(Path(f.path), max(st.st_atime, st.st_mtime), st.st_size)
+    orphans = []
+    pycache = directory / "__pycache__"
+    for f in ([] if pycache.is_symlink() else _files(pycache)):
+        m = _CACHED.fullmatch(f.name)
+        if not m:
+            continue
+        entry = entries.get(m.group(1))
+        if entry is None:
+            if not os.path.lexists(directory / f"kg_{m.group(1)}.py"):
+                orphans.append(Path(f.path))
+            continue
+        try:
+            entry.bytes += f.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+        entry.cached.append(Path(f.path))
+    temps = [Path(f.path) for f in _files(directory) if _TEMP.fullmatch(f.name)]
+    return entries, orphans, temps
+
+
+def _unlink(path: Path) -> int:
+    """Delete a file; its size, or 0 where another process deleted it first."""
+    try:
+        size = path.lstat().st_size
+        path.unlink()
+        return size
+    except FileNotFoundError:
+        return 0
+
+
+def _remove(entry: _Entry) -> int:
+    # the module first: a reader then sees a miss, never a module whose numba cache is half gone
+    return sum(_unlink(p) for p in [entry.path, *entry.cached])
+
+
 @dataclass
 class KernelCache:
     """Maps a specialisation key to a compiled object built by `build(function) -> object`."""
@@ -76,6 +233,7 @@ class KernelCache:
     stats: CacheStats = field(default_factory=CacheStats)
     _memory: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _private: Path | None = None    # this process's own directory, where the shared one cannot be used
 
     @property
     def directory(self) -> Path:
@@ -88,20 +246,33 @@ class KernelCache:
         if hit is not None:
             self.stats.memory_hits += 1
             return hit
-        digest = key_digest(key)
-        path = self.directory / f"kg_{digest}.py"
-        body = self._read_valid(path, digest)
-        if body is None:
-            self.stats.misses += 1
-            body = render()
-            self._write(path, digest, body)
-        else:
-            self.stats.disk_hits += 1
-        module = self._import(path, digest)
-        obj = build(module)
+        obj = build(self._load(key_digest(key), render))
         with self._lock:
             self._memory[key] = obj
         return obj
+
+    def _load(self, digest: str, render):
+        """The entry's module, imported from disk; rendered and written first on a miss.  Another process may
+        evict (delete) the file between our read and our import: that is a miss too, so the import is tried
+        again, the last time from the private directory, where no other process deletes anything."""
+        body = None
+        for attempt in range(_ATTEMPTS):
+            private = attempt == _ATTEMPTS - 1
+            path = (self._private_dir() if private else self.directory) / f"kg_{digest}.py"
+            if not private and self._read_valid(path, digest) is not None:
+                self.stats.disk_hits += 1
+                self._touch(path)
+            else:
+                if body is None:
+                    self.stats.misses += 1
+                    body = render()
+                path = self._store(digest, body, private)
+            try:
+                return self._import(path, digest)
+            except Exception as e:
+                if private or (path.exists() and not isinstance(e, FileNotFoundError)):
+                    raise  # the module itself failed: rendering it again would fail the same way
+        raise AssertionError("unreachable")
 
     def _read_valid(self, path: Path, digest: str):
         try:
@@ -117,41 +288,144 @@ class KernelCache:
             return None
         return body
 
-    def _write(self, path: Path, digest: str, body: str):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    @staticmethod
+    def _touch(path: Path):
+        """Mark an entry used for eviction by its access time.  Not its mtime: numba before 0.68 stamps its
+        cache index with the module's (mtime, size), so a new mtime would make every warm process compile
+        again (numba PR #10659 made the stamp a content hash).  The mtime is set back to what it was."""
+        try:
+            st = path.stat()
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+        except OSError:
+            pass  # a read-only directory, or evicted meanwhile: recency is advisory
+
+    def _store(self, digest: str, body: str, private: bool = False) -> Path:
+        """Write an entry into the cache directory (evicting old ones beyond the size bound), or into the private
+        directory if `private` or the cache directory cannot be written.  Returns the path written."""
+        if not private:
+            bound = max_bytes()  # a bad KERNELGEN_CACHE_MAX_BYTES fails before anything is written
+            try:
+                path = self._write(self.directory, digest, body)
+            except OSError as e:
+                _warn_unwritable(self.directory, e)
+            else:
+                try:
+                    self.evict(bound, keep=digest)
+                except OSError:
+                    pass  # eviction is housekeeping: the entry is written and the call goes on
+                return path
+        return self._write(self._private_dir(), digest, body)
+
+    @staticmethod
+    def _write(directory: Path, digest: str, body: str) -> Path:
+        path = directory / f"kg_{digest}.py"
         text = _HEADER.format(version=CODE_VERSION, digest=digest, checksum=_checksum(body)) + body
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".py")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        for attempt in range(2):  # a concurrent `cache clear` may delete our temporary (or the directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".py")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(tmp, path)
+                return path
+            except FileNotFoundError:
+                if attempt:
+                    raise
+            except BaseException:
+                _unlink(Path(tmp))  # disk full, say: leave no half-written temporary behind
+                raise
+
+    def _private_dir(self) -> Path:
+        with self._lock:
+            if self._private is None:
+                self._private = Path(tempfile.mkdtemp(prefix="kernelgen-cache-"))
+                atexit.register(shutil.rmtree, self._private, True)
+            return self._private
 
     def _import(self, path: Path, digest: str):
         name = f"kernelgen_cache.kg_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
         return module
 
     # --- maintenance (python -m kernelgen cache info|clear) -------------------------------------
+    def evict(self, bound: int, keep: str | None = None) -> int:
+        """Delete least recently used entries until the directory's entries take at most `bound` bytes, never
+        the entry `keep` (the one just written).  Also deletes orphaned __pycache__ files and temporaries
+        killed writers left.  Returns the number of entries evicted."""
+        entries, orphans, temps = _scan(self.directory)
+        for p in orphans:
+            _unlink(p)
+        now = time.time()
+        for p in temps:
+            try:
+                if now - p.lstat().st_mtime > _STALE_TEMP_S:
+                    _unlink(p)
+            except OSError:
+                pass
+        total = sum(e.bytes for e in entries.values())
+        evicted = 0
+        for digest, e in sorted(entries.items(), key=lambda de: de[1].used):
+            if total <= bound:
+                break
+            if digest != keep:
+                _remove(e)
+                total -= e.bytes
+                evicted += 1
+        return evicted
+
     def entries(self):
-        d = self.directory
-        return sorted(d.glob("kg_*.py")) if d.exists() else []
+        return sorted(e.path for e in _scan(self.directory)[0].values())
 
     def info(self) -> dict:
-        d = self.directory
-        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file()) if d.exists() else 0
-        return {"directory": str(d), "entries": len(self.entries()), "bytes": size,
+        entries = _scan(self.directory)[0]
+        return {"directory": str(self.directory), "entries": len(entries),
+                "bytes": sum(e.bytes for e in entries.values()), "max_bytes": max_bytes(),
                 "memory_entries": len(self._memory), **self.stats.__dict__}
 
-    def clear(self, memory=True):
-        import shutil
+    def clear(self, memory=True) -> dict:
+        """Delete kernelgen's own files from the directory, and nothing else: the directory may hold the
+        user's files too (KERNELGEN_CACHE_DIR is any directory).  Ours are the entries with their
+        __pycache__ files, orphaned __pycache__ files, temporaries and stats.json; __pycache__ and the
+        directory themselves go only if that leaves them empty.  Returns {"entries", "bytes", "kept"}:
+        what was removed, and how many other names the directory still holds."""
         d = self.directory
-        if d.exists():
-            shutil.rmtree(d)
+        entries, orphans, temps = _scan(d)
+        removed = sum(_remove(e) for e in entries.values())
+        removed += sum(_unlink(p) for p in orphans + temps)
+        if _is_stats_file(d / "stats.json"):
+            removed += _unlink(d / "stats.json")
+        for empty in (d / "__pycache__", d):
+            try:
+                if not empty.is_symlink():
+                    empty.rmdir()  # only if empty
+            except OSError:
+                pass
         if memory:
             with self._lock:
                 self._memory.clear()
+                private, self._private = self._private, None
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)  # ours alone: mkdtemp made it
+        try:
+            kept = len(os.listdir(d))
+        except OSError:
+            kept = 0
+        return {"entries": len(entries), "bytes": removed, "kept": kept}
+
+
+def _is_stats_file(path: Path) -> bool:
+    """stats.json as _save_persistent_stats writes it: counters named like CacheStats's, nothing else."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    data = load_persistent_stats(path.parent)
+    return isinstance(data, dict) and bool(data) and set(data) <= set(CacheStats.__dataclass_fields__)
 
 
 def load_persistent_stats(directory) -> dict:
