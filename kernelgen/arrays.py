@@ -11,17 +11,38 @@ import numpy as np
 _DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 
 
+def is_torch(a) -> bool:
+    return type(a).__module__.startswith("torch")
+
+
 def is_cuda_array(a) -> bool:
     # asked of the type: on an instance, hasattr would evaluate the (costly) interface property.
-    # numba device arrays say __cuda_ndarray__; the simulator's have no __cuda_array_interface__
-    return hasattr(type(a), "__cuda_array_interface__") or bool(getattr(a, "__cuda_ndarray__", False)) \
-        or "__cuda_array_interface__" in getattr(a, "__dict__", ())
+    # numba device arrays say __cuda_ndarray__; the simulator's have no __cuda_array_interface__.
+    # torch.Tensor has the interface as a class property whatever the device: ask a tensor where it is.
+    if hasattr(type(a), "__cuda_array_interface__"):
+        return a.is_cuda if is_torch(a) else True
+    return bool(getattr(a, "__cuda_ndarray__", False)) or "__cuda_array_interface__" in getattr(a, "__dict__", ())
+
+
+def as_array_arg(a):
+    """An array argument as kernelgen keeps it: arrays and tensors as they are, anything else (nested lists,
+    scalars) as a NumPy array, so that a call's memo key is its shape and dtype, never an object's id()."""
+    if a is None or hasattr(a, "shape") or is_cuda_array(a):
+        return a
+    return np.asarray(a)
+
+
+def host_view(a):
+    """A NumPy view of a host array or a torch CPU tensor (no copy)."""
+    if is_torch(a):
+        return a.detach().numpy()
+    return np.asarray(a)
 
 
 def dtype_name(a) -> str:
     if str(getattr(a, "dtype", "")).endswith("bfloat16"):  # first: torch raises on a bf16 __cuda_array_interface__
         return "bfloat16"
-    if hasattr(a, "__cuda_array_interface__"):
+    if is_cuda_array(a) and hasattr(a, "__cuda_array_interface__"):
         return np.dtype(a.__cuda_array_interface__["typestr"]).name
     if not hasattr(a, "dtype"):
         return np.asarray(a).dtype.name
@@ -74,8 +95,16 @@ def to_device_view(a, name):
 
 
 def to_host(a, name, dtype):
-    arr = np.asarray(a)
-    return np.ascontiguousarray(arr, dtype=_DTYPES[dtype])
+    """A C-contiguous host array of `dtype` viewing `a` where it can (copied only where it must be: other
+    strides or dtype).  A read-only array is passed as a writable view of the same memory: the kernels
+    never write their inputs, and numba types a read-only array differently, which would compile the
+    same kernel a second time."""
+    arr = np.ascontiguousarray(host_view(a), dtype=_DTYPES[dtype])
+    if not arr.flags.writeable and arr.size:
+        import ctypes
+        raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+        arr = np.frombuffer(raw, dtype=arr.dtype).reshape(arr.shape)
+    return arr
 
 
 def cpu_kernel_arg(a):
@@ -85,8 +114,13 @@ def cpu_kernel_arg(a):
 
 
 def like_input(out, template):
-    """Return a device result as the caller's array type (torch / CuPy) when that is free."""
+    """Return a result as the caller's array type (torch / CuPy) when that is free (no copy)."""
     mod = type(template).__module__.split(".")[0]
+    if isinstance(out, np.ndarray):
+        if mod == "torch":
+            import torch
+            return torch.from_numpy(out)
+        return out
     if mod == "torch":
         import torch
         return torch.as_tensor(out, device="cuda")
@@ -109,9 +143,12 @@ def check_out(out, shape, dtype, on_device):
         raise TypeError(f"out must have dtype {dtype}, got {got or dtype_name(out)}")
     if on_device:
         return out  # contiguity is checked where its address is read
-    if not (isinstance(out, np.ndarray) and out.flags.c_contiguous):
+    view = host_view(out) if is_torch(out) else out
+    if not (isinstance(view, np.ndarray) and view.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous NumPy array")
-    return out
+    if not view.flags.writeable:
+        raise ValueError("out must be writeable, got a read-only array")
+    return view
 
 
 def pointer(a, name):

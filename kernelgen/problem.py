@@ -58,7 +58,30 @@ def _check_ranks(x_shape, w_shape, x_layout, w_layout):
 
 
 def conv_out_size(size, filt, stride, pad, dil):
+    if size == 0:  # an empty input dim has an empty output dim (make_problem refuses one padded into a non-empty one)
+        return 0
     return (size + 2 * pad - dil * (filt - 1) - 1) // stride + 1
+
+
+PADDING_MODES = ("valid", "same")
+
+
+def _padding_arg(padding, ndim, filt, dilation, stride):
+    """padding as make_problem takes it: an int, one per spatial dim, or PyTorch's "valid" / "same" (stride 1;
+    the total padding d * (f - 1) split evenly, which needs it even in every dim)."""
+    if not isinstance(padding, str):
+        return _tuple_arg("padding", padding, ndim, 0)
+    if padding not in PADDING_MODES:
+        raise ValueError(f"padding must be an int, a tuple of {ndim} ints, or one of {PADDING_MODES}, got {padding!r}")
+    if padding == "valid":
+        return (0,) * ndim
+    if any(s != 1 for s in stride):
+        raise ValueError(f"padding='same' needs stride 1 (as in PyTorch), got stride={stride}")
+    totals = [d * (f - 1) for f, d in zip(filt, dilation)]
+    if any(t % 2 for t in totals):
+        raise ValueError(f"padding='same' with filter {tuple(filt)} and dilation {tuple(dilation)} needs uneven "
+                         f"padding, which kernelgen does not support; pad x yourself and pass padding=0")
+    return tuple(t // 2 for t in totals)
 
 
 @dataclass(frozen=True)
@@ -90,12 +113,19 @@ class ConvProblem:
         if self.dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         check_activation(self.activation)
+        if min(self.N, self.C, self.K, *self.filter_size) < 0 or min(self.in_size) < 0:
+            raise ValueError(f"sizes must be >= 0, got {self}")
         expect = tuple(conv_out_size(*a) for a in zip(self.in_size, self.filter_size, self.stride,
                                                        self.padding, self.dilation))
         if expect != tuple(self.out_size):
             raise ValueError(f"output size {self.out_size} does not match input/filter sizes (expected {expect})")
 
     # --- derived sizes -------------------------------------------------------------------
+    @property
+    def empty(self):
+        """Nothing to compute: an empty batch or spatial size (the output is empty, or a zero dw)."""
+        return self.N == 0 or 0 in self.out_size
+
     @property
     def Cg(self):
         return self.C // self.groups
@@ -156,8 +186,8 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
         raise ValueError(f"groups must be >= 1, got {groups}")
     N, C = x_shape[0], x_shape[-1]
     K = w_shape[0]
-    if min(x_shape) < 1:
-        raise ValueError(f"x must have no empty dim, got shape {x_shape}")
+    if min(x_shape) < 0 or C < 1:  # an empty batch or spatial size is an empty problem, as in PyTorch
+        raise ValueError(f"x must have at least one channel and no negative dim, got shape {x_shape}")
     if min(w_shape) < 1:
         raise ValueError(f"w must have no empty dim, got shape {w_shape}")
     if C % groups:
@@ -167,12 +197,16 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
     if w_shape[-1] != C // groups:
         raise ValueError(f"w must have C // groups = {C // groups} in-channels (last dim), got {w_shape[-1]}")
     stride = _tuple_arg("stride", stride, ndim, 1)
-    padding = _tuple_arg("padding", padding, ndim, 0)
     dilation = _tuple_arg("dilation", dilation, ndim, 1)
+    padding = _padding_arg(padding, ndim, w_shape[1:-1], dilation, stride)
     in_size, filt = _pad3(x_shape[1:-1], 1), _pad3(w_shape[1:-1], 1)
     stride3, pad3, dil3 = _pad3(stride, 1), _pad3(padding, 0), _pad3(dilation, 1)
     out = tuple(conv_out_size(*a) for a in zip(in_size, filt, stride3, pad3, dil3))
-    if min(out) < 1:
+    for i, f, st, pd, dl in zip(in_size, filt, stride3, pad3, dil3):
+        if i == 0 and (2 * pd - dl * (f - 1) - 1) // st + 1 > 0:
+            raise ValueError(f"x has an empty spatial size {x_shape[1:-1]} that padding {padding} would make a "
+                             f"non-empty output; expected padding that keeps an empty input empty")
+    if all(in_size) and min(out) < 1:
         raise ValueError(f"empty output: input {x_shape[1:-1]} with filter {w_shape[1:-1]}, padding {padding}, "
                          f"dilation {dilation} gives output size {out[3 - ndim:]}; expected every dim >= 1")
     prob = ConvProblem(direction, N, C, K, in_size, filt, out, stride3, pad3, dil3, groups, ndim,

@@ -1,8 +1,7 @@
 """Render lowered IR as a numba.cuda kernel module (source text)."""
 from __future__ import annotations
 
-import os
-
+from . import settings
 from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, MbarrierExpect,
                  MbarrierInit, Pipeline, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait)
 from .ir_walk import walk_stmts
@@ -18,9 +17,9 @@ _INT_OPS = {"+": "add32", "-": "sub32", "*": "mul32", "//": "floordiv32", "%": "
 
 
 def index32_enabled() -> bool:
-    """32-bit index math (kernelgen/cuda_index.py) unless KERNELGEN_INDEX32=0.  In the simulator the
-    intrinsics are checked Python stand-ins, so simulator tests verify the renderer's proofs."""
-    return os.environ.get("KERNELGEN_INDEX32", "1") != "0"
+    """32-bit index math (kernelgen/cuda_index.py) unless the setting index32 is off (KERNELGEN_INDEX32=0).
+    In the simulator the intrinsics are checked Python stand-ins, so simulator tests verify the renderer's proofs."""
+    return settings.get("index32")
 
 
 def index32_safe(kernel: Kernel) -> bool:

@@ -9,6 +9,7 @@ refused where arrays are read (kernelgen.arrays): bf16 is a compute precision on
 """
 from __future__ import annotations
 
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # fp32 math, or tensor-core operands with fp32 accumulation
 PRECISIONS_BY_DTYPE = {"float32": ("fp32", "tf32", "fp16", "bf16"), "float64": ("fp32",), "float16": ("fp16",)}
 
 

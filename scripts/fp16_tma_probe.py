@@ -43,9 +43,9 @@ def main():
              ("fp16", T(BM=64, BN=256, WN=256, stages=3), 64),
              ("fp16", T(BM=256, BN=128, WM=128, WN=128, stages=4, tma=2), 64),
              ("tf32", T(BK=32, BM=128, BN=128, WN=128, stages=6), 64)]
-    from kernelgen.templates import tma_schedule
-    if "--no-drain" in sys.argv:  # the schedule before PERF_NOTES #43
-        tma_schedule.DRAIN_EACH_ROUND = False
+    from kernelgen import settings
+    if "--no-drain" in sys.argv:  # the schedule before PERF_NOTES #43 (a code setting: its own cache entries)
+        settings.set("tma_drain_each_round", False)
         cases = cases[1:2] + cases[7:8]
     elif "--failing" in sys.argv:
         cases = cases[1:2] + cases[7:8]

@@ -8,7 +8,7 @@ sm_90 PTX with numba (NVVM, no device needed) and runs `ptxas -arch=sm_90 -v` on
     python scripts/ptxas_report.py --table gpu_md --directions fwd --json out.json
 
 Exit status 1 when any kernel uses local memory (stack frame) or spills.  The 16-state kernels are
-enabled (ALLOW_16_STATES) so that the table's 9x9 layer is checked too.
+enabled (the winograd_16_states setting) so that the table's 9x9 layer is checked too.
 """
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def check(problems, algo="winograd", config=None, maxrreg=None):
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
     from kernelgen.render_cuda import render_cuda
-    from kernelgen.templates import winograd
-    winograd.ALLOW_16_STATES = True
+    from kernelgen import settings
+    settings.set("winograd_16_states", True)
     rows = []
     for spec in problems:
         p = spec if not isinstance(spec, tuple) else make_problem(spec[0], spec[1], spec[2], padding=spec[3])

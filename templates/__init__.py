@@ -25,11 +25,6 @@ def get_variant(name):
         raise ValueError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}") from None
 
 
-def settings_token():
-    """Module-level settings of every variant (Winograd's state counts): a change re-plans calls."""
-    return tuple(m.settings() for m in VARIANTS.values() if hasattr(m, "settings"))
-
-
 def computes(variant, problem):
     """Can the variant module compute this problem (its direction, and its applies())?"""
     return problem.direction in variant.DIRECTIONS and variant.applies(problem)

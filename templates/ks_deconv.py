@@ -16,7 +16,7 @@ differ when T or the output size is not a multiple of s (3x3 at s=2 -> 2x2, 2x1,
 GEMM uses the largest (U, J) and predicates the rest, which the tile loads turn into zeros and the
 stores skip.  kernelgen.deconv is this backward-data pass, so it uses KS-deconv too.
 
-KS-deconv-V2 (opt-in: TRIM = True, not yet measured on a GPU) adds ConvV2's filter trimming per
+KS-deconv-V2 (opt-in: the setting ks_deconv_trim, not yet measured on a GPU) adds ConvV2's filter trimming per
 class: rows batch-fastest (m = u * N + n), so with N % BM == 0 a block is one class position u and
 only the sub-filter taps whose dy position lands inside dy are in its reduction,
     j_lo = max(0, b_a + u - O + 1),   j_hi = min(J_a, b_a + u + 1),
@@ -26,6 +26,8 @@ reduction); with any other schedule the predicated form above runs.
 """
 from __future__ import annotations
 
+from kernelgen import settings
+
 from ..ir import Buffer, Call, Const, If, Load, Store, all_of, select
 
 from .config import TileConfig
@@ -34,16 +36,7 @@ from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 
 NAME = "ks_deconv"
 DIRECTIONS = ("bwd_data",)
-TRIM = False  # KS-deconv-V2 where the schedule fits: opt in until measured
-
-
-def settings():
-    """The module setting this variant's kernels read (part of every prepared call's key)."""
-    return (TRIM,)
-
-
-def key_extra(p):
-    return ("trim", TRIM)
+# KS-deconv-V2 where the schedule fits: opt in (kernelgen.settings ks_deconv_trim) until measured
 
 
 def applies(p):
@@ -308,7 +301,7 @@ def ks_v2_view(p, cfg: TileConfig) -> GemmView:
 
 
 def trimmed(p, cfg):
-    return TRIM and trim_ok(p, cfg)
+    return settings.get("ks_deconv_trim") and trim_ok(p, cfg)
 
 
 def build(p, cfg: TileConfig):

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from kernelgen import settings
+
 from ..ir import (Barrier, Buffer, Const, For, If, MbarrierExpect, MbarrierInit, MbarrierWait, Pipeline, TensorCopy,
                   TensorMap, Var, all_of, as_expr)
 
@@ -68,8 +70,8 @@ def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
 
 
 # fp16 kernels measured wrong (0.1-0.3 relative) on the H100 where a k-loop of 3+ rounds carried wgmma batches in
-# flight across its back edge (PERF_NOTES #43); TF32 did not.  False reproduces that schedule.
-DRAIN_EACH_ROUND = True
+# flight across its back edge (PERF_NOTES #43); TF32 did not.  The setting tma_drain_each_round=False (a code
+# setting: part of every kernel's key) reproduces that schedule.
 
 
 def _when(cond, stmts):
@@ -100,9 +102,10 @@ def tma_pipeline(ops: TmaOperands, cfg, nkt, wmma, As, Bs, NT: int, tid):
                    + tuple(st for s in range(min(S, nkt) if fixed else S)
                            for st in _when(True if fixed else Const(s) < nkt, issue(Const(s), s))))]
     kp = Var("kp")
-    # no MMA batch in flight across the loop's back edge (DRAIN_EACH_ROUND, PERF_NOTES #43): the round's last
+    # no MMA batch in flight across the loop's back edge (tma_drain_each_round, PERF_NOTES #43): the round's last
     # slice waits for all of its MMAs
-    last = lambda r: 0 if DRAIN_EACH_ROUND and r == S - 1 else slack
+    drain = settings.get("tma_drain_each_round")
+    last = lambda r: 0 if drain and r == S - 1 else slack
     kloop = [For("kp", nkt // S, sum((one_slice(kp * S + r, r, kp % 2, last(r)) for r in range(S)), ()), "serial")]
     if fixed:
         kloop += [st for r in range(nkt % S) for st in one_slice(Const((nkt // S) * S + r), r, Const((nkt // S) % 2))]

@@ -9,7 +9,7 @@ with the 180-degree rotated, channel-transposed filter, read in place (padding S
 """
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
 from .config import TileConfig
 from .winograd_tiled import build_tiled, conv_geometry, reduction_error, shared_bytes
@@ -17,25 +17,24 @@ from .winograd_transforms import STATES, supported
 
 NAME = "winograd"
 DIRECTIONS = ("fwd", "bwd_data")
-# 16-state kernels are ~1e-4 relative in fp32: opt in (here, or KERNELGEN_WINOGRAD_16=1 for a whole run)
-ALLOW_16_STATES = os.environ.get("KERNELGEN_WINOGRAD_16") == "1"
-ENABLED_STATES = {4: True, 8: True, 16: True}
+# Which state counts may run is a setting (kernelgen.settings: winograd_states, and winograd_16_states since
+# 16-state kernels are ~1e-4 relative in fp32): settings.scope(winograd_16_states=True), or
+# KERNELGEN_WINOGRAD_16=1 for a whole run.
+
+
+def _enabled_states():
+    states = settings.get("winograd_states")
+    return states if settings.get("winograd_16_states") else tuple(a for a in states if a != 16)
 
 
 
 def choose_states(S):
     """Smallest enabled state count giving n >= 2 outputs per tile (largest n is not always best)."""
+    enabled_states = _enabled_states()
     for alpha in STATES:
-        if alpha == 16 and not ALLOW_16_STATES:
-            continue
-        if ENABLED_STATES.get(alpha) and supported(alpha, S):
+        if alpha in enabled_states and supported(alpha, S):
             return alpha
     return None
-
-
-def settings():
-    """The module settings this variant's choices read (part of every prepared call's key)."""
-    return ALLOW_16_STATES, tuple(sorted(ENABLED_STATES.items()))
 
 
 def key_extra(p):
@@ -51,7 +50,7 @@ def applies(p):
 
 def enabled(alpha, S):
     """alpha may run for filter width S under the current settings."""
-    return bool(ENABLED_STATES.get(alpha)) and (alpha != 16 or ALLOW_16_STATES) and supported(alpha, S)
+    return alpha in _enabled_states() and supported(alpha, S)
 
 
 def states_for(p, cfg):
@@ -196,7 +195,7 @@ def build(p, cfg: TileConfig, alpha=None):
     S = p.filter_size[2]
     if alpha is None or not supported(alpha, S):
         raise ValueError(f"winograd: no enabled state count for filter width {S} (config {cfg}, states "
-                         f"{ENABLED_STATES}, ALLOW_16_STATES={ALLOW_16_STATES})")
+                         f"{_enabled_states()}: kernelgen.settings winograd_states / winograd_16_states)")
     k = build_tiled(p, cfg, alpha)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})

@@ -102,6 +102,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def set_setting():
+    """`set_setting(name=value, ...)`: kernelgen.settings values for the rest of the test (the whole process),
+    restored afterwards."""
+    from kernelgen import settings
+    saved = []
+
+    def set_(**values):
+        for name, value in values.items():
+            saved.append((name, settings._process.get(name)))
+            settings.set(name, value)
+    yield set_
+    for name, value in reversed(saved):
+        settings.set(name, value)
+
+
+@pytest.fixture
 def rng(request):
     """A fresh random Generator per test; its seed is printed if the test fails."""
     seed = secrets.randbits(64)

@@ -59,7 +59,7 @@ def test_explain_bias_is_in_the_problem(cache_untouched):
     assert "bias[" in with_bias.source and "bias" not in without.source.split("def conv_fwd(")[1].split(")")[0]
 
 
-def test_explain_validates_and_restores_the_runner(cache_untouched):
+def test_explain_validates_and_never_replaces_the_runner(cache_untouched):
     real = api._run
     with pytest.raises(ValueError, match="stride must be >= 1"):
         kernelgen.explain("conv", X, W, **{**KW, "stride": 0})

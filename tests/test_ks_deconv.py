@@ -3,7 +3,7 @@
 CPU backend broadly (hypothesis over 1D/2D/3D, strides 2-3, filters not divisible by the stride,
 padding larger than the filter, groups, float32 and float64), the CUDA rendering in the simulator
 on tiny shapes, all with NaN-poisoned outputs against the float64 reference.  KS-deconv-V2 (the
-opt-in trimmed form, ks_deconv.TRIM) the same way, with schedules it accepts.
+opt-in trimmed form, the ks_deconv_trim setting) the same way, with schedules it accepts.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import kernelgen
 from kernelgen import reference as ref
+from kernelgen import settings as kg_settings
 from kernelgen.api import make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates import candidates, ks_deconv
@@ -101,12 +102,9 @@ def test_ks_deconv_simulator(case, rng, assert_close, run_poisoned):
 
 @contextlib.contextmanager
 def trimming(on=True):
-    """ks_deconv.TRIM for the block (hypothesis tests cannot use the function-scoped monkeypatch)."""
-    old, ks_deconv.TRIM = ks_deconv.TRIM, on
-    try:
+    """The ks_deconv_trim setting for the block (hypothesis tests cannot use a function-scoped fixture)."""
+    with kg_settings.scope(ks_deconv_trim=on):
         yield
-    finally:
-        ks_deconv.TRIM = old
 
 
 @settings(max_examples=6)
@@ -129,7 +127,7 @@ def test_ks_deconv_v2_cpu_matches_reference(case, dtype, data, assert_close, run
 def test_ks_deconv_v2_is_opt_in_and_reads_only_real_taps():
     p = make_problem("bwd_data", (32, 8, 8, 16), (16, 3, 3, 16), stride=2, padding=1)
     cfg = TileConfig(32, 64, 8, 4, 4)
-    assert not ks_deconv.TRIM and not make_plan(p, "cuda", config=cfg).kernel_ir().meta["trimmed"]
+    assert not kg_settings.get("ks_deconv_trim") and not make_plan(p, "cuda", config=cfg).kernel_ir().meta["trimmed"]
     plain_key = make_plan(p, "cuda", config=cfg).key()
     with trimming():
         plan = make_plan(p, "cuda", config=cfg)

@@ -32,11 +32,11 @@ def test_repeated_call_is_planned_once(rng, assert_close, monkeypatch):
     assert len(calls) == 2
 
 
-def test_variant_settings_are_part_of_the_prepared_key(monkeypatch):
-    from kernelgen.templates import settings_token, winograd
-    before = settings_token()
-    monkeypatch.setitem(winograd.ENABLED_STATES, 8, False)
-    assert settings_token() != before
+def test_variant_settings_are_part_of_the_prepared_key():
+    from kernelgen import settings
+    before = settings.code_token()
+    with settings.scope(winograd_states=(4, 16)):
+        assert settings.code_token() != before
 
 
 def test_unhashable_arguments_still_validate_and_run(rng, assert_close):

@@ -62,7 +62,7 @@ def test_database_roundtrip_and_nearest_fallback(tmp_path, monkeypatch):
     database.entries_for.cache_clear()
 
 
-def test_lookup_skips_candidates_the_settings_forbid(tmp_path, monkeypatch):
+def test_lookup_skips_candidates_the_settings_forbid(tmp_path, monkeypatch, set_setting):
     """A tune run with 16-state Winograd allowed may record a 16-state winner; a caller who did not
     allow it gets the fastest measured candidate it may run, and a forced variant its own best."""
     from kernelgen.templates import winograd
@@ -77,10 +77,10 @@ def test_lookup_skips_candidates_the_settings_forbid(tmp_path, monkeypatch):
              {"variant": "winograd", "config": "BM64_BN32_BK8_TM4_TN2_A8", "error": "compile: boom"}]
     database.save(tmp_path / database.db_name("sm_90_test"),
                   {p.key(): database.entry(p, "winograd", a16, 0.1, tried)}, "sm_90_test")
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    set_setting(winograd_16_states=True)
     assert database.lookup(p, "sm_90_test", "implicit_gemm") == ("winograd", a16, "tuned")
     assert database.tuned_config(p, "sm_90_test", "implicit_gemm") == gemm
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", False)
+    set_setting(winograd_16_states=False)
     assert database.lookup(p, "sm_90_test", "implicit_gemm") == ("implicit_gemm", gemm, "tuned")
     assert database.tuned_config(p, "sm_90_test", "winograd") == a4
     assert database.tuned_config(p, "sm_90_test", "conv_v2") is None

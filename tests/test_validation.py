@@ -40,7 +40,11 @@ CASES = [
     ("groups_float", kernelgen.conv, (X, W), {"groups": 1.0}, TypeError, r"groups must be an int"),
     # empty output, hyper-parameters
     ("empty_output", kernelgen.conv, (X, f32(8, 7, 7, 4)), {}, ValueError, r"empty output.*>= 1"),
-    ("empty_dim", kernelgen.conv, (f32(0, 6, 6, 4), W), {}, ValueError, r"x must have no empty dim"),
+    ("no_channels", kernelgen.conv, (f32(2, 6, 6, 0), f32(8, 3, 3, 0)), {}, ValueError, r"x must have at least one channel"),
+    ("same_strided", kernelgen.conv, (X, W), {"padding": "same", "stride": 2}, ValueError, r"padding=.same. needs stride 1"),
+    ("same_uneven", kernelgen.conv, (X, f32(8, 2, 2, 4)), {"padding": "same"}, ValueError, r"padding=.same. with filter"),
+    ("padding_mode", kernelgen.conv, (X, W), {"padding": "full"}, ValueError, r"padding must be an int, a tuple"),
+    ("empty_padded", kernelgen.conv, (f32(1, 0, 6, 4), W), {"padding": 2}, ValueError, r"x has an empty spatial size"),
     ("stride_0", kernelgen.conv, (X, W), {"stride": 0}, ValueError, r"stride must be >= 1"),
     ("stride_per_dim", kernelgen.conv, (X, W), {"stride": (1, 0)}, ValueError, r"stride must be >= 1"),
     ("stride_len", kernelgen.conv, (X, W), {"stride": (1, 1, 1)}, ValueError, r"stride must be .*2 ints"),

@@ -4,6 +4,8 @@ from fractions import Fraction as Fr
 import numpy as np
 import pytest
 
+from kernelgen import settings as kg_settings
+
 from kernelgen.templates.winograd_transforms import STATES, winograd_matrices, supported
 
 COMBOS = [(a, r) for a in STATES for r in range(2, 10) if supported(a, r)]
@@ -198,13 +200,13 @@ def test_api_algo_winograd_1d_forward_and_backward_data():
     np.testing.assert_allclose(dx, R.conv_backward_data(dy, w, x.shape, padding=2), rtol=1e-9, atol=1e-9)
 
 
-def test_accuracy_switch_and_applicability(monkeypatch):
+def test_accuracy_switch_and_applicability(monkeypatch, set_setting):
     p9 = make_problem("fwd", (1, 4, 12, 2), (2, 3, 9, 2), stride=1, padding=0, dilation=1, groups=1,
                       dtype="float32", has_bias=False)
-    assert not winograd.ALLOW_16_STATES and not winograd.applies(p9)  # width 9 needs 16 states
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    assert not kg_settings.get("winograd_16_states") and not winograd.applies(p9)  # width 9 needs 16 states
+    set_setting(winograd_16_states=True)
     assert winograd.applies(p9)
-    monkeypatch.setitem(winograd.ENABLED_STATES, 16, False)
+    set_setting(winograd_states=(4, 8))
     assert not winograd.applies(p9)
     strided = make_problem("fwd", (1, 4, 12, 2), (2, 3, 3, 2), stride=2, padding=0, dilation=1, groups=1,
                            dtype="float32", has_bias=False)
@@ -217,7 +219,7 @@ def test_accuracy_switch_and_applicability(monkeypatch):
     assert candidates(p3)[0].NAME != "winograd"  # never the automatic choice until measured
 
 
-def test_configs(monkeypatch):
+def test_configs(monkeypatch, set_setting):
     """Default CUDA configs keep alpha*TM*TN = 64 accumulators, name their state count, and fit shared
     memory; config_ok rejects what the schedule does not implement or the settings forbid."""
     from kernelgen.templates import default_config
@@ -245,9 +247,9 @@ def test_configs(monkeypatch):
     p14 = make_problem("fwd", (32, 14, 14, 256), (256, 3, 3, 256), padding=1)
     assert winograd.default_config(p14, "cuda") == TileConfig(64, 32, 8, 4, 2, smem_pad=4, stages=2, states=4)
     assert not winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))        # 16 states not allowed
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    set_setting(winograd_16_states=True)
     assert winograd.config_ok(p, TileConfig(32, 32, 4, 2, 2, states=16))
-    monkeypatch.setitem(winograd.ENABLED_STATES, 8, False)
+    set_setting(winograd_states=(4, 16))
     assert not winograd.config_ok(p, TileConfig(32, 64, 8, 2, 4, states=8))
 
 
@@ -353,14 +355,14 @@ def test_simulator_split_k(stages):
         winograd.build(p, TileConfig(**{**TINY.as_dict(), "split_k": 4}), 4)
 
 
-def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch):
+def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch, set_setting):
     """The state count comes from module settings, so it is part of the kernel cache key."""
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
     from kernelgen.templates import winograd as W
     p = make_problem("fwd", (1, 6, 12, 4), (4, 3, 3, 4), padding=1)
     before = make_plan(p, "cpu", "winograd").key()
-    monkeypatch.setitem(W.ENABLED_STATES, 4, False)
+    set_setting(winograd_states=(8, 16))
     assert make_plan(p, "cpu", "winograd").key() != before
 
 
@@ -394,11 +396,11 @@ GPU_LAYERS = ["r50_3x3_28", "r18_c512_4", "c5x5_28", "c7x7_28", "c9x9_28"]
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 @pytest.mark.parametrize("name", GPU_LAYERS)
-def test_gpu_table_shapes(name, direction, rng, monkeypatch):
+def test_gpu_table_shapes(name, direction, rng, monkeypatch, set_setting):
     from numba import cuda
     from kernelgen.api import make_plan
     from kernelgen.tuning.shapes import load_table
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)  # the 9x9 layer needs 16 states
+    set_setting(winograd_16_states=True)  # the 9x9 layer needs 16 states
     layer = next(l for l in load_table("winograd")[1] if l.name == name)
     p = layer.problem(direction)
     from kernelgen.api import tuned_variant_config
@@ -425,10 +427,10 @@ def test_gpu_table_shapes(name, direction, rng, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])  # one kernel per test: 16-state compiles take minutes
 @pytest.mark.parametrize("states,groups,r", [(4, 2, 3), (8, 2, 3), (16, 4, 9), (16, 4, 5)])
-def test_gpu_state_groups_ragged(states, groups, r, direction, rng, monkeypatch):
+def test_gpu_state_groups_ragged(states, groups, r, direction, rng, monkeypatch, set_setting):
     """32 x 32 tiles of 4 x 4 per thread with the states split over groups; ragged as the test below.
     16 states at r = 5 is the 12-wide epilogue whose > 1000 blocks overran numba's recursive CFG walk."""
-    monkeypatch.setattr(winograd, "ALLOW_16_STATES", True)
+    set_setting(winograd_16_states=True)
     cfg = TileConfig(32, 32, 8, 4, 4, smem_pad=4, states=states, state_groups=groups)
     got, want = _case(rng, states, r, direction, dtype=np.float32, H=9, C=37, K=45, bias=direction == "fwd",
                       cfg=cfg, backend="cuda", fh=3)

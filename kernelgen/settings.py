@@ -1,0 +1,216 @@
+"""Every setting kernelgen reads, in one place: name, environment variable, default, meaning, and whether
+it changes generated code.
+
+A setting's value is, first found wins:
+  1. the innermost `with kernelgen.settings.scope(name=value):` of this thread / task (a ContextVar, so
+     one thread's scope never leaks into another thread's calls),
+  2. `kernelgen.settings.set(name, value)` for the whole process,
+  3. its environment variable, read when asked (so a test's monkeypatch.setenv takes effect),
+  4. its default.
+
+Settings marked `affects_code` change the source a kernel is rendered from.  `code_token()` lists all of
+them, and both the prepared-call memo and the kernel cache key include it, so no setting can ever make a
+kernel compiled under other settings be reused (Triton's knobs and tinygrad's ContextVars are the models).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in _TRUE or t in _FALSE:
+        return t in _TRUE
+    raise ValueError(f"expected one of {_TRUE + _FALSE[:-1]}, got {text!r}")
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text) -> int:
+    """A byte count: 1000000, 512M, 2G, 1.5GiB, 4 GB (binary units either way)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+        if not m:
+            raise ValueError(f"expected a byte count such as 4000000000, 512M or 2G, got {text!r}")
+        value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if value <= 0:
+        raise ValueError(f"expected a positive byte count, got {text!r}")
+    return value
+
+
+def parse_states(text) -> tuple:
+    """Winograd state counts, e.g. "4,8,16" or (4, 8)."""
+    items = text.replace(",", " ").split() if isinstance(text, str) else list(text)
+    try:
+        states = tuple(sorted({int(s) for s in items}))
+    except (TypeError, ValueError):
+        raise ValueError(f"expected state counts from (4, 8, 16), got {text!r}") from None
+    if not frozenset(states) <= {4, 8, 16}:
+        raise ValueError(f"expected state counts from (4, 8, 16), got {text!r}")
+    return states
+
+
+def _check_type(kind):
+    def check(value):
+        if kind is bool and not isinstance(value, bool):
+            raise TypeError(f"expected True or False, got {value!r}")
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+    return check
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str | None            # the environment variable, None if set only from code
+    default: Any
+    parse: Callable[[str], Any]  # environment text -> value (ValueError on bad text)
+    doc: str
+    affects_code: bool = False  # changes rendered source: part of every kernel's cache key
+    check: Callable[[Any], Any] | None = None  # a value from code -> the value (or TypeError/ValueError)
+
+    def coerce(self, value):
+        """A value given in code (scope/set), validated; strings are parsed as the environment's are."""
+        if isinstance(value, str) and self.parse is not str:
+            return self.parse(value)
+        return (self.check or _check_type(type(self.default)))(value)
+
+
+def _precision(text):
+    from .storage import PRECISIONS
+    if text not in PRECISIONS:
+        raise ValueError(f"expected one of {PRECISIONS}, got {text!r}")
+    return text
+
+
+_ALL = (
+    # --- what is computed and how -------------------------------------------------------------------
+    Setting("precision", "KERNELGEN_PRECISION", "fp32", _precision,
+            "default precision of calls that pass no precision= (kernelgen.set_precision)", check=_precision),
+    Setting("index32", "KERNELGEN_INDEX32", True, parse_bool,
+            "32-bit index arithmetic in CUDA kernels where the tensors allow it", affects_code=True),
+    Setting("winograd_16_states", "KERNELGEN_WINOGRAD_16", False, parse_bool,
+            "allow 16-state Winograd kernels (about 1e-4 relative error in fp32)", affects_code=True),
+    Setting("winograd_states", "KERNELGEN_WINOGRAD_STATES", (4, 8, 16), parse_states,
+            "Winograd state counts that may be chosen (16 also needs winograd_16_states)", affects_code=True,
+            check=parse_states),
+    Setting("ks_deconv_trim", "KERNELGEN_KS_DECONV_TRIM", False, parse_bool,
+            "KS-deconv-V2: filter trimming in strided backward-data where the schedule fits", affects_code=True),
+    Setting("tma_drain_each_round", "KERNELGEN_TMA_DRAIN_EACH_ROUND", True, parse_bool,
+            "TMA k-loops wait for each round's MMAs (False reproduces a schedule measured wrong at fp16)",
+            affects_code=True),
+    # --- planning -----------------------------------------------------------------------------------
+    Setting("no_tuned", "KERNELGEN_NO_TUNED", False, parse_bool,
+            "ignore the tuned databases: plan from the cost model only"),
+    # --- runtime ------------------------------------------------------------------------------------
+    Setting("cache_dir", "KERNELGEN_CACHE_DIR", None, str,
+            "compiled-kernel cache directory (default: the user cache directory)", check=lambda v: os.fspath(v)),
+    Setting("cache_max_bytes", "KERNELGEN_CACHE_MAX_BYTES", 4 << 30, parse_bytes,
+            "size bound of the disk cache; least recently used entries go first", check=parse_bytes),
+    Setting("arena", "KERNELGEN_ARENA", False, parse_bool,
+            "install kernelgen's pooled arena as numba's memory manager at first GPU use"),
+    Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
+            "launch compiled kernels through prepacked cuLaunchKernel calls (not numba's dispatcher)"),
+    Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,
+            "numba's CUDA simulator (numba reads it once, at its first CUDA import)"),
+    # --- tests and benchmarks -----------------------------------------------------------------------
+    Setting("fuzz_examples", "KERNELGEN_FUZZ", 0, int, "extra hypothesis examples for the API fuzz suite"),
+    Setting("commit", "KERNELGEN_COMMIT", None, str, "the commit a benchmark records (no .git on the GPU machine)",
+            check=str),
+)
+SETTINGS = {s.name: s for s in _ALL}
+CODE_SETTINGS = tuple(s for s in _ALL if s.affects_code)
+
+_scoped: ContextVar[dict] = ContextVar("kernelgen_settings", default={})
+_process: dict = {}
+_process_lock = threading.Lock()
+_parsed: dict = {}  # (name, environment text) -> value: the environment is parsed once per distinct text
+
+
+def _setting(name) -> Setting:
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernelgen setting {name!r}; known: {', '.join(SETTINGS)}") from None
+
+
+def _from_env(s: Setting):
+    text = os.environ.get(s.env) if s.env else None
+    if text is None:
+        return s.default
+    key = (s.name, text)
+    try:
+        return _parsed[key]
+    except KeyError:
+        pass
+    try:
+        value = s.parse(text)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"environment variable {s.env}: {e}") from None
+    _parsed[key] = value
+    return value
+
+
+def get(name: str):
+    """The value of setting `name` in force here and now."""
+    scoped = _scoped.get()
+    if name in scoped:
+        return scoped[name]
+    if name in _process:
+        return _process[name]
+    return _from_env(_setting(name))
+
+
+def _coerced(name, value):
+    s = _setting(name)
+    try:
+        return s.coerce(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"setting {name}: {e}") from None
+
+
+def set(name: str, value):  # noqa: A001 (the natural name, as in Triton's knobs)
+    """Set `name` for the whole process (every thread); returns the previous value.  None restores the
+    environment/default."""
+    previous = get(name)
+    with _process_lock:
+        if value is None:
+            _process.pop(name, None)
+        else:
+            _process[name] = _coerced(name, value)
+    return previous
+
+
+@contextlib.contextmanager
+def scope(**overrides):
+    """`with kernelgen.settings.scope(index32=False, ks_deconv_trim=True): ...` — the values hold inside
+    the block, in this thread (or asyncio task) only."""
+    values = {name: _coerced(name, v) for name, v in overrides.items()}
+    token = _scoped.set({**_scoped.get(), **values})
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def code_token() -> tuple:
+    """The values of every setting that changes generated code: part of every kernel's key."""
+    return tuple(get(s.name) for s in CODE_SETTINGS)
+
+
+def describe() -> str:
+    """One line a setting: name, environment variable, value now, meaning."""
+    rows = [f"{s.name:<22} {s.env or '-':<32} {get(s.name)!r:<14} {s.doc}" for s in _ALL]
+    return "\n".join(rows)
