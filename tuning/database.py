@@ -185,31 +185,59 @@ def entry(problem, variant, config, ms, candidates_tried, precision="fp32"):
     return e if precision == "fp32" else {**e, "precision": precision}
 
 
+def _read_database(path: Path, what: str) -> dict:
+    """The database file at `path` as parsed JSON; a ValueError that names the argument `what` and says whether
+    the file is missing, unreadable or no database (load() answers {} for all three, which is right for lookups
+    but not for a merge, where it hid a mistyped name behind "holds no database entries")."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{what}: {path} does not exist") from None
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        raise ValueError(f"{what}: {path} holds no database entries of format {FORMAT}")
+    return data
+
+
 def merge(tuned: Path, into: Path, precision=None) -> int:
     """Entries of the database file `tuned` (a tune's output, e.g. the device run's copy) written into the database
     file `into` (a shipped one), replacing entries of the same key; only those tuned at `precision` if given.
-    The device named stays `into`'s.  Returns how many entries it wrote."""
+    The device named stays `into`'s (a new `into` takes `tuned`'s).  Returns how many entries it wrote.
+    Both files are checked before anything is written: a missing `tuned` or an `into` that exists but is no
+    database (which the merge would otherwise overwrite) is a ValueError naming the file."""
     src, target = Path(tuned), Path(into)
-    entries = load(src)
-    if not entries:
+    source = _read_database(src, "tuned")
+    if not source["entries"]:
         raise ValueError(f"tuned: {src} holds no database entries of format {FORMAT}")
-    device = json.loads((target if target.exists() else src).read_text()).get("device", "")
-    new = {k: e for k, e in entries.items() if precision is None or precision_of(e) == precision}
-    save(into, {**load(into), **new}, device)
-    entries_for.cache_clear()
+    old = _read_database(target, "into") if target.exists() else {"device": source.get("device", ""), "entries": {}}
+    new = {k: e for k, e in source["entries"].items() if precision is None or precision_of(e) == precision}
+    if new:
+        save(target, {**old["entries"], **new}, old.get("device", ""))
+        entries_for.cache_clear()
     return len(new)
 
 
 def main(argv=None):
     """`python -m kernelgen db merge TUNED --into SHIPPED [--precision P]`."""
     import argparse
+    import sys
     ap = argparse.ArgumentParser(prog="python -m kernelgen db", description="tuned-database files")
     sub = ap.add_subparsers(dest="action", required=True)
     m = sub.add_parser("merge", help="write a tune's entries into another database file (e.g. the shipped one)")
     m.add_argument("tuned", help="the tune's database file")
     m.add_argument("--into", required=True, help="the database file to update (e.g. tuning/db/sm_90_....json)")
-    m.add_argument("--precision", default=None, help="only entries tuned at this precision (fp32, tf32, fp16, bf16)")
+    m.add_argument("--precision", default=None, choices=["fp32", "tf32", "fp16", "bf16"],
+                   help="only entries tuned at this precision")
     args = ap.parse_args(argv)
-    n = merge(args.tuned, args.into, args.precision)
+    try:
+        n = merge(args.tuned, args.into, args.precision)
+    except (ValueError, OSError) as e:  # OSError: `into` could not be written (save is atomic: it is unchanged)
+        print(f"python -m kernelgen db merge: error: {e}", file=sys.stderr)
+        return 2
     print(f"db merge: {n} entries of {args.tuned} written into {args.into}")
     return 0
