@@ -16,13 +16,37 @@ from kernelgen import reference
 from kernelgen.api import gpu_present
 
 
+MAX_ELEMENTS = 1 << 28  # per array: 1 GiB of float32, so a typo in --size fails here, not in the allocator
+
+
+def size_arg(text: str) -> tuple:
+    """--size N,H,W,C,K: five positive integers, each array within MAX_ELEMENTS (argparse reports the error)."""
+    parts = text.split(",")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 5:
+        raise argparse.ArgumentTypeError(f"expected five comma-separated integers N,H,W,C,K, got {text!r}")
+    if min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"every dimension of N,H,W,C,K must be at least 1, got {text!r}")
+    N, H, W, C, K = dims
+    largest = max(N * H * W * C, N * H * W * K, K * 9 * C)
+    if largest > MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"{text!r} needs an array of {largest} elements; the demo allows "
+                                         f"{MAX_ELEMENTS} (1 GiB of float32)")
+    return dims
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelgen demo", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=["cpu", "cuda"], default=None)
-    ap.add_argument("--size", default=None, help="N,H,W,C,K (default: larger on a GPU)")
+    ap.add_argument("--size", type=size_arg, default=None, help="N,H,W,C,K (default: larger on a GPU)")
     args = ap.parse_args(argv)
+    if args.backend == "cuda" and not gpu_present():
+        ap.error("--backend cuda: no CUDA GPU is visible here (use --backend cpu)")
     backend = args.backend or ("cuda" if gpu_present() else "cpu")
-    N, H, W, C, K = map(int, (args.size or ("32,32,32,64,64" if backend == "cuda" else "8,16,16,16,32")).split(","))
+    N, H, W, C, K = args.size or ((32, 32, 32, 64, 64) if backend == "cuda" else (8, 16, 16, 16, 32))
     rng = np.random.default_rng()
     x = rng.standard_normal((N, H, W, C), dtype=np.float32)
     w = (rng.standard_normal((K, 3, 3, C)) / np.sqrt(9 * C)).astype(np.float32)
