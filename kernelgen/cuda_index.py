@@ -15,9 +15,9 @@ every simulator test of a CUDA kernel re-checks the renderer's proofs on real da
 """
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+if settings.get("cuda_simulator"):
     def _i32(v):
         if not -2 ** 31 <= v < 2 ** 31:
             raise OverflowError(f"index arithmetic overflows int32: {v}")

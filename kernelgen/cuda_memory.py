@@ -26,9 +26,9 @@ store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one
 """
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+if settings.get("cuda_simulator"):
     import numpy as np
 
     def load4(a, i, cond):

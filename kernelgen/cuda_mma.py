@@ -7,9 +7,9 @@ for mma.sync: the simulator version raises, and tensor-core kernels are tested o
 """
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+if settings.get("cuda_simulator"):
     import numpy as np
 
     from .mma_layout import bf16_round, fp16_round, tf32_round
@@ -37,4 +37,4 @@ def jit_launch_bounds(bounds):
     """cuda.jit keyword arguments for launch bounds (max threads per block, min blocks per SM): ptxas then
     keeps registers at or under 65536 / (threads x min blocks), rounded to its allocation granularity.
     The simulator's jit takes no such option (and ignores registers): nothing there."""
-    return {} if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else {"launch_bounds": tuple(bounds)}
+    return {} if settings.get("cuda_simulator") else {"launch_bounds": tuple(bounds)}

@@ -3,9 +3,9 @@ intrinsics of _cuda_tma_intrinsics.py.  The simulator has no tensor maps, so the
 kernels with ir.TensorCopy run on the CPU backend (kernelgen.cpu_tma) and on the GPU."""
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+if settings.get("cuda_simulator"):
     def _unavailable(*args):
         raise NotImplementedError("TMA copies have no CUDA-simulator stand-in: run such kernels on the cpu "
                                   "backend or an sm_90 GPU")

@@ -4,9 +4,9 @@ operations raise: warpgroup-MMA kernels are tested on the CPU backend (the same 
 kernelgen.cpu_round.wgmma_tf32) and on the GPU."""
 from __future__ import annotations
 
-import os
+from kernelgen import settings
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+if settings.get("cuda_simulator"):
     def _unavailable(*args):
         raise NotImplementedError("wgmma has no CUDA-simulator stand-in: run warpgroup-MMA kernels on the cpu "
                                   "backend or an sm_90 GPU")

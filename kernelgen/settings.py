@@ -205,6 +205,12 @@ def scope(**overrides):
         _scoped.reset(token)
 
 
+def export_default(name: str, value: str):
+    """Put `value` in setting `name`'s environment variable unless it is already there, so that worker
+    processes started later (the tuner's and the benchmark's compile pools) inherit it."""
+    os.environ.setdefault(_setting(name).env, str(value))
+
+
 def code_token() -> tuple:
     """The values of every setting that changes generated code: part of every kernel's key."""
     return tuple(get(s.name) for s in CODE_SETTINGS)

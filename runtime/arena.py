@@ -12,8 +12,9 @@ with `inject_alloc_failures`, which makes chosen raw allocations fail (tests/tes
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import defaultdict
+
+from kernelgen import settings
 
 # Small requests round to 512 B; larger ones to 1/8 of their power of two, so waste stays under
 # ~12.5% while the number of distinct classes (and so of cached blocks that cannot be shared) stays small.
@@ -333,7 +334,7 @@ def device_empty(shape, dtype, stream=None):
     only on (shape, dtype) is computed once."""
     global _NUMBA
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if settings.get("cuda_simulator"):
         from numba import cuda
         return cuda.device_array(shape, dtype=dtype)
     if _NUMBA is None:
@@ -381,7 +382,7 @@ def to_device_staged(host, stream=None):
     import numpy as np
     host = np.ascontiguousarray(host)
     out = device_empty(host.shape, host.dtype, stream)
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if settings.get("cuda_simulator"):
         out.copy_to_device(host)
         return out
     from numba import cuda
@@ -439,7 +440,7 @@ def install():
 
 
 def install_from_env():
-    if os.environ.get("KERNELGEN_ARENA") == "1":
+    if settings.get("arena"):
         install()
         return True
     return False

@@ -158,11 +158,11 @@ def round_tf32_pointers(src, dst, n, stream_handle=0):
     """round_tf32_device on raw device addresses of n float32 words, launched without numba's dispatcher (the
     Launcher's fast route: this runs before every TMA kernel)."""
     global _round_fast
-    from .launch import _FastLaunch
+    from .launch import _FastLaunch, configure
     if _round_fast is None or not _round_fast.usable():
         from numba import cuda
         kernel, scratch = _round_dispatcher(), cuda.device_array(1, np.uint32)
-        kernel[1, ROUND_THREADS](scratch, scratch)  # compiles its one overload
+        configure(kernel, 1, ROUND_THREADS)(scratch, scratch)  # compiles its one overload
         _round_fast = _FastLaunch(kernel, ROUND_GRID, ROUND_THREADS, 2)
     _round_fast([(src, n), (dst, n)], 4, stream_handle)
 
@@ -196,14 +196,14 @@ def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
 
 def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
     """round_tf32_pair_device on raw device addresses, launched without numba's dispatcher."""
-    from .launch import _FastLaunch
+    from .launch import _FastLaunch, configure
     a_blocks, grid = _pair_grid(n_a, n_b, flip_b)
     fast = _pair_fast.get(grid)
     if fast is None or not fast.usable():
         from numba import cuda
         scratch = cuda.device_array(1, np.uint32)
         kernel = _pair_dispatcher()
-        kernel[1, ROUND_THREADS](scratch, scratch, scratch, scratch, 0, 1, 0, 1)  # compiles its one overload
+        configure(kernel, 1, ROUND_THREADS)(scratch, scratch, scratch, scratch, 0, 1, 0, 1)  # compiles its one overload
         fast = _pair_fast[grid] = _FastLaunch(kernel, grid, ROUND_THREADS, 4, scalars=4)
     fast([(a_src, n_a), (a_dst, n_a), (b_src, n_b), (b_dst, n_b)], 4, stream_handle,
          scalars=(*(flip_b or (0, 0, 0)), a_blocks))
@@ -216,12 +216,12 @@ def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
 
 def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
     """A flip kernel (dispatcher()) on raw addresses of `word` elements, its launch cached per flip in `launches`."""
-    from .launch import _FastLaunch
+    from .launch import _FastLaunch, configure
     fast = launches.get(flip)
     if fast is None or not fast.usable():
         from numba import cuda
         kernel, scratch = dispatcher(), cuda.device_array(1, word)
-        kernel[1, ROUND_THREADS](scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
+        configure(kernel, 1, ROUND_THREADS)(scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
         fast = launches[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
     n = flip[0] * flip[1] * flip[2]
     fast([(src, n), (dst, n)], np.dtype(word).itemsize, stream_handle, scalars=flip)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kernelgen import settings
 from kernelgen.arrays import cpu_kernel_arg
 
 _fill_kernel = None
@@ -33,7 +34,7 @@ def fill_device(arr, value, stream=None):
     if _fill_kernel is None:
         _fill_kernel = cuda.jit(_fill_body)
     n = arr.size
-    launch = _fill_kernel[(n + 255) // 256, 256] if stream is None else _fill_kernel[(n + 255) // 256, 256, stream]
+    launch = configure(_fill_kernel, (n + 255) // 256, 256, stream or 0)
     launch(arr, arr.dtype.type(value))
 
 
@@ -54,7 +55,18 @@ def as_numba_stream(stream):
 
 
 def _fast_launch_available():
-    return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("KERNELGEN_FAST_LAUNCH", "1") == "1"
+    return not settings.get("cuda_simulator") and settings.get("fast_launch")
+
+
+def configure(dispatcher, grid, block, stream=0, shared=0):
+    """`dispatcher[grid, block, stream, shared]` without numba's low-occupancy warning ("Grid size 9 will likely
+    result in GPU under-utilization"): kernelgen sizes its own grids (a small problem has a small grid), so
+    the warning would tell a user nothing they can act on.  Configure once and keep the result where it is
+    hot: the warnings filter is swapped while numba builds the configuration."""
+    from numba.core.errors import NumbaPerformanceWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        return dispatcher[grid, block, stream, shared]
 
 
 def _libcuda():
@@ -420,7 +432,7 @@ class Launcher:
             if launch is None:
                 if needs_opt_in(self.shared_bytes):
                     allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
-                launch = self.kernel[self.grid, self.threads, stream or 0, self.shared_bytes]
+                launch = configure(self.kernel, self.grid, self.threads, stream or 0, self.shared_bytes)
                 self._configured[stream] = launch
             launch(*ordered)
             if self._fast is None and _fast_launch_available():

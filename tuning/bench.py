@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelgen.api import PRECISIONS, get_launcher, make_plan
+from kernelgen import settings
+from kernelgen.planner import get_launcher, make_plan
+from kernelgen.storage import PRECISIONS
 from kernelgen.templates.config import TileConfig
 
 from .shapes import load_table, storage_dtype
@@ -39,9 +41,8 @@ DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 
 
 def git_commit():
-    import os
-    if os.environ.get("KERNELGEN_COMMIT"):  # the device machine gets a copy of the tree without .git
-        return os.environ["KERNELGEN_COMMIT"]
+    if settings.get("commit"):  # the device machine gets a copy of the tree without .git
+        return settings.get("commit")
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"
@@ -200,7 +201,7 @@ def precompile(plans, workers=None):
 
     from .tuner import _compile_one
     from kernelgen.runtime.cache import cache_dir
-    os.environ.setdefault("KERNELGEN_CACHE_DIR", str(cache_dir()))
+    settings.export_default("cache_dir", str(cache_dir()))
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel;
         # the problem carries the storage dtype, so an fp16 plan's kernel is compiled for float16 arrays

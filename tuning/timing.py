@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import statistics
 
+from kernelgen import settings
+
 
 def time_cuda(fn, *, warmup=3, repeat=20):
     """Median milliseconds of fn() on the default stream."""
-    import os
     from numba import cuda
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator has no events; it is synchronous
+    if settings.get("cuda_simulator"):  # the simulator has no events; it is synchronous
         return time_host(fn, warmup=1, repeat=min(repeat, 3))
     for _ in range(warmup):
         fn()

@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelgen.api import PRECISIONS, check_precision
+from kernelgen import settings
+from kernelgen.planner import check_precision
+from kernelgen.storage import PRECISIONS
 
 from . import database
 from .shapes import load_table, storage_dtype
@@ -272,7 +274,7 @@ def tc_fits_storage(problem, cfg):
 def _compile_one(args):
     """Worker: render + compile one candidate into the shared disk cache (no launch)."""
     problem, variant, cfg, *precision = args  # precision: a tensor-core plan's ("fp16", ...); else the variant's own
-    from kernelgen.api import Plan, get_launcher
+    from kernelgen.planner import Plan, get_launcher
     t = time.perf_counter()
     try:
         _compile(get_launcher(Plan(problem, variant, cfg, "cuda", *precision)), problem.dtype)
@@ -343,7 +345,7 @@ def measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
     """(ms, rel_err, local bytes per thread) of one candidate planned at `precision`, or raises if it fails
     to run or verify, or spills more than MAX_LOCAL_BYTES."""
     from numba import cuda
-    from kernelgen.api import Plan, get_launcher
+    from kernelgen.planner import Plan, get_launcher
     from kernelgen.tuning.bench import kernel_resources
     launcher = get_launcher(Plan(problem, variant, cfg, "cuda", precision))
     _compile(launcher, problem.dtype)  # before it, the resource query finds no overload and reports nothing
@@ -385,7 +387,7 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
                 problems.append(p)
     problems = problems[:limit] if limit else problems
     # every worker process must see the same disk cache as this one; one BLAS thread per worker
-    os.environ.setdefault("KERNELGEN_CACHE_DIR", str(database.user_db_dir().parent))
+    settings.export_default("cache_dir", str(database.user_db_dir().parent))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     dev = device_name()
@@ -454,7 +456,7 @@ def main(argv=None):
                     help="fp32: the fp32 variants (default); tf32/fp16/bf16: the tensor-core variant's tiles, "
                          "recorded per precision (fp16 on float16 tensors, the others on float32)")
     args = ap.parse_args(argv)
-    from kernelgen.api import gpu_present
+    from kernelgen.planner import gpu_present
     if not gpu_present():
         print("tune needs a CUDA GPU; nothing to do")
         return 1

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import struct
 import threading
 
 import numpy as np
 from numba import cuda
 
+from kernelgen import settings
 from kernelgen.runtime import arena
+from kernelgen.runtime.launch import configure
 
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+SIM = settings.get("cuda_simulator")
 # the simulator runs one Python thread per CUDA thread (~ms each): small blocks keep the sim tests short
 BLOCK = 32 if SIM else 256
 TC, TR = (4, 2) if SIM else (32, 8)
@@ -92,8 +93,8 @@ class _Kernel:
         if fast is not None and fast[0] == tuple(map(type, args)) and fast[1] == threading.get_ident():
             return self._launch(fast, grid, block, args)
         args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)  # numpy scalars: Python's
-        self.jit[grid, block](*[a if isinstance(a, (int, float)) else _flat(a) for a in args])
-        if not SIM and fast is None and os.environ.get("KERNELGEN_FAST_LAUNCH", "1") == "1" \
+        configure(self.jit, grid, block)(*[a if isinstance(a, (int, float)) else _flat(a) for a in args])
+        if not SIM and fast is None and settings.get("fast_launch") \
                 and len(self.jit.overloads) == 1:
             self._prepare(args)
 
