@@ -85,7 +85,7 @@ def clear_caches():
 
 
 def _array_sig(a):
-    return None if a is None else (type(a), tuple(a.shape), str(a.dtype))
+    return None if a is None else (type(a), tuple(a.shape), a.dtype)
 
 
 def _typed(v):

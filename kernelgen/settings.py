@@ -146,8 +146,16 @@ def _setting(name) -> Setting:
         raise ValueError(f"unknown kernelgen setting {name!r}; known: {', '.join(SETTINGS)}") from None
 
 
+# os.environ.get encodes the name and decodes the value on every call; the code settings are read on every
+# kernelgen call, so on POSIX the raw bytes dict behind os.environ (which setenv/monkeypatch keep current) is read.
+_RAW_ENVIRON = os.environ._data if os.name == "posix" and isinstance(getattr(os.environ, "_data", None), dict) else None
+_ENV_KEYS = {s.name: os.fsencode(s.env) for s in _ALL if s.env} if _RAW_ENVIRON is not None else {}
+
+
 def _from_env(s: Setting):
-    text = os.environ.get(s.env) if s.env else None
+    if not s.env:
+        return s.default
+    text = _RAW_ENVIRON.get(_ENV_KEYS[s.name]) if _RAW_ENVIRON is not None else os.environ.get(s.env)
     if text is None:
         return s.default
     key = (s.name, text)
@@ -155,6 +163,8 @@ def _from_env(s: Setting):
         return _parsed[key]
     except KeyError:
         pass
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
     try:
         value = s.parse(text)
     except (TypeError, ValueError) as e:
@@ -212,8 +222,11 @@ def export_default(name: str, value: str):
 
 
 def code_token() -> tuple:
-    """The values of every setting that changes generated code: part of every kernel's key."""
-    return tuple(get(s.name) for s in CODE_SETTINGS)
+    """The values of every setting that changes generated code: part of every kernel's key (read on every
+    call, so get()'s lookup is inlined here)."""
+    scoped = _scoped.get()
+    return tuple(scoped[s.name] if s.name in scoped else _process[s.name] if s.name in _process else _from_env(s)
+                 for s in CODE_SETTINGS)
 
 
 def describe() -> str:
