@@ -156,7 +156,7 @@ def _from_env(s: Setting):
     if not s.env:
         return s.default
     text = _RAW_ENVIRON.get(_ENV_KEYS[s.name]) if _RAW_ENVIRON is not None else os.environ.get(s.env)
-    if text is None:
+    if text is None or not text.strip():  # an empty variable is an unset one
         return s.default
     key = (s.name, text)
     try:

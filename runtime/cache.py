@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kernelgen
-from kernelgen import __version__
+from kernelgen import __version__, settings
 
 _HEADER = "# kernelgen-cache {version} {digest} {checksum}\n"
 
@@ -56,8 +56,6 @@ def _code_version() -> str:
 CODE_VERSION = _code_version()
 
 
-DEFAULT_MAX_BYTES = 4 << 30
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 # What the cache may delete in a directory it shares with the user: an entry is a kg_<hex digest>.py file whose
 # first line is our header naming that digest; its __pycache__ files start with its stem and a dot (python's
@@ -74,31 +72,17 @@ class KernelCacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("KERNELGEN_CACHE_DIR")
-    if env:
-        return Path(env)
+    """The cache directory: the setting cache_dir (KERNELGEN_CACHE_DIR), else the user cache directory."""
+    chosen = settings.get("cache_dir")
+    if chosen:
+        return Path(chosen)
     import platformdirs
     return Path(platformdirs.user_cache_dir("kernelgen"))
 
 
 def max_bytes() -> int:
-    """The disk cache's size bound: KERNELGEN_CACHE_MAX_BYTES (4 GiB if unset)."""
-    env = os.environ.get("KERNELGEN_CACHE_MAX_BYTES")
-    if env is None or not env.strip():
-        return DEFAULT_MAX_BYTES
-    try:
-        return parse_bytes(env)
-    except ValueError as e:
-        raise ValueError(f"KERNELGEN_CACHE_MAX_BYTES: {e}") from None
-
-
-def parse_bytes(text: str) -> int:
-    """A positive byte count: 4294967296, 512M, 2G, 1.5GiB (K, M, G, T are binary units, with or without B/iB)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
-    value = int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
-    if value <= 0:
-        raise ValueError(f"expected a positive byte count such as 4294967296, 512M or 2G, got {text!r}")
-    return value
+    """The disk cache's size bound: the setting cache_max_bytes (KERNELGEN_CACHE_MAX_BYTES; 4 GiB if unset)."""
+    return settings.get("cache_max_bytes")
 
 
 def format_bytes(n: int) -> str:

@@ -21,6 +21,7 @@ import pytest
 
 import kernelgen
 from kernelgen import reference as ref
+from kernelgen import settings
 from kernelgen.runtime import cache
 from kernelgen.runtime.cache import KERNELS, KernelCache, KernelCacheWarning
 
@@ -116,7 +117,7 @@ def test_cache_cli_info_and_clear(tmp_path):
                           capture_output=True, text=True, check=True)
     data = json.loads(info.stdout)
     assert data["entries"] == 1 and data["bytes"] > 0 and data["lifetime"]["misses"] == 1
-    assert data["max_bytes"] == cache.DEFAULT_MAX_BYTES and data["directory"] == str(tmp_path)
+    assert data["max_bytes"] == settings.SETTINGS["cache_max_bytes"].default and data["directory"] == str(tmp_path)
     human = subprocess.run([sys.executable, "-m", "kernelgen", "cache", "info"], env=env, capture_output=True,
                            text=True, check=True).stdout
     assert "entries    1 (" in human and "KiB)" in human and str(tmp_path) in human and "4.0 GiB" in human
