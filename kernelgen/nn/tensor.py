@@ -83,47 +83,69 @@ class Tensor:
         return float(self.numpy().reshape(()))  # the one host sync of a device training step
 
     def _accumulate(self, g):
-        if self.grad is None:
-            self.grad = g
-        elif self.is_cuda:
-            from .cuda_ops import add
-            self.grad = add(self.grad, g)  # a new array: g may be another tensor's gradient as well
-        else:
-            self.grad = self.grad + g
+        if not self.is_cuda and g.dtype != self.data.dtype:
+            g = g.astype(self.data.dtype)  # as PyTorch: a leaf's gradient has the leaf's dtype
+        self.grad = g if self.grad is None else _sum_grads(self.grad, g)
 
-    def backward(self, grad=None, retain_graph=False):
-        """Accumulate d(self)/d(leaf) into every leaf's .grad.  Unless retain_graph, the graph is taken
-        apart on the way (as PyTorch does): each op's saved arrays go as soon as its backward has run, so
-        memory falls during the backward pass instead of peaking with all activations plus all gradients."""
+    def _seed(self, grad):
+        """backward()'s starting gradient: ones for a scalar, else `grad` checked against self's shape and
+        put where self's data is."""
         if grad is None:
             if self.data.size != 1:
                 raise ValueError(f"backward() without a gradient needs a scalar tensor, got shape {self.shape}")
             if self.is_cuda:  # filled on the device: a host copy would wait for the whole forward pass
                 from .cuda_ops import empty, fill
-                grad = fill(empty(self.shape, self.dtype), 1.0)
+                return fill(empty(self.shape, self.dtype), 1.0)
+            return np.ones(self.shape, self.dtype)
+        grad = grad.data if isinstance(grad, Tensor) else grad
+        shape = tuple(grad.shape) if hasattr(grad, "shape") else np.shape(grad)
+        if shape != self.shape:
+            raise ValueError(f"grad must have the tensor's shape {self.shape}, got {shape}")
+        if self.is_cuda and not _on_device(grad):
+            grad = np.asarray(grad, self.dtype)
+        return to_device_array(grad, self.device)
+
+    def _graph(self):
+        """Every tensor self depends on, each after its parents (iteratively: a long chain of ops must not
+        hit the recursion limit).  Raises before any gradient moves if part of the graph was freed."""
+        order, seen, stack = [], {id(self)}, [(self, iter(self._parents))]
+        while stack:
+            t, parents = stack[-1]
+            if t._backward is _freed:
+                _freed(None)
+            for p in parents:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    stack.append((p, iter(p._parents)))
+                    break
             else:
-                grad = np.ones(self.shape, self.dtype)
-        order, seen = [], set()
-
-        def visit(t):
-            if id(t) not in seen:
-                seen.add(id(t))
-                for p in t._parents:
-                    visit(p)
+                stack.pop()
                 order.append(t)
+        return order
 
-        visit(self)
-        self._accumulate(grad)
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's .grad (once per call, as PyTorch; intermediate
+        tensors get no .grad).  Unless retain_graph, the graph is taken apart on the way, as PyTorch does:
+        each op's saved arrays go as soon as its backward has run, so memory falls during the backward pass
+        instead of peaking with all activations plus all gradients; a later backward through any of those
+        ops raises RuntimeError instead of silently computing nothing."""
+        if not self.requires_grad:
+            raise RuntimeError("backward(): the tensor does not require grad and has no graph (no input "
+                               "requires grad, or it was computed under no_grad())")
+        order = self._graph()
+        grads = {id(self): self._seed(grad)}  # the gradients still to pass on, by tensor; popped when passed
         while order:
             t = order.pop()  # reverse topological order; popped, t no longer lives through this list
-            if t._backward is not None and t.grad is not None:
-                for parent, g in zip(t._parents, t._backward(t.grad)):
-                    if parent.requires_grad and g is not None:
-                        parent._accumulate(g)
-                if t is not self:
-                    t.grad = None  # intermediates are freed as soon as backward is past them
+            g = grads.pop(id(t), None)
+            if g is not None and t._backward is None:
+                t._accumulate(g)  # a leaf
+            elif g is not None:
+                for parent, pg in zip(t._parents, t._backward(g)):
+                    if parent.requires_grad and pg is not None:
+                        k = id(parent)
+                        grads[k] = pg if k not in grads else _sum_grads(grads[k], pg)
             if not retain_graph and t._backward is not None:
-                t._parents, t._backward = (), None
+                t._parents, t._backward = (), _freed
         return self
 
     # a few operators, so models read naturally
@@ -134,6 +156,19 @@ class Tensor:
     def reshape(self, *shape):
         from .functional import reshape
         return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+
+
+def _freed(g):
+    """The backward of an op whose graph a backward() without retain_graph has freed."""
+    raise RuntimeError("Trying to backward through the graph a second time (or through part of a graph that a "
+                       "backward() already freed): pass retain_graph=True to the first backward() to keep it")
+
+
+def _sum_grads(a, b):
+    if _on_device(a):
+        from .cuda_ops import add
+        return add(a, b)  # a new array: b may be another tensor's gradient as well
+    return a + b
 
 
 def as_tensor(x):

@@ -1,0 +1,79 @@
+"""Regression tests of the "Reliability" issue (kernelgen.nn on the CPU): each test failed before its fix.
+
+Numbers in the test names are the issue's items: 1 backward twice, 2 Linear over leading dimensions,
+3 cross-entropy targets, 4 `train --epochs 0`, 5 scalars keeping the dtype, 6 save/load paths and atomic
+saves, 7 channel and group errors at the right moment, 8 torch CPU tensors as Tensor data.  PyTorch is the
+reference where it is installed (CPU is enough); float64 analytic references otherwise."""
+import os
+
+import numpy as np
+import pytest
+
+from kernelgen.nn import BatchNorm2d, Conv1d, Conv2d, ConvTranspose2d, Linear, SmallResNet, Tensor
+from kernelgen.nn import functional as F
+
+
+@pytest.fixture(scope="module")
+def torch_cpu():
+    return pytest.importorskip("torch")
+
+
+def linear_loss(rng):
+    """(loss, weight) of a small float64 Linear + cross-entropy, a scalar loss with a graph."""
+    layer = Linear(5, 3, rng=rng, dtype="float64")
+    x = Tensor(rng.standard_normal((4, 5)))
+    return F.cross_entropy(layer(x), rng.integers(0, 3, 4)), layer.weight
+
+
+# ---- 1: backward twice -------------------------------------------------------------------------------------
+
+def test_1_retain_graph_then_backward_accumulates_twice(rng):
+    x = Tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    g = rng.standard_normal((3, 4))
+    y = F.mul(x, x)
+    y.backward(g, retain_graph=True)
+    once = x.grad.copy()
+    np.testing.assert_allclose(once, 2 * x.data * g, rtol=1e-14)
+    y.backward(g)
+    np.testing.assert_allclose(x.grad, 2 * once, rtol=1e-14)  # was 3x: the root kept its gradient
+    loss, w = linear_loss(rng)
+    loss.backward(retain_graph=True)
+    once = w.grad.copy()
+    loss.backward()
+    np.testing.assert_allclose(w.grad, 2 * once, rtol=1e-14)
+    assert loss.grad is None  # as PyTorch: a non-leaf gets no .grad
+
+
+def test_1_second_backward_without_retain_graph_raises(rng):
+    loss, w = linear_loss(rng)
+    loss.backward()
+    before = w.grad.copy()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+    np.testing.assert_array_equal(w.grad, before)  # raised before any gradient moved
+
+
+def test_1_backward_through_a_freed_subgraph_raises(rng):
+    x = Tensor(rng.standard_normal(3), requires_grad=True)
+    h = F.mul(x, x)
+    h.backward(np.ones(3))
+    z = F.mul(h, F.relu(x))  # a new op on h, whose own graph is gone
+    with pytest.raises(RuntimeError, match="second time"):
+        z.backward(np.ones(3))
+
+
+def test_1_backward_checks_its_gradient_and_the_graph():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor(np.ones(3)).backward(np.ones(3))
+    y = F.relu(Tensor(np.ones(3), requires_grad=True))
+    with pytest.raises(ValueError, match=r"grad must have the tensor's shape \(3,\)"):
+        y.backward(np.ones(4))
+
+
+def test_1_backward_of_a_long_chain_does_not_recurse():
+    x = Tensor(np.ones(2), requires_grad=True)
+    y = x
+    for _ in range(25000):  # deeper than the recursion limit kernelgen sets (20000)
+        y = F.add(y, 1.0)
+    y.backward(np.ones(2))
+    np.testing.assert_array_equal(x.grad, [1.0, 1.0])
