@@ -77,3 +77,65 @@ def test_1_backward_of_a_long_chain_does_not_recurse():
         y = F.add(y, 1.0)
     y.backward(np.ones(2))
     np.testing.assert_array_equal(x.grad, [1.0, 1.0])
+
+
+# ---- 2: Linear over leading dimensions ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 1, 3, 5), (5,)])
+def test_2_linear_over_leading_dims_matches_float64_reference(rng, shape):
+    layer = Linear(5, 4, rng=rng, dtype="float64")
+    layer.bias.data[:] = rng.standard_normal(4)
+    x = Tensor(rng.standard_normal(shape), requires_grad=True)
+    y = layer(x)
+    assert y.shape == shape[:-1] + (4,)
+    g = rng.standard_normal(y.shape)
+    y.backward(g)
+    w, b = layer.weight.data, layer.bias.data
+    rows, grows = x.data.reshape(-1, 5), g.reshape(-1, 4)
+    np.testing.assert_allclose(y.data, x.data @ w.T + b, rtol=1e-13)
+    np.testing.assert_allclose(x.grad, g @ w, rtol=1e-13)
+    np.testing.assert_allclose(layer.weight.grad, np.einsum("ro,ri->oi", grows, rows), rtol=1e-12)
+    np.testing.assert_allclose(layer.bias.grad, grows.sum(axis=0), rtol=1e-12)
+
+
+def test_2_linear_3d_matches_torch(rng, torch_cpu):
+    torch = torch_cpu
+    layer = Linear(6, 3, rng=rng)
+    x = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    g = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    xt = Tensor(x, requires_grad=True)
+    layer(xt).backward(g)
+    ref = torch.nn.Linear(6, 3)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(layer.weight.data))
+        ref.bias.copy_(torch.from_numpy(layer.bias.data))
+    xr = torch.from_numpy(x).requires_grad_()
+    ref(xr).backward(torch.from_numpy(g))
+    for got, want in ((xt.grad, xr.grad), (layer.weight.grad, ref.weight.grad), (layer.bias.grad, ref.bias.grad)):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.sim
+def test_2_linear_over_leading_dims_on_the_device_with_retained_backwards(rng):
+    """The device path (a 1x1 convolution of the flattened rows) in the simulator; two backwards through a
+    retained graph accumulate twice there too."""
+    layer = Linear(5, 4, rng=rng)
+    layer.bias.data[:] = rng.standard_normal(4)
+    w, b = layer.weight.data.astype(np.float64), layer.bias.data.astype(np.float64)
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    g = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    layer.cuda()
+    xt = Tensor(x, requires_grad=True).cuda()
+    y = layer(xt)
+    assert y.is_cuda and y.shape == (2, 3, 4)
+    np.testing.assert_allclose(y.numpy(), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    gd = Tensor(g).cuda().data
+    y.backward(gd, retain_graph=True)
+    y.backward(gd)
+    rows, grows = x.reshape(-1, 5).astype(np.float64), g.reshape(-1, 4).astype(np.float64)
+    np.testing.assert_allclose(xt.grad.copy_to_host(), 2 * g @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.weight.grad.copy_to_host(), 2 * grows.T @ rows, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.bias.grad.copy_to_host(), 2 * grows.sum(axis=0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward(gd)

@@ -189,20 +189,38 @@ def _cropped(a, shape, ops):
     return ops.to_device(host) if ops else host
 
 
+def _check_linear(x, w, bias):
+    if w.data.ndim != 2:
+        raise ValueError(f"w must have shape (out_features, in_features), got {w.shape}")
+    if x.data.ndim == 0 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"x must have in_features = {w.shape[1]} in its last dimension, got shape {x.shape}")
+    if bias is not None and bias.shape != (w.shape[0],):
+        raise ValueError(f"bias must have shape ({w.shape[0]},), got {bias.shape}")
+
+
 def linear(x, w, bias=None):
-    """x (N, in), w (out, in), bias (out,) -> (N, out).  On the device: a 1x1 kernelgen convolution of
-    (N, 1, 1, in) data, so the matrix products are kernelgen kernels too."""
+    """x (*, in), w (out, in), bias (out,) -> (*, out), any number of leading dimensions (as PyTorch's).
+    On the device: a 1x1 kernelgen convolution of (rows, 1, 1, in) data, so the matrix products are
+    kernelgen kernels too."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
-    if _dev(x, w, bias):
-        (n, f_in), f_out = x.shape, w.shape[0]
-        y = conv2d(reshape(x, (n, 1, 1, f_in)), reshape(w, (f_out, 1, 1, f_in)), bias)
-        return reshape(y, (n, f_out))
+    _check_linear(x, w, bias)
+    lead, (f_out, f_in) = x.shape[:-1], w.shape
+    if _dev(x, w, bias, names=("x", "w", "bias")):
+        rows = int(np.prod(lead, dtype=np.int64))
+        y = conv2d(reshape(x, (rows, 1, 1, f_in)), reshape(w, (f_out, 1, 1, f_in)), bias)
+        return reshape(y, lead + (f_out,))
     y = x.data @ w.data.T
+
+    def backward(g):
+        # the weight's and bias's gradients sum over every leading dimension: seen as rows of a matrix
+        g2 = g.reshape(-1, f_out)
+        dx = g @ w.data if x.requires_grad else None
+        dw = g2.T @ x.data.reshape(-1, f_in) if w.requires_grad else None
+        return (dx, dw) if bias is None else (dx, dw, g2.sum(axis=0))
     if bias is None:
-        return Tensor.from_op(y, (x, w), lambda g: (g @ w.data, g.T @ x.data))
-    bias = _as_tensor(bias)
-    return Tensor.from_op(y + bias.data, (x, w, bias), lambda g: (g @ w.data, g.T @ x.data, g.sum(axis=0)))
+        return Tensor.from_op(y, (x, w), backward)
+    return Tensor.from_op(y + bias.data, (x, w, bias), backward)
 
 
 def relu(x):
