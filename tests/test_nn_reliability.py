@@ -139,3 +139,76 @@ def test_2_linear_over_leading_dims_on_the_device_with_retained_backwards(rng):
     np.testing.assert_allclose(layer.bias.grad.copy_to_host(), 2 * grows.sum(axis=0), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="second time"):
         y.backward(gd)
+
+
+# ---- 3: cross-entropy targets ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [-1, 3, -100 + 1])
+def test_3_cross_entropy_rejects_labels_out_of_range(bad):
+    logits = Tensor(np.zeros((2, 3)), requires_grad=True)
+    with pytest.raises(ValueError, match=r"labels \(target\) must be in \[0, 3\)"):
+        F.cross_entropy(logits, [0, bad])
+
+
+@pytest.mark.parametrize("labels", [np.array([0.0, 1.0]), np.array([True, False]), ["0", "1"]])
+def test_3_cross_entropy_rejects_non_integer_labels(labels):
+    with pytest.raises(TypeError, match=r"labels \(target\) must be class indices of an integer dtype"):
+        F.cross_entropy(Tensor(np.zeros((2, 3))), labels)
+
+
+def test_3_cross_entropy_checks_shapes():
+    with pytest.raises(ValueError, match=r"labels \(target\) must have shape \(2,\)"):
+        F.cross_entropy(Tensor(np.zeros((2, 3))), [0, 1, 2])
+    with pytest.raises(ValueError, match=r"logits must have shape \(N, classes\)"):
+        F.cross_entropy(Tensor(np.zeros((2, 3, 1))), [0, 1])
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 1])
+def test_3_cross_entropy_ignore_index(rng, ignore_index):
+    logits = rng.standard_normal((5, 4))
+    labels = np.array([0, ignore_index, 2, 3, ignore_index])
+    t = Tensor(logits.copy(), requires_grad=True)
+    loss = F.cross_entropy(t, labels, ignore_index=ignore_index)
+    loss.backward()
+    keep = labels != ignore_index
+    z = logits - logits.max(axis=1, keepdims=True)
+    log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    m = keep.sum()
+    np.testing.assert_allclose(loss.data, -log_probs[keep, labels[keep]].sum() / m, rtol=1e-13)
+    want = np.exp(log_probs)
+    want[keep, labels[keep]] -= 1
+    want[~keep] = 0
+    np.testing.assert_allclose(t.grad, want / m, rtol=1e-12, atol=1e-15)
+
+
+def test_3_cross_entropy_matches_torch_with_ignored_labels(rng, torch_cpu):
+    torch = torch_cpu
+    logits = rng.standard_normal((6, 5)).astype(np.float32)
+    labels = np.array([4, -100, 0, 2, -100, 1])
+    t = Tensor(logits.copy(), requires_grad=True)
+    loss = F.cross_entropy(t, labels)
+    loss.backward()
+    lt = torch.from_numpy(logits).requires_grad_()
+    want = torch.nn.functional.cross_entropy(lt, torch.from_numpy(labels))
+    want.backward()
+    assert loss.dtype == np.float32
+    np.testing.assert_allclose(loss.data, want.item(), rtol=1e-6)
+    np.testing.assert_allclose(t.grad, lt.grad.numpy(), rtol=1e-5, atol=1e-7)
+    # every label ignored: NaN loss and a zero gradient, as PyTorch
+    t = Tensor(logits.copy(), requires_grad=True)
+    loss = F.cross_entropy(t, np.full(6, -100))
+    loss.backward()
+    assert np.isnan(loss.data) and not t.grad.any()
+
+
+@pytest.mark.sim
+def test_3_cross_entropy_checks_labels_before_the_device_kernel(rng):
+    logits = Tensor(rng.standard_normal((2, 3)).astype(np.float32), requires_grad=True).cuda()
+    with pytest.raises(ValueError, match=r"labels \(target\) must be in \[0, 3\)"):
+        F.cross_entropy(logits, [0, 3])
+    with pytest.raises(ValueError, match="ignore_index=-100 are not supported on the device"):
+        F.cross_entropy(logits, [0, -100])
+    with pytest.raises(TypeError, match="integer dtype"):
+        F.cross_entropy(logits, np.array([0.0, 1.0]))
+    loss = F.cross_entropy(logits, Tensor(np.array([2, 1])).cuda().data)  # labels already on the device
+    assert loss.is_cuda and np.isfinite(loss.item())

@@ -330,26 +330,53 @@ def _batch_norm_device(x, weight, bias, running_mean, running_var, training, mom
     return Tensor.from_op(y, (x, weight, bias, residual), backward)
 
 
-def cross_entropy(logits, labels):
-    """Mean cross-entropy of (N, classes) logits against integer labels; log-softmax fused in."""
+def _check_labels(labels, n, classes, ignore_index, on_device):
+    """labels (the target) checked against (n, classes) logits before any kernel runs: integer dtype, shape
+    (n,), each in [0, classes) or ignore_index.  Host labels are returned as a NumPy array; device labels
+    (already on the GPU, int64) are checked by shape and dtype only, as their values would cost a copy."""
+    if not on_device or not hasattr(labels, "copy_to_host"):
+        labels = np.asarray(labels)
+        if labels.size == 0 and labels.dtype.kind == "f":
+            labels = labels.astype(np.int64)  # np.asarray([]) is float64: an empty batch has no bad label
+    if np.dtype(labels.dtype).kind not in "iu":
+        raise TypeError(f"labels (target) must be class indices of an integer dtype, got {labels.dtype}")
+    if tuple(labels.shape) != (n,):
+        raise ValueError(f"labels (target) must have shape ({n},), got {tuple(labels.shape)}")
+    if isinstance(labels, np.ndarray):
+        bad = (labels != ignore_index) & ((labels < 0) | (labels >= classes))
+        if bad.any():
+            raise ValueError(f"labels (target) must be in [0, {classes}) or ignore_index={ignore_index}, got "
+                             f"{labels[bad][0]} at index {int(np.flatnonzero(bad)[0])}")
+    return labels
+
+
+def cross_entropy(logits, labels, ignore_index=-100):
+    """Mean cross-entropy of (N, classes) logits against integer labels (PyTorch's target); log-softmax
+    fused in.  Labels equal to ignore_index count neither in the loss nor in the mean (PyTorch's rule: the
+    mean is over the other labels, NaN if there are none); only the host supports them."""
     logits = _as_tensor(logits)
-    if ops := _dev(logits):
-        if np.shape(labels) != (logits.shape[0],) and tuple(getattr(labels, "shape", ())) != (logits.shape[0],):
-            raise ValueError(f"labels must have shape ({logits.shape[0]},), got {np.shape(labels)}")
+    if logits.data.ndim != 2:
+        raise ValueError(f"logits must have shape (N, classes), got {logits.shape}")
+    ops = _dev(logits)
+    n, classes = logits.shape
+    labels = _check_labels(labels, n, classes, ignore_index, ops is not None)
+    if ops:
+        if isinstance(labels, np.ndarray) and (labels == ignore_index).any():
+            raise ValueError(f"labels (target) equal to ignore_index={ignore_index} are not supported on the "
+                             f"device yet")
         loss, dev_labels = ops.cross_entropy(logits.data, labels)
         return Tensor.from_op(loss, (logits,), lambda g: (ops.cross_entropy_backward(logits.data, dev_labels, g),))
-    labels = np.asarray(labels)
-    if labels.shape != (logits.shape[0],):
-        raise ValueError(f"labels must have shape ({logits.shape[0]},), got {labels.shape}")
     z = logits.data - logits.data.max(axis=1, keepdims=True)
     log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    n = labels.shape[0]
-    loss = -kahan_mean(log_probs[np.arange(n), labels])
+    rows = np.flatnonzero(labels != ignore_index)
+    picked = log_probs[rows, labels[rows]]
+    loss = -kahan_mean(picked) if len(rows) else np.nan  # every label ignored: NaN, as PyTorch
 
     def backward(g):
-        d = np.exp(log_probs)
-        d[np.arange(n), labels] -= 1.0
-        return (d * (g / n),)
+        d = np.zeros_like(log_probs)
+        d[rows] = np.exp(log_probs[rows])
+        d[rows, labels[rows]] -= 1.0
+        return (d * (g / max(len(rows), 1)),)
     return Tensor.from_op(np.asarray(loss, dtype=logits.dtype), (logits,), backward)
 
 
