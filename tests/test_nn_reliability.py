@@ -212,3 +212,30 @@ def test_3_cross_entropy_checks_labels_before_the_device_kernel(rng):
         F.cross_entropy(logits, np.array([0.0, 1.0]))
     loss = F.cross_entropy(logits, Tensor(np.array([2, 1])).cuda().data)  # labels already on the device
     assert loss.is_cuda and np.isfinite(loss.item())
+
+
+# ---- 4: train --epochs 0 -----------------------------------------------------------------------------------
+
+def test_4_train_epochs_zero_means_zero_and_negative_is_a_usage_error(monkeypatch, capsys):
+    from kernelgen.nn import train
+    calls = []
+    monkeypatch.setattr(train, "train_digits", lambda **kw: calls.append(kw) or (None, [(float("nan"), 0.1)]))
+    assert train.main(["digits", "--epochs", "0"]) == 0
+    assert calls[-1]["epochs"] == 0 and "after 0 epochs" in capsys.readouterr().out
+    train.main(["digits"])
+    assert calls[-1]["epochs"] == 8
+    for bad in ("-1", "two"):
+        with pytest.raises(SystemExit):
+            train.main(["digits", "--epochs", bad])
+        assert "argument --epochs: must be an integer >= 0" in capsys.readouterr().err
+
+
+def test_4_train_digits_with_zero_epochs_evaluates_the_untrained_model():
+    from kernelgen.nn.train import train_digits
+    with pytest.raises(ValueError, match="epochs must be >= 0"):
+        train_digits(epochs=-1)
+    model, history = train_digits(epochs=0, width=4)
+    assert len(history) == 1 and np.isnan(history[0][0]) and 0 <= history[0][1] <= 1
+    untrained = SmallResNet(width=4, seed=0)
+    for (name, got), (_, want) in zip(sorted(model.state_dict().items()), sorted(untrained.state_dict().items())):
+        np.testing.assert_array_equal(got, want, err_msg=name)  # not one step taken

@@ -40,7 +40,14 @@ def evaluate(model, loader, device="cpu"):
 
 def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None,
                  device="cpu", data=None, precision="fp32"):
-    """precision: the convolutions' in training and evaluation ("fp32", "tf32", "fp16", "bf16")."""
+    """precision: the convolutions' in training and evaluation ("fp32", "tf32", "fp16", "bf16").
+    Returns (model, history): history has one (mean training loss, test accuracy) per epoch, and for
+    epochs=0 the single row (nan, the untrained model's test accuracy), so history[-1] is always the
+    returned model's."""
+    if not isinstance(epochs, (int, np.integer)) or isinstance(epochs, bool):
+        raise TypeError(f"epochs must be an int, got {type(epochs).__name__}")
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
     try:
         from tqdm import tqdm
     except ImportError:  # progress bars are optional (the GPU machine may lack tqdm)
@@ -69,6 +76,9 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
             history.append((float(np.mean(losses)), acc))
             print(f"epoch {epoch}: loss {np.mean(losses):.4f}  test accuracy {100 * acc:.2f}%  "
                   f"({time.perf_counter() - t0:.1f} s)")
+        if epochs == 0:  # nothing to train: the untrained model, evaluated
+            history.append((float("nan"), evaluate(model, test_loader, device)))
+            print(f"no training (0 epochs): test accuracy {100 * history[0][1]:.2f}%")
     if plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -81,10 +91,22 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     return model, history
 
 
+def _epochs(text):
+    """--epochs: an int >= 0 (argparse turns the ArgumentTypeError into a usage error naming --epochs)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return n
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelgen train", description=__doc__.splitlines()[0])
     ap.add_argument("dataset", choices=["digits"])
-    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--epochs", type=_epochs, default=None,
+                    help="training epochs, 0 to only evaluate the untrained model (default 8, 3 with --quick)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where tensors live: cpu (NumPy, CPU kernels) or cuda (the whole step on the GPU)")
     ap.add_argument("--quick", action="store_true", help="a shortened run (CI)")
@@ -99,7 +121,7 @@ def main(argv=None):
         from .data import save_digits
         save_digits(args.save_data)
         return 0
-    epochs = args.epochs or (3 if args.quick else 8)
+    epochs = args.epochs if args.epochs is not None else 3 if args.quick else 8  # 0 is a choice, not "unset"
     t = time.perf_counter()
     _, history = train_digits(epochs=epochs, quick=args.quick, plot=args.plot, device=args.device,
                               data=args.data, precision=args.precision)
