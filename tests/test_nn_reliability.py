@@ -239,3 +239,67 @@ def test_4_train_digits_with_zero_epochs_evaluates_the_untrained_model():
     untrained = SmallResNet(width=4, seed=0)
     for (name, got), (_, want) in zip(sorted(model.state_dict().items()), sorted(untrained.state_dict().items())):
         np.testing.assert_array_equal(got, want, err_msg=name)  # not one step taken
+
+
+# ---- 5: a Python scalar keeps the tensor's dtype -----------------------------------------------------------
+
+SCALAR_OPS = {
+    "t + 1": lambda t: t + 1, "1 + t": lambda t: 1 + t, "t - 1": lambda t: t - 1, "1 - t": lambda t: 1 - t,
+    "t * 0.5": lambda t: t * 0.5, "0.5 * t": lambda t: 0.5 * t, "t / 3": lambda t: t / 3,
+    "3 / t": lambda t: 3 / t, "t ** 2": lambda t: t ** 2, "2 ** t": lambda t: 2 ** t, "t ** 0.5": lambda t: t ** 0.5,
+    "-t": lambda t: -t, "F.add(t, 1)": lambda t: F.add(t, 1), "F.mul(t, 0.5)": lambda t: F.mul(t, 0.5),
+    "F.mul(t, np.float64(0.5))": lambda t: F.mul(t, np.float64(0.5)), "F.sub(2, t)": lambda t: F.sub(2, t),
+    "F.div(t, 4.0)": lambda t: F.div(t, 4.0), "F.pow(t, 3)": lambda t: F.pow(t, 3),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("name", list(SCALAR_OPS))
+def test_5_scalar_operands_keep_the_dtype(rng, dtype, name):
+    op = SCALAR_OPS[name]
+    x = (rng.random((3, 4)) + 0.5).astype(dtype)  # positive: ** 0.5 is defined
+    t = Tensor(x, requires_grad=True)
+    y = op(t)
+    assert y.dtype == np.dtype(dtype), f"{name}: {y.dtype}"
+    want = op(Tensor(x.astype(np.float64))).data  # the same op in float64, rounded once
+    np.testing.assert_allclose(y.data, want.astype(dtype), rtol=2e-3 if dtype == "float16" else 1e-6)
+    y.backward(np.ones(y.shape, dtype))
+    assert t.grad.dtype == np.dtype(dtype), f"{name}: gradient {t.grad.dtype}"
+
+
+def test_5_scalar_promotion_follows_torch(torch_cpu):
+    torch = torch_cpu
+    cases = [(np.int64, 0.5), (np.int64, 2), (np.int32, 2), (np.bool_, 1), (np.bool_, 1.5), (np.float16, 2.5),
+             (np.float64, 0.5)]
+    for dtype, s in cases:
+        x = np.array([1, 2, 3], dtype)
+        for op in (lambda a, b: a + b, lambda a, b: a * b, lambda a, b: b * a):
+            got, want = op(Tensor(x), s), op(torch.from_numpy(x), s)
+            assert str(got.dtype) == str(want.dtype).replace("torch.", ""), (dtype, s, got.dtype, want.dtype)
+            np.testing.assert_allclose(got.data, want.numpy())
+    # two tensors promote as numpy and torch do, the gradient keeping each leaf's dtype
+    a = Tensor(np.ones(3, np.float32), requires_grad=True)
+    b = Tensor(np.full(3, 2.0), requires_grad=True)
+    y = a * b
+    assert y.dtype == np.float64
+    y.backward(np.ones(3))
+    assert a.grad.dtype == np.float32 and b.grad.dtype == np.float64
+
+
+def test_5_sub_div_pow_gradients_against_finite_differences(rng):
+    a, b = rng.random((3, 4)) + 0.5, rng.random((4,)) + 0.5
+    g = rng.standard_normal((3, 4))
+    for op in (F.sub, F.div, F.pow, lambda x, y: -x * y):
+        ta, tb = Tensor(a.copy(), requires_grad=True), Tensor(b.copy(), requires_grad=True)
+        op(ta, tb).backward(g)
+        for arr, t in ((a, ta), (b, tb)):
+            num = np.zeros_like(arr)
+            for idx in np.ndindex(arr.shape):
+                old = arr[idx]
+                arr[idx] = old + 1e-6
+                hi = (op(Tensor(a), Tensor(b)).data * g).sum()
+                arr[idx] = old - 1e-6
+                lo = (op(Tensor(a), Tensor(b)).data * g).sum()
+                arr[idx] = old
+                num[idx] = (hi - lo) / 2e-6
+            np.testing.assert_allclose(t.grad, num, rtol=1e-6, atol=1e-8)

@@ -2,7 +2,7 @@
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
 numba.cuda kernels for device data (cuda_ops: the ops a ResNet trains with, fused where it saves passes
 over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat; the windowed
-pools are in pooling.py, re-exported here).
+pools are in pooling.py and add, sub, mul, div, pow, neg in arithmetic.py, all re-exported here).
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
@@ -13,20 +13,11 @@ import kernelgen
 from kernelgen.api import _zero_extend, resolve_precision
 from kernelgen.problem import make_problem
 
+from .arithmetic import add, div, mul, neg, pow, sub  # noqa: F401 (part of F.*)
 from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401 (part of F.*)
 from .tensor import Tensor
 from .tensor import as_tensor as _as_tensor
 from .tensor import device_ops as _dev
-
-
-def _sum_to(g, shape):
-    """Undo numpy broadcasting: sum the gradient back down to the operand's shape."""
-    while g.ndim > len(shape):
-        g = g.sum(axis=0)
-    for axis, n in enumerate(shape):
-        if n == 1 and g.shape[axis] != 1:
-            g = g.sum(axis=axis, keepdims=True)
-    return g
 
 
 def _kahan_steps(terms, c=None):
@@ -73,13 +64,6 @@ def kahan_mean(x, axis=None, keepdims=False):
     return kahan_sum(x, axis, keepdims) / np.asarray(count, x.dtype)
 
 
-def add(a, b):
-    a, b = _as_tensor(a), _as_tensor(b)
-    if ops := _dev(a, b):
-        return Tensor.from_op(ops.add(a.data, b.data), (a, b), lambda g: (g, g))
-    return Tensor.from_op(a.data + b.data, (a, b), lambda g: (_sum_to(g, a.shape), _sum_to(g, b.shape)))
-
-
 def add_relu(a, b, inplace=False):
     """relu(a + b), one pass on the device (a residual block's end); the mask is read from the output.
     inplace: on the device, write into a's buffer - for an `a` that no backward reads (a batch norm's
@@ -93,19 +77,6 @@ def add_relu(a, b, inplace=False):
             return dx, dx
         return Tensor.from_op(y, (a, b), backward)
     return relu(add(a, b))
-
-
-def mul(a, b):
-    """a * b with numpy broadcasting, on the device too (its backward sums over the broadcast dimensions)."""
-    a, b = _as_tensor(a), _as_tensor(b)
-    if _dev(a, b, names=("a", "b")):
-        from . import cuda_elementwise as ew
-        y = ew.mul(a.data, b.data)
-        return Tensor.from_op(y, (a, b), lambda g: (
-            ew.mul_backward(g, a.shape, b.data) if a.requires_grad else None,
-            ew.mul_backward(g, b.shape, a.data) if b.requires_grad else None))
-    return Tensor.from_op(a.data * b.data, (a, b),
-                          lambda g: (_sum_to(g * b.data, a.shape), _sum_to(g * a.data, b.shape)))
 
 
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu",

@@ -148,10 +148,52 @@ class Tensor:
                 t._parents, t._backward = (), _freed
         return self
 
-    # a few operators, so models read naturally
+    # operators, so models read naturally; a Python scalar operand keeps the tensor's dtype (arithmetic.py)
+    __array_ufunc__ = None  # ndarray (op) Tensor: numpy defers to the reflected operator below
+
     def __add__(self, other):
-        from .functional import add
+        from .arithmetic import add
         return add(self, other)
+
+    def __radd__(self, other):
+        from .arithmetic import add
+        return add(other, self)
+
+    def __sub__(self, other):
+        from .arithmetic import sub
+        return sub(self, other)
+
+    def __rsub__(self, other):
+        from .arithmetic import sub
+        return sub(other, self)
+
+    def __mul__(self, other):
+        from .arithmetic import mul
+        return mul(self, other)
+
+    def __rmul__(self, other):
+        from .arithmetic import mul
+        return mul(other, self)
+
+    def __truediv__(self, other):
+        from .arithmetic import div
+        return div(self, other)
+
+    def __rtruediv__(self, other):
+        from .arithmetic import div
+        return div(other, self)
+
+    def __pow__(self, other):
+        from .arithmetic import pow
+        return pow(self, other)
+
+    def __rpow__(self, other):
+        from .arithmetic import pow
+        return pow(other, self)
+
+    def __neg__(self):
+        from .arithmetic import neg
+        return neg(self)
 
     def reshape(self, *shape):
         from .functional import reshape
