@@ -303,3 +303,46 @@ def test_5_sub_div_pow_gradients_against_finite_differences(rng):
                 arr[idx] = old
                 num[idx] = (hi - lo) / 2e-6
             np.testing.assert_allclose(t.grad, num, rtol=1e-6, atol=1e-8)
+
+
+# ---- 6: save / load ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,file", [("ckpt", "ckpt.npz"), ("m.npz", "m.npz"), ("run.v2", "run.v2.npz")])
+def test_6_save_and_load_agree_on_the_path(tmp_path, name, file):
+    a, b = SmallResNet(width=4, seed=0), SmallResNet(width=4, seed=1)
+    for path in (str(tmp_path / name), tmp_path / name):  # str and os.PathLike
+        a.save(path)
+        assert sorted(os.listdir(tmp_path)) == [file]  # that one file, no temporary left behind
+        b.load(path)
+        for (k, va), (_, vb) in zip(sorted(a.state_dict().items()), sorted(b.state_dict().items())):
+            np.testing.assert_array_equal(va, vb, err_msg=k)
+        os.unlink(tmp_path / file)
+
+
+def test_6_a_failed_save_leaves_the_old_checkpoint_and_no_litter(tmp_path, monkeypatch):
+    a = SmallResNet(width=4, seed=0)
+    path = tmp_path / "m.npz"
+    a.save(path)
+    good = path.read_bytes()
+    (tmp_path / "other.txt").write_text("not ours")
+
+    def crashing_savez(file, **arrays):  # writes part of an archive, then the disk fills up
+        f = open(file, "wb") if isinstance(file, (str, os.PathLike)) else file
+        f.write(b"PK\x03\x04 half a checkpoint")
+        f.flush()
+        raise OSError("No space left on device")
+    monkeypatch.setattr(np, "savez", crashing_savez)
+    with pytest.raises(OSError, match="No space left"):
+        SmallResNet(width=4, seed=1).save(path)
+    assert path.read_bytes() == good
+    assert sorted(os.listdir(tmp_path)) == ["m.npz", "other.txt"]
+    assert (tmp_path / "other.txt").read_text() == "not ours"
+
+
+def test_6_saved_checkpoints_get_the_usual_permissions(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        SmallResNet(width=4, seed=0).save(tmp_path / "m")
+    finally:
+        os.umask(mask)
+    assert os.stat(tmp_path / "m.npz").st_mode & 0o777 == 0o644  # not mkstemp's 0600

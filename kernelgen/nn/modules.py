@@ -1,6 +1,11 @@
 """Modules: parameters, train/eval, state_dict, and the layers and models built from them."""
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
+import tempfile
+
 import numpy as np
 
 from kernelgen.api import check_precision
@@ -85,11 +90,53 @@ class Module:
                 mine[k][...] = v  # in place: parameters and buffers keep their identity
 
     def save(self, path):
-        np.savez(path, **self.state_dict())
+        """Write the state_dict to `path` as an .npz: exactly `path` if it ends in .npz, else `path` + ".npz"
+        (numpy's rule for a name, which load() follows too).  Atomic: written to a temporary file in the
+        same directory, then renamed over the target, so a crash leaves the old checkpoint or the new one,
+        never half of one."""
+        _atomic_savez(checkpoint_path(path), self.state_dict())
 
     def load(self, path):
-        with np.load(path) as f:
+        """Load a checkpoint written by save(path): the same `path`, resolved as save() resolves it."""
+        with np.load(checkpoint_path(path), allow_pickle=False) as f:
             self.load_state_dict({k: f[k] for k in f.files})
+
+
+def checkpoint_path(path):
+    """The file save(path) / load(path) use: path itself if it ends in .npz, else path + ".npz"."""
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str or os.PathLike of str, got {type(path).__name__}")
+    return path if path.endswith(".npz") else path + ".npz"
+
+
+def _umask():
+    mask = os.umask(0)  # the only portable way to read it; set back at once
+    os.umask(mask)
+    return mask
+
+
+def _atomic_savez(path, arrays):
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # a file object: numpy appends no suffix
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it the checkpoint
+        # mkstemp's 0600 would make checkpoints private: keep the replaced file's mode, or np.savez's default
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself durable (POSIX; directories cannot be opened on Windows)
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 def kaiming_uniform(shape, fan_in, rng, dtype):
