@@ -346,3 +346,35 @@ def test_6_saved_checkpoints_get_the_usual_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert os.stat(tmp_path / "m.npz").st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+# ---- 7: channel and group errors ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: Conv2d(3, 4, 3, groups=2), r"in_channels must be divisible by groups"),
+    (lambda: Conv2d(4, 3, 3, groups=2), r"out_channels must be divisible by groups"),
+    (lambda: Conv1d(4, 4, 3, groups=0), r"groups must be a positive integer"),
+    (lambda: ConvTranspose2d(3, 4, 3, groups=2), r"in_channels must be divisible by groups"),
+    (lambda: Conv2d(4, 4, (3, 3, 3)), r"kernel_size must be"),
+    (lambda: Linear(0, 3), r"in_features must be positive"),
+])
+def test_7_bad_layer_arguments_fail_at_construction(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_7_channel_mismatches_name_the_layer_argument(rng):
+    x = Tensor(rng.standard_normal((2, 5, 5, 5)).astype(np.float32))
+    for bn in (BatchNorm2d(4), BatchNorm2d(4).eval()):
+        with pytest.raises(ValueError, match="expected 4 channels, got 5"):
+            bn(x)
+    with pytest.raises(ValueError, match="expected 4 channels, got 5"):
+        F.batch_norm(x, np.ones(4, np.float32), np.zeros(4, np.float32), np.zeros(4), np.ones(4), training=True)
+    with pytest.raises(ValueError, match=r"Conv2d: expected 4 channels \(in_channels"):
+        Conv2d(4, 4, 3)(x)
+    with pytest.raises(ValueError, match=r"ConvTranspose2d: expected 3 channels \(in_channels"):
+        ConvTranspose2d(3, 4, 3)(x)
+    with pytest.raises(ValueError, match=r"Conv2d: expected a 4-D input"):
+        Conv2d(5, 4, 3)(Tensor(x.data[0]))
+    with pytest.raises(ValueError, match=r"in_features = 4 in its last dimension"):
+        Linear(4, 3)(Tensor(rng.standard_normal((2, 5))))

@@ -228,9 +228,22 @@ def global_avg_pool(x):
                           lambda g: (np.broadcast_to(g[:, None, None, :] / hw, x.shape).copy(),))
 
 
+def _check_batch_norm(x, weight, bias, running_mean, running_var):
+    c = weight.shape[0] if weight.data.ndim == 1 else None
+    if c is None:
+        raise ValueError(f"weight must have shape (channels,), got {weight.shape}")
+    if x.data.ndim < 2 or x.shape[-1] != c:
+        raise ValueError(f"x: expected {c} channels, got {x.shape[-1] if x.data.ndim else 0} (the last dimension "
+                         f"of channels-last data, shape {x.shape})")
+    for name, a in (("bias", bias.data), ("running_mean", running_mean), ("running_var", running_var)):
+        if tuple(a.shape) != (c,):
+            raise ValueError(f"{name} must have shape ({c},), got {tuple(a.shape)}")
+
+
 def batch_norm(x, weight, bias, running_mean, running_var, *, training, momentum=0.1, eps=1e-5):
     """Per-channel normalisation over (N, H, W) of a channels-last x; running stats updated in place."""
     x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
+    _check_batch_norm(x, weight, bias, running_mean, running_var)
     if _dev(x, weight, bias):
         return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, False)
     axes = tuple(range(x.data.ndim - 1))
@@ -263,6 +276,7 @@ def batch_norm_relu(x, weight, bias, running_mean, running_var, *, training, mom
     """relu(batch_norm(x, ...)): on the device one normalising pass, and the backward recomputes x_hat from
     x and reads the ReLU mask from the output, so nothing but x and y is kept (as PyTorch keeps them)."""
     x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
+    _check_batch_norm(x, weight, bias, running_mean, running_var)
     if _dev(x, weight, bias):
         return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True)
     return relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
@@ -275,6 +289,7 @@ def batch_norm_add_relu(x, weight, bias, running_mean, running_var, residual, *,
     ends in one pass on the device, the batch norm's output never stored.  inplace: on the device, write
     into residual's buffer - for a residual that no backward reads (a batch norm's output without ReLU)."""
     x, weight, bias, residual = _as_tensor(x), _as_tensor(weight), _as_tensor(bias), _as_tensor(residual)
+    _check_batch_norm(x, weight, bias, running_mean, running_var)
     if _dev(x, weight, bias, residual):
         return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True,
                                   residual, inplace)

@@ -11,7 +11,7 @@ import numpy as np
 from kernelgen.api import check_precision
 
 from . import functional as F
-from .tensor import Tensor, _on_device, to_device_array
+from .tensor import Tensor, _on_device, as_tensor, to_device_array
 
 
 class Module:
@@ -153,8 +153,12 @@ class _ConvNd(Module):
                  dtype="float32", backend="cpu", precision=None):
         if precision is not None:
             check_precision(precision)  # at construction, not at the first forward
+        _check_channels(c_in, c_out, groups)
         rng = rng or np.random.default_rng()
         ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
+        if len(ks) != self.NDIM or not all(_is_int(n) and n > 0 for n in ks):
+            raise ValueError(f"kernel_size must be a positive int or {self.NDIM} of them, got {k!r}")
+        self.in_channels, self.out_channels = c_in, c_out
         shape, fan_in = self._weight(c_in, c_out, ks, groups)
         self.weight = Tensor(kaiming_uniform(shape, fan_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(c_out, dtype), True) if bias else None
@@ -165,8 +169,40 @@ class _ConvNd(Module):
     def _weight(c_in, c_out, ks, groups):
         return (c_out, *ks, c_in // groups), c_in // groups * int(np.prod(ks))
 
+    def _check_input(self, x):
+        """x (N, *spatial, in_channels), checked here so the message names the layer's channels (the kernel
+        API would name the weight's dimensions)."""
+        shape = x.shape
+        if len(shape) != self.NDIM + 2:
+            raise ValueError(f"{type(self).__name__}: expected a {self.NDIM + 2}-D input (N, {self.NDIM} spatial "
+                             f"dims, channels last), got shape {shape}")
+        if shape[-1] != self.in_channels:
+            raise ValueError(f"{type(self).__name__}: expected {self.in_channels} channels (in_channels, the last "
+                             f"dimension), got {shape[-1]}")
+
     def forward(self, x):
+        x = as_tensor(x)
+        self._check_input(x)
         return F.conv(x, self.weight, self.bias, **self.kw)
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_channels(c_in, c_out, groups):
+    """PyTorch's checks and messages for a convolution's channels, at construction."""
+    for name, v in (("in_channels", c_in), ("out_channels", c_out), ("groups", groups)):
+        if not _is_int(v):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if groups <= 0:
+        raise ValueError(f"groups must be a positive integer, got {groups}")
+    if c_in <= 0 or c_out <= 0:
+        raise ValueError(f"in_channels and out_channels must be positive, got {c_in} and {c_out}")
+    if c_in % groups:
+        raise ValueError(f"in_channels must be divisible by groups (in_channels={c_in}, groups={groups})")
+    if c_out % groups:
+        raise ValueError(f"out_channels must be divisible by groups (out_channels={c_out}, groups={groups})")
 
 
 class Conv1d(_ConvNd):
@@ -193,6 +229,8 @@ class _ConvTransposeNd(_ConvNd):
         return (c_in, *ks, c_out // groups), c_out // groups * int(np.prod(ks))
 
     def forward(self, x):
+        x = as_tensor(x)
+        self._check_input(x)
         return F.conv_transpose(x, self.weight, self.bias, **self.kw)
 
 
@@ -209,7 +247,14 @@ class ConvTranspose3d(_ConvTransposeNd):
 
 
 class Linear(Module):
+    """y = x w^T + b over the last dimension of x (any leading dimensions, as PyTorch's)."""
+
     def __init__(self, f_in, f_out, *, rng=None, dtype="float32"):
+        for name, v in (("in_features", f_in), ("out_features", f_out)):
+            if not _is_int(v):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{name} must be positive, got {v}")
         rng = rng or np.random.default_rng()
         self.weight = Tensor(kaiming_uniform((f_out, f_in), f_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(f_out, dtype), True)
@@ -225,12 +270,23 @@ class BatchNorm2d(Module):
         self.running_mean, self.running_var = np.zeros(c, dtype), np.ones(c, dtype)
         self.momentum, self.eps = momentum, eps
 
+    def _check_input(self, x):
+        shape = x.shape
+        if len(shape) != 4:
+            raise ValueError(f"BatchNorm2d: expected a 4-D input (N, H, W, C), got shape {shape}")
+        if shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"BatchNorm2d: expected {self.weight.shape[0]} channels, got {shape[-1]}")
+
     def forward(self, x):
+        x = as_tensor(x)
+        self._check_input(x)
         return F.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
                             training=self.training, momentum=self.momentum, eps=self.eps)
 
     def forward_relu(self, x):
         """relu(self(x)), fused on the device."""
+        x = as_tensor(x)
+        self._check_input(x)
         return F.batch_norm_relu(x, self.weight, self.bias, self.running_mean, self.running_var,
                                  training=self.training, momentum=self.momentum, eps=self.eps)
 
