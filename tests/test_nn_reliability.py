@@ -378,3 +378,26 @@ def test_7_channel_mismatches_name_the_layer_argument(rng):
         Conv2d(5, 4, 3)(Tensor(x.data[0]))
     with pytest.raises(ValueError, match=r"in_features = 4 in its last dimension"):
         Linear(4, 3)(Tensor(rng.standard_normal((2, 5))))
+
+
+# ---- 8: torch CPU tensors as data --------------------------------------------------------------------------
+
+def test_8_tensor_from_a_torch_cpu_tensor(torch_cpu):
+    torch = torch_cpu
+    src = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = Tensor(src)
+    assert isinstance(t.data, np.ndarray) and t.dtype == np.float32 and t.shape == (2, 3) and not t.is_cuda
+    src[0, 0] = 42.0
+    assert t.data[0, 0] == 42.0  # the torch tensor's memory, not a copy
+    p = torch.nn.Parameter(torch.ones(3))  # requires grad: detached, not refused
+    np.testing.assert_array_equal(F.relu(Tensor(p, requires_grad=True)).data, np.ones(3, np.float32))
+    np.testing.assert_array_equal(Tensor(torch.tensor([1 + 2j]).conj()).data, [1 - 2j])  # a lazy view, resolved
+    with pytest.raises(TypeError, match="no NumPy dtype"):
+        Tensor(torch.ones(2, dtype=torch.bfloat16))
+
+
+def test_8_non_numeric_data_is_a_type_error():
+    with pytest.raises(TypeError, match="data must be numeric"):
+        Tensor(["a", "b"])
+    with pytest.raises(TypeError, match="data must be numeric"):
+        Tensor([object()])

@@ -15,9 +15,38 @@ import numpy as np
 _grad_enabled = True
 
 
+def _is_torch(a):
+    # by module name: kernelgen never imports torch itself (it is optional)
+    return type(a).__module__.split(".")[0] == "torch" and hasattr(a, "device")
+
+
 def _on_device(a):
+    # torch.Tensor has __cuda_array_interface__ as a class property even for CPU tensors: ask the tensor
+    if _is_torch(a):
+        return a.device.type != "cpu"
     return not isinstance(a, np.ndarray) and (hasattr(type(a), "__cuda_array_interface__")
                                               or bool(getattr(a, "__cuda_ndarray__", False)))
+
+
+def _host_data(data):
+    """`data` as a NumPy array: a torch CPU tensor through .numpy() (its memory, no copy; detached first, as
+    numpy() refuses a tensor that requires grad), anything else through np.asarray."""
+    if isinstance(data, Tensor):
+        return data.data
+    if _is_torch(data):
+        if data.device.type != "cpu":
+            raise TypeError(f"data is a torch tensor on {data.device}: pass a CPU tensor (data.cpu()), then "
+                            f"move the kernelgen Tensor with .cuda()")
+        data = data.detach().resolve_conj().resolve_neg()
+        try:
+            return data.numpy()
+        except TypeError as e:  # bfloat16 and the like: NumPy has no such dtype
+            raise TypeError(f"data is a torch {data.dtype} tensor, which has no NumPy dtype: convert it first "
+                            f"(data.float())") from e
+    a = np.asarray(data)
+    if a.dtype.kind in "OUSM":
+        raise TypeError(f"data must be numeric, got an array of dtype {a.dtype} from {type(data).__name__}")
+    return a
 
 
 def to_device_array(a, device):
@@ -41,7 +70,7 @@ def no_grad():
 
 class Tensor:
     def __init__(self, data, requires_grad=False, _parents=(), _backward=None):
-        self.data = data if _on_device(data) else np.asarray(data)
+        self.data = data if _on_device(data) and not _is_torch(data) else _host_data(data)
         self.grad = None
         self.requires_grad = requires_grad
         self._parents = _parents
