@@ -2,8 +2,8 @@
 
 The precision of a convolution ("fp32", "tf32", "fp16" or "bf16") is chosen explicitly, never silently:
 per layer (`Conv2d(..., precision="fp16")`, `F.conv(..., precision=...)`), or for a block of code with
-`kernelgen.nn.precision("bf16")` (the global `kernelgen.set_precision`, restored on exit - like PyTorch's
-autocast).  A layer's own argument wins over the block's setting.
+`kernelgen.nn.precision("bf16")` (a `kernelgen.settings.scope(precision=...)`: this thread only, restored on
+exit - like PyTorch's autocast).  A layer's own argument wins over the block's setting.
 
 The precision is fixed when the forward runs: the backward's two convolutions (input and weight
 gradients) use that same precision, even if the setting changes before backward() is called.
@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import contextlib
 
-import kernelgen
+from kernelgen import settings
+from kernelgen.planner import check_precision
 
 
 @contextlib.contextmanager
 def precision(value):
-    """`with kernelgen.nn.precision("fp16"): ...`: every convolution in the block that is given no
-    precision of its own runs in `value`; the previous global setting is restored on exit."""
-    old = kernelgen.set_precision(value)  # validates `value` (ValueError naming "precision")
-    try:
+    """`with kernelgen.nn.precision("fp16"): ...`: every convolution in the block, in this thread, that is given
+    no precision of its own runs in `value` (other threads keep theirs: it is a settings scope, not the
+    process-wide kernelgen.set_precision)."""
+    with settings.scope(precision=check_precision(value)):  # ValueError naming "precision"
         yield value
-    finally:
-        kernelgen.set_precision(old)
