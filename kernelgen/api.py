@@ -162,7 +162,7 @@ def _empty_output(call: Call):
             return out
         return arrays.like_input(np.zeros(shape, dtype), call.template)
     _check_cuda_available()
-    from .runtime.launch import as_numba_stream, fill_device
+    from .runtime.driver import as_numba_stream, fill_device
     nstream = as_numba_stream(call.stream)
     if out is not None:
         arrays.check_out(out, shape, dtype, True)
@@ -297,7 +297,7 @@ def _zero_extend(a, shape):
         a = arrays.host_view(a)
         return np.pad(a, [(0, n - m) for n, m in zip(shape, a.shape)])
     from numba import cuda
-    from .runtime.launch import fill_device
+    from .runtime.driver import fill_device
     d = arrays.to_device_view(a, "x")
     out = cuda.device_array(shape, d.dtype)
     fill_device(out.reshape(out.size), 0)

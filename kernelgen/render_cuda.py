@@ -306,7 +306,7 @@ class CudaPrinter(SourcePrinter):
 
 
 ALIGNED_HELPERS = {"load4_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
-STATIC_SHARED_LIMIT = 48 * 1024  # bytes; more must be dynamic shared memory (runtime.launch opts the kernel in)
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes; more must be dynamic shared memory (runtime.driver opts the kernel in)
 _BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2}
 
 HEADER = """\

@@ -12,7 +12,7 @@ import numpy as np
 from kernelgen import arrays
 
 from .arena import device_empty, to_device_staged
-from .launch import as_numba_stream, pointer_size, stream_handle
+from .driver import as_numba_stream, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):

@@ -158,7 +158,7 @@ def round_tf32_pointers(src, dst, n, stream_handle=0):
     """round_tf32_device on raw device addresses of n float32 words, launched without numba's dispatcher (the
     Launcher's fast route: this runs before every TMA kernel)."""
     global _round_fast
-    from .launch import _FastLaunch, configure
+    from .driver import _FastLaunch, configure
     if _round_fast is None or not _round_fast.usable():
         from numba import cuda
         kernel, scratch = _round_dispatcher(), cuda.device_array(1, np.uint32)
@@ -196,7 +196,7 @@ def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
 
 def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
     """round_tf32_pair_device on raw device addresses, launched without numba's dispatcher."""
-    from .launch import _FastLaunch, configure
+    from .driver import _FastLaunch, configure
     a_blocks, grid = _pair_grid(n_a, n_b, flip_b)
     fast = _pair_fast.get(grid)
     if fast is None or not fast.usable():
@@ -216,7 +216,7 @@ def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
 
 def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
     """A flip kernel (dispatcher()) on raw addresses of `word` elements, its launch cached per flip in `launches`."""
-    from .launch import _FastLaunch, configure
+    from .driver import _FastLaunch, configure
     fast = launches.get(flip)
     if fast is None or not fast.usable():
         from numba import cuda

@@ -23,7 +23,7 @@ def main(argv=None):
     from numba import cuda
 
     from kernelgen.api import get_launcher, make_plan
-    from kernelgen.runtime.launch import pointer_size
+    from kernelgen.runtime.driver import pointer_size
     from kernelgen.tuning.shapes import load_table
     from kernelgen.tuning.timing import time_cuda
     from kernelgen.tuning.tuner import random_inputs

@@ -40,7 +40,7 @@ def _no_nvrtc_needed():
 
 def _ptx(source, name, dtype="float32", launch_bounds=None):
     from numba import cuda, float32, float64
-    from kernelgen.runtime.launch import allow_deep_cfg_walks
+    from kernelgen.runtime.driver import allow_deep_cfg_walks
     _no_nvrtc_needed()
     allow_deep_cfg_walks()
     path = os.path.join(tempfile.mkdtemp(prefix="kg_ptx_"), f"{name}.py")

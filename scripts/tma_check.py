@@ -118,7 +118,7 @@ def check_conv(y, x, w2d, rng):
 
 def run(args):
     from numba import cuda
-    from kernelgen.runtime.launch import allow_dynamic_shared
+    from kernelgen.runtime.driver import allow_dynamic_shared
     from kernelgen.tuning.timing import time_cuda, time_host, time_side_by_side
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, H, W, C)).astype(np.float32)

@@ -63,9 +63,9 @@ if not os.environ.get("KERNELGEN_CACHE_DIR"):
 
 
 def pytest_sessionstart(session):
-    """The recursion limit every kernelgen process has once it loads a kernel (runtime.launch), set before any
+    """The recursion limit every kernelgen process has once it loads a kernel (runtime.driver), set before any
     test: hypothesis warns when a test's first kernel load changes it mid-example."""
-    from kernelgen.runtime.launch import allow_deep_cfg_walks
+    from kernelgen.runtime.driver import allow_deep_cfg_walks
     allow_deep_cfg_walks()
 
 

@@ -252,7 +252,7 @@ def test_a_loaded_kernel_allows_numba_deep_control_flow_walks(rng):
     the GPU machine.  Loading any kernel lifts the limit before numba compiles it."""
     import sys
     from numba.cuda.core.controlflow import CFGraph
-    from kernelgen.runtime.launch import CFG_RECURSION_LIMIT
+    from kernelgen.runtime.driver import CFG_RECURSION_LIMIT
 
     def chain_order(n):
         g = CFGraph()

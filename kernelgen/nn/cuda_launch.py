@@ -12,7 +12,7 @@ from numba import cuda
 
 from kernelgen import settings
 from kernelgen.runtime import arena
-from kernelgen.runtime.launch import configure
+from kernelgen.runtime.driver import _libcuda, configure
 
 SIM = settings.get("cuda_simulator")
 # the simulator runs one Python thread per CUDA thread (~ms each): small blocks keep the sim tests short
@@ -101,7 +101,6 @@ class _Kernel:
     def _prepare(self, args):
         global _LIB
         if _LIB is None:
-            from kernelgen.runtime.launch import _libcuda
             _LIB = _libcuda()
         n_words = sum(1 if isinstance(a, (int, float)) else 7 for a in args)
         words = (ctypes.c_int64 * n_words)()

@@ -1,0 +1,233 @@
+"""Driver-level launch primitives: configuring a numba kernel quietly, raw cuLaunchKernel calls on prepacked
+arguments (_FastLaunch), device pointers and streams, zeroing and filling device memory, the shared-memory
+opt-in.  Below both runtime.launch (whole kernel modules) and runtime.elementwise (its small kernels), so neither
+imports the other's internals.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+
+import numpy as np
+
+from kernelgen import settings
+
+_fill_kernel = None
+
+
+def _fill_body(a, v):
+    # module-level so the simulator can swap this module's `cuda` global for its fake one
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i < a.size:
+        a[i] = v
+
+
+def fill_device(arr, value, stream=None):
+    """Set every element of a 1D device array (split-K outputs start from zero)."""
+    global _fill_kernel, cuda
+    from numba import cuda
+    if _fill_kernel is None:
+        _fill_kernel = cuda.jit(_fill_body)
+    n = arr.size
+    launch = configure(_fill_kernel, (n + 255) // 256, 256, stream or 0)
+    launch(arr, arr.dtype.type(value))
+
+
+def as_numba_stream(stream):
+    """numba stream for `stream=`: None/0 (default stream), a numba stream, or any object exposing a
+    raw CUstream handle (torch.cuda.Stream's `cuda_stream`, CuPy's `ptr`), wrapped without a copy."""
+    if stream is None or stream == 0:
+        return None
+    from numba import cuda
+    if type(stream).__module__.split(".")[0] in ("numba", "numba_cuda"):
+        return stream  # a numba stream (real or simulated)
+    for attr in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return cuda.external_stream(handle)
+    raise TypeError(f"stream must be None, a numba CUDA stream, or an object with a cuda_stream/ptr handle, "
+                    f"got {type(stream).__name__}")
+
+
+def _fast_launch_available():
+    return not settings.get("cuda_simulator") and settings.get("fast_launch")
+
+
+def configure(dispatcher, grid, block, stream=0, shared=0):
+    """`dispatcher[grid, block, stream, shared]` without numba's low-occupancy warning ("Grid size 9 will likely
+    result in GPU under-utilization"): kernelgen sizes its own grids (a small problem has a small grid), so
+    the warning would tell a user nothing they can act on.  Configure once and keep the result where it is
+    hot: the warnings filter is swapped while numba builds the configuration."""
+    from numba.core.errors import NumbaPerformanceWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        return dispatcher[grid, block, stream, shared]
+
+
+def _libcuda():
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernel
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn.restype = ctypes.c_int
+    for name, value in (("cuMemsetD32Async", ctypes.c_uint), ("cuMemsetD16Async", ctypes.c_ushort)):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_uint64, value, ctypes.c_size_t, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def zero_pointer(ptr, n, itemsize, stream_handle=0):
+    """Clear n elements of 4 or 2 bytes at a raw device address with the driver's memset (a split-K output
+    before its kernel adds into it): no kernel of ours, no dispatcher."""
+    if _FastLaunch._lib is None:
+        _FastLaunch._lib = _libcuda()
+    memset = _FastLaunch._lib.cuMemsetD32Async if itemsize == 4 else _FastLaunch._lib.cuMemsetD16Async
+    err = memset(ptr, 0, n, stream_handle)
+    if err:
+        raise RuntimeError(f"cuMemsetD{8 * itemsize}Async failed with CUDA error {err}")
+
+
+class _FastLaunch:
+    """cuLaunchKernel through ctypes on the one compiled overload: what numba's _Kernel.launch does,
+    minus argument typing, array wrapping and cuda.core's parameter packing.  A 1D C-contiguous
+    array argument is seven 8-byte words: meminfo, parent, size, itemsize, data, shape, stride.
+    Each thread packs into its own buffers; only the creating thread (whose CUDA context numba made
+    current) uses this route."""
+
+    _lib = None
+
+    def __init__(self, dispatcher, grid, threads, n_params, shared_bytes=0, scalars=0):
+        """n_params arrays, then `scalars` int64 scalar parameters (one word each)."""
+        import ctypes
+        import threading
+        if _FastLaunch._lib is None:
+            _FastLaunch._lib = _libcuda()
+        kernel = next(iter(dispatcher.overloads.values()))
+        self.handle = int(kernel._codelibrary.get_cufunc().handle)
+        grid = tuple(grid) if isinstance(grid, tuple) else (grid,)
+        self.grid = grid + (1,) * (3 - len(grid))
+        self.threads = threads
+        self.shared = shared_bytes
+        n_words = 7 * n_params + scalars
+        self.words = (ctypes.c_int64 * n_words)()
+        base = ctypes.addressof(self.words)
+        self.params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
+        self.thread = threading.get_ident()
+        self.launch = self._lib.cuLaunchKernel
+
+    def usable(self):
+        import threading
+        return threading.get_ident() == self.thread
+
+    def bound(self, ptr_sizes, itemsize, stream_handle):
+        """A zero-argument launch with these arguments packed once into its own parameter block
+        (kernelgen.bind): a call is the cuLaunchKernel and nothing else."""
+        import ctypes
+        words = (ctypes.c_int64 * len(self.words))()
+        for i, (ptr, n) in enumerate(ptr_sizes):
+            words[7 * i + 2: 7 * i + 7] = [n, itemsize, ptr, n, itemsize]
+        base = ctypes.addressof(words)
+        params = (ctypes.c_void_p * len(words))(*[base + 8 * i for i in range(len(words))])
+        launch, handle, (gx, gy, gz), threads, shared = self.launch, self.handle, self.grid, self.threads, self.shared
+
+        def call():
+            err = launch(handle, gx, gy, gz, threads, 1, 1, shared, stream_handle, params, None)
+            if err:
+                raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+        call.keep_alive = (words, params)
+        return call
+
+    def __call__(self, ptr_sizes, itemsize, stream_handle, scalars=()):
+        """ptr_sizes: (pointer, elements) per array parameter, or (pointer, elements, itemsize) where it differs;
+        scalars: the int64 parameters after them."""
+        words = self.words
+        i = 0
+        for entry in ptr_sizes:
+            ptr, n = entry[0], entry[1]
+            size = entry[2] if len(entry) > 2 else itemsize
+            words[i + 2] = n
+            words[i + 3] = size
+            words[i + 4] = ptr
+            words[i + 5] = n
+            words[i + 6] = size
+            i += 7
+        for value in scalars:
+            words[i] = value
+            i += 1
+        gx, gy, gz = self.grid
+        err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, self.shared, stream_handle, self.params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def pointer_size(a, name):
+    """(device address, element count) of a C-contiguous device array, by the cheapest route its type offers
+    (this runs on every call of the fast route)."""
+    kind = type(a).__module__
+    if kind.startswith("torch"):
+        if not a.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
+        return a.data_ptr(), a.numel()
+    if kind.startswith("numba") and hasattr(a, "_dummy"):
+        if not a._dummy.is_c_contig:
+            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
+        return a.device_ctypes_pointer.value or 0, a.size
+    from kernelgen import arrays
+    return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
+
+
+def itemsize_of(a) -> int:
+    """Bytes per element of a device array, by the cheapest route its type offers (every fast-route call)."""
+    dtype = getattr(a, "dtype", None)
+    size = getattr(dtype, "itemsize", None)  # numba and CuPy: a NumPy dtype; torch's dtypes have itemsize too
+    if isinstance(size, int):
+        return size
+    return np.dtype(a.__cuda_array_interface__["typestr"]).itemsize
+
+
+def stream_handle(stream) -> int:
+    """Raw CUstream of a numba stream (0: the default stream)."""
+    return 0 if stream is None else int(stream.handle)
+
+
+# numba-cuda orders a function's blocks by a recursive walk (CFGraph._find_topo_order), one Python frame per
+# block of the longest chain; an unrolled kernel with many guarded stores (the 16-state, 12-wide
+# Winograd epilogue in 4 state groups: > 1000 blocks under CPython 3.12's bytecode) exceeds the default
+# limit of 1000.  Since 3.11 Python-to-Python calls take no C stack, so a much higher limit is safe there.
+CFG_RECURSION_LIMIT = 20000 if sys.version_info >= (3, 11) else 8000
+
+
+def allow_deep_cfg_walks():
+    """Raise (never lower) the interpreter's recursion limit to CFG_RECURSION_LIMIT before numba compiles."""
+    if sys.getrecursionlimit() < CFG_RECURSION_LIMIT:
+        sys.setrecursionlimit(CFG_RECURSION_LIMIT)
+
+
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of shared memory a block may use without opting in
+
+
+def needs_opt_in(dynamic_bytes) -> bool:
+    """Must a kernel with this much dynamic shared memory opt in?  render_cuda makes shared memory dynamic only
+    when the block's total passes STATIC_SHARED_LIMIT, and the static rest (mbarriers) counts toward that total:
+    exactly 48 KiB of tiles beside an mbarrier measured CUDA_ERROR_INVALID_VALUE without the opt-in."""
+    return dynamic_bytes > 0
+
+
+def allow_dynamic_shared(dispatcher, ordered, nbytes):
+    """Compile the kernel for these arguments and let it launch with `nbytes` of dynamic shared memory:
+    past STATIC_SHARED_LIMIT a CUDA function must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+    from cuda.bindings import driver as binding
+    from numba import cuda
+
+    dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in ordered))
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    device = cuda.get_current_device().id
+    for overload in dispatcher.overloads.values():
+        cufunc = overload._codelibrary.get_cufunc()
+        err, = binding.cuKernelSetAttribute(attr, nbytes, cufunc.handle, device)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cannot give {cufunc.name} {nbytes} bytes of dynamic shared memory: {err}")
+
+
