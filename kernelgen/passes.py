@@ -2,6 +2,10 @@
 
 The pipeline a target runs is `lower(kernel, target)` at the bottom.  Each pass keeps the IR's
 meaning; the renderers only print what the passes leave.
+
+Every pass walks the IR iteratively (ir_walk.rewrite_stmts and map_expr: explicit stacks, no Python
+recursion), so no expression depth or statement nesting needs a raised recursion limit, and memoises
+per node object, so a pass costs time linear in the size of the IR.
 """
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from dataclasses import replace
 
 from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, MbarrierExpect, MbarrierInit,
                  MbarrierWait, Mma, Pipeline, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
-from .ir_walk import bodies, expr_vars, map_bodies, map_expr, map_stmt_exprs, walk_stmts
+from .ir_walk import (Descend, bodies, expr_children, expr_vars, map_bodies, map_expr, map_stmt_exprs, rewrite_stmts,
+                      stmt_exprs, walk_stmts, with_bodies)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -77,79 +82,82 @@ def _simplify(e):
     return e
 
 
-def fold_expr(e):
-    return map_expr(e, _simplify)
+def fold_expr(e, memo=None):
+    """e constant-folded and simplified bottom-up (_simplify at every node); `memo` as map_expr's."""
+    return map_expr(e, _simplify, memo)
 
 
-def _fold_stmts(stmts):
-    out = []
-    for s in stmts:
-        s = map_stmt_exprs(s, fold_expr) if not isinstance(s, (For, If, Pipeline)) else s
+def _fold_stmts(stmts, memo=None):
+    memo = {} if memo is None else memo
+    fold = lambda e: map_expr(e, _simplify, memo)
+
+    def enter(s):
         if isinstance(s, Pipeline):
-            out.append(map_bodies(s, _fold_stmts))
-        elif isinstance(s, For):
-            ext = fold_expr(s.extent) if isinstance(s.extent, Expr) else s.extent
+            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
+        if isinstance(s, For):
+            ext = fold(s.extent) if isinstance(s.extent, Expr) else s.extent
             if isinstance(ext, Const):
                 ext = ext.value
             if ext == 0:
-                continue
-            out.append(replace(s, extent=ext, body=_fold_stmts(s.body)))
-        elif isinstance(s, If):
-            cond = fold_expr(s.cond)
+                return ()
+            return Descend((s.body,), lambda new: (replace(s, extent=ext, body=new[0]),))
+        if isinstance(s, If):
+            cond = fold(s.cond)
             if isinstance(cond, Const):
-                out.extend(_fold_stmts(s.body if cond.value else s.orelse))
-            else:
-                out.append(If(cond, _fold_stmts(s.body), _fold_stmts(s.orelse)))
-        else:
-            out.append(s)
-    return tuple(out)
+                return Descend((s.body if cond.value else s.orelse,), lambda new: new[0])
+            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
+        return (map_stmt_exprs(s, fold),)
+    return rewrite_stmts(stmts, enter)
 
 
-def fold_constants(kernel: Kernel) -> Kernel:
-    """Constant-fold and simplify every expression; drop dead branches and empty loops."""
-    return replace(kernel, body=_fold_stmts(kernel.body))
+def fold_constants(kernel: Kernel, memo=None) -> Kernel:
+    """Constant-fold and simplify every expression; drop dead branches and empty loops.  memo: fold_expr's,
+    shared by the foldings of one lowering."""
+    return replace(kernel, body=_fold_stmts(kernel.body, memo))
 
 
 def substitute(stmts, name, value):
     """Replace Var(name) by an expression everywhere in a statement list."""
-    def sub(e):
-        return map_expr(e, lambda n: value if isinstance(n, Var) and n.name == name else n)
+    memo = {}
+    fn = lambda n: value if isinstance(n, Var) and n.name == name else n
+    sub = lambda e: map_expr(e, fn, memo)
     return tuple(map_stmt_exprs(s, sub) for s in stmts)
 
 
-def _unroll_stmts(stmts):
-    out = []
-    for s in stmts:
+def _unroll_stmts(stmts, fold_memo=None):
+    fold_memo = {} if fold_memo is None else fold_memo
+
+    def enter(s):
         if isinstance(s, For):
-            body = _unroll_stmts(s.body)
-            if s.binding == "unroll" and isinstance(s.extent, int) and isinstance(s.start, int):
-                for i in range(s.start, s.start + s.extent):
-                    out.extend(_fold_stmts(substitute(body, s.var, Const(i))))
-            else:
-                out.append(replace(s, body=body))
-        elif isinstance(s, (If, Pipeline)):
-            out.append(map_bodies(s, _unroll_stmts))
-        else:
-            out.append(s)
-    return tuple(out)
+            def finish(new):
+                body = new[0]
+                if s.binding == "unroll" and isinstance(s.extent, int) and isinstance(s.start, int):
+                    out = []
+                    for i in range(s.start, s.start + s.extent):
+                        out.extend(_fold_stmts(substitute(body, s.var, Const(i)), fold_memo))
+                    return out
+                return (replace(s, body=body),)
+            return Descend((s.body,), finish)
+        if isinstance(s, (If, Pipeline)):
+            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
+        return (s,)
+    return rewrite_stmts(stmts, enter)
 
 
-def unroll(kernel: Kernel) -> Kernel:
-    """Expand every `unroll` loop with constant bounds into straight-line code."""
-    return replace(kernel, body=_unroll_stmts(kernel.body))
+def unroll(kernel: Kernel, memo=None) -> Kernel:
+    """Expand every `unroll` loop with constant bounds into straight-line code (memo: as fold_constants')."""
+    return replace(kernel, body=_unroll_stmts(kernel.body, memo))
 
 
 def demote_unroll(kernel: Kernel) -> Kernel:
     """Turn `unroll` loops into serial ones (CPU: smaller code, faster compile, LLVM unrolls anyway)."""
-    def walk(stmts):
-        out = []
-        for s in stmts:
-            if isinstance(s, For):
-                out.append(replace(s, body=walk(s.body), binding="serial" if s.binding == "unroll" else s.binding))
-            else:
-                out.append(map_bodies(s, walk))
-        return tuple(out)
-    return replace(kernel, body=walk(kernel.body))
+    def enter(s):
+        if isinstance(s, For):
+            binding = "serial" if s.binding == "unroll" else s.binding
+            return Descend((s.body,), lambda new: (replace(s, body=new[0], binding=binding),))
+        lists = bodies(s)
+        return Descend(lists, lambda new: (with_bodies(s, new),)) if lists else (s,)
+    return replace(kernel, body=rewrite_stmts(kernel.body, enter))
 
 
 def _strides(shape):
@@ -160,46 +168,47 @@ def _strides(shape):
     return tuple(reversed(strides))
 
 
-def flatten_buffers(kernel: Kernel, scopes=("global", "shared")) -> Kernel:
+def flatten_buffers(kernel: Kernel, scopes=("global", "shared"), memo=None) -> Kernel:
     """Multi-dim indices -> one linear index with constant row-major strides (1D arrays are
-    cheaper to index in numba than N-D ones: no per-dim bounds/stride bookkeeping)."""
+    cheaper to index in numba than N-D ones: no per-dim bounds/stride bookkeeping).  memo: as fold_constants'."""
     bufs = {b.name: b for b in kernel.params + kernel.locals if b.scope in scopes}
+    fold_memo, remap_memo = {} if memo is None else memo, {}
 
     def linear(name, index):
         lin = Const(0)
         for i, st in zip(index, _strides(bufs[name].shape)):
             lin = lin + i * Const(st)
-        return (fold_expr(lin),)
+        return (map_expr(lin, _simplify, fold_memo),)
 
     def rewrite(e):
         if isinstance(e, Load) and e.buf in bufs and len(e.index) != 1:
             return Load(e.buf, linear(e.buf, e.index))
         return e
+    remap = lambda e: map_expr(e, rewrite, remap_memo)
 
-    def walk(stmts):
-        out = []
-        for s in stmts:
-            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite)) if not isinstance(s, (For, If, Pipeline)) else s
-            if isinstance(s, (For, Pipeline)):
-                s = map_bodies(s, walk)
-            elif isinstance(s, If):
-                s = If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse))
-            if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
-                s = replace(s, index=linear(s.buf, s.index))
-            if isinstance(s, AsyncCopy):
-                s = replace(s, dst_index=linear(s.dst, s.dst_index) if len(s.dst_index) != 1 else s.dst_index,
-                            src_index=linear(s.src, s.src_index) if len(s.src_index) != 1 else s.src_index)
-            if isinstance(s, WarpgroupMma):
-                s = replace(s, a_index=linear(s.a, s.a_index) if len(s.a_index) != 1 else s.a_index,
-                            b_index=linear(s.b, s.b_index) if len(s.b_index) != 1 else s.b_index)
-            if isinstance(s, TensorCopy) and len(s.dst_index) != 1:
-                s = replace(s, dst_index=linear(s.dst, s.dst_index))
-            out.append(s)
-        return tuple(out)
+    def enter(s):
+        if isinstance(s, (For, Pipeline)):
+            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
+        if isinstance(s, If):
+            cond = remap(s.cond)
+            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
+        s = map_stmt_exprs(s, remap)
+        if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
+            s = replace(s, index=linear(s.buf, s.index))
+        if isinstance(s, AsyncCopy):
+            s = replace(s, dst_index=linear(s.dst, s.dst_index) if len(s.dst_index) != 1 else s.dst_index,
+                        src_index=linear(s.src, s.src_index) if len(s.src_index) != 1 else s.src_index)
+        if isinstance(s, WarpgroupMma):
+            s = replace(s, a_index=linear(s.a, s.a_index) if len(s.a_index) != 1 else s.a_index,
+                        b_index=linear(s.b, s.b_index) if len(s.b_index) != 1 else s.b_index)
+        if isinstance(s, TensorCopy) and len(s.dst_index) != 1:
+            s = replace(s, dst_index=linear(s.dst, s.dst_index))
+        return (s,)
 
     flat = lambda b: replace(b, shape=(b.size,)) if b.name in bufs else b
     return replace(kernel, params=tuple(map(flat, kernel.params)), locals=tuple(map(flat, kernel.locals)),
-                   body=walk(kernel.body), meta={**kernel.meta, "logical_shapes": {n: b.shape for n, b in bufs.items()}})
+                   body=rewrite_stmts(kernel.body, enter),
+                   meta={**kernel.meta, "logical_shapes": {n: b.shape for n, b in bufs.items()}})
 
 
 def scalarize_registers(kernel: Kernel) -> Kernel:
@@ -207,53 +216,104 @@ def scalarize_registers(kernel: Kernel) -> Kernel:
     registers instead of a local-memory array (the single most important CUDA lowering step)."""
     regs = {b.name for b in kernel.locals if b.scope == "register"}
     dynamic = set()
-
-    def scan(e):
-        if isinstance(e, Load) and e.buf in regs and not all(isinstance(i, Const) for i in e.index):
-            dynamic.add(e.buf)
-        return e
-
+    seen = set()  # ids of the expression nodes scanned (the kernel keeps them alive)
     for s in walk_stmts(kernel.body):
-        map_stmt_exprs(s, lambda e: map_expr(e, scan))
+        stack = stmt_exprs(s)
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            if isinstance(e, Load) and e.buf in regs and not all(isinstance(i, Const) for i in e.index):
+                dynamic.add(e.buf)
+            stack.extend(expr_children(e))
         if isinstance(s, Store) and s.buf in regs and not all(isinstance(i, Const) for i in s.index):
             dynamic.add(s.buf)
     scalar = regs - dynamic
     name = lambda buf, index: "_".join([buf] + [str(i.value) for i in index])
+    memo = {}
 
     def rewrite(e):
         if isinstance(e, Load) and e.buf in scalar:
             return Var(name(e.buf, e.index))
         return e
+    remap = lambda e: map_expr(e, rewrite, memo)
 
-    def walk(stmts):
-        out = []
-        for s in stmts:
-            if isinstance(s, (For, Pipeline)):
-                out.append(map_bodies(s, walk))
-                continue
-            if isinstance(s, If):
-                out.append(If(map_expr(s.cond, rewrite), walk(s.body), walk(s.orelse)))
-                continue
-            s = map_stmt_exprs(s, lambda e: map_expr(e, rewrite))
-            if isinstance(s, Store) and s.buf in scalar:
-                v = name(s.buf, s.index)
-                s = Assign(v, Var(v) + s.value if s.accumulate else s.value)
-            out.append(s)
-        return tuple(out)
+    def enter(s):
+        if isinstance(s, (For, Pipeline)):
+            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
+        if isinstance(s, If):
+            cond = remap(s.cond)
+            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
+        s = map_stmt_exprs(s, remap)
+        if isinstance(s, Store) and s.buf in scalar:
+            v = name(s.buf, s.index)
+            s = Assign(v, Var(v) + s.value if s.accumulate else s.value)
+        return (s,)
 
-    return replace(kernel, body=walk(kernel.body),
+    return replace(kernel, body=rewrite_stmts(kernel.body, enter),
                    locals=tuple(b for b in kernel.locals if b.name not in scalar),
                    meta={**kernel.meta, "scalarized_registers": sorted(scalar)})
 
 
 def lower(kernel: Kernel, target: str) -> Kernel:
     """The pass pipeline for a target ('cuda' or 'cpu')."""
-    k = fold_constants(kernel)
+    memo = {}  # fold_expr's results, by node: shared by every folding below
+    k = fold_constants(kernel, memo)
     if target == "cuda":
-        k = scalarize_registers(fold_constants(unroll(k)))
+        k = scalarize_registers(fold_constants(unroll(k, memo), memo))
     else:
         k = demote_unroll(k)
-    return eliminate_common_subexpressions(propagate_constants(fold_constants(flatten_buffers(k))))
+    k = fold_constants(flatten_buffers(k, memo=memo), memo)
+    return eliminate_common_subexpressions(propagate_constants(k, memo))
+
+
+def _assigned(stmts, out=None):
+    """Names (re)bound anywhere in a statement list: Assign targets and loop variables (a loop's count 2)."""
+    out = {} if out is None else out
+    for s in walk_stmts(stmts):
+        if isinstance(s, Assign):
+            out[s.var] = out.get(s.var, 0) + 1
+        elif isinstance(s, For):
+            out[s.var] = out.get(s.var, 0) + 2
+        elif isinstance(s, Pipeline):  # its loop variable and stage index, like a loop's
+            for v in (s.var, s.stage):
+                out[v] = out.get(v, 0) + 2
+        elif isinstance(s, (Mma, VectorLoad, WarpgroupMma, WarpgroupWait)):  # rebind accumulator / destination scalars
+            for e in (s.dst if isinstance(s, VectorLoad) else s.acc):
+                if isinstance(e, Var):
+                    out[e.name] = out.get(e.name, 0) + 1
+    return out
+
+
+def propagate_constants(kernel: Kernel, memo=None) -> Kernel:
+    """Scalars bound exactly once, to a constant, are replaced by it (e.g. the unit dims' offsets of a
+    2D problem seen as 3D), and their assignments dropped (then folded; memo: as fold_constants')."""
+    counts = _assigned(kernel.body)
+    consts = {}
+    for st in walk_stmts(kernel.body):
+        if isinstance(st, Assign) and counts.get(st.var) == 1 and isinstance(st.value, Const):
+            consts[st.var] = st.value
+    if not consts:
+        return kernel
+    sub_memo = {}
+    fn = lambda n: consts.get(n.name, n) if isinstance(n, Var) else n
+    sub = lambda e: map_expr(e, fn, sub_memo)
+
+    def enter(st):
+        if isinstance(st, Assign) and st.var in consts:
+            return ()
+        if isinstance(st, For):
+            head = map_stmt_exprs(replace(st, body=()), sub)
+            return Descend((st.body,), lambda new: (replace(head, body=new[0]),))
+        if isinstance(st, If):
+            cond = sub(st.cond)
+            return Descend((st.body, st.orelse), lambda new: (If(cond, new[0], new[1]),))
+        if isinstance(st, Pipeline):
+            return Descend(bodies(st), lambda new: (with_bodies(st, new),))
+        return (map_stmt_exprs(st, sub),)
+
+    return fold_constants(replace(kernel, body=rewrite_stmts(kernel.body, enter)), memo)
 
 
 # --- common subexpression elimination ---------------------------------------------------------------
@@ -301,29 +361,6 @@ def _stmt_exprs(s):
     if isinstance(s, MbarrierWait):
         return [s.index, s.parity]
     return []
-
-
-def _assigned(stmts, out=None):
-    """Names (re)bound anywhere in a statement list: Assign targets and loop variables."""
-    out = {} if out is None else out
-    for s in stmts:
-        if isinstance(s, Assign):
-            out[s.var] = out.get(s.var, 0) + 1
-        elif isinstance(s, For):
-            out[s.var] = out.get(s.var, 0) + 2
-            _assigned(s.body, out)
-        elif isinstance(s, If):
-            _assigned(s.body, out), _assigned(s.orelse, out)
-        elif isinstance(s, Pipeline):  # its loop variable and stage index, like a loop's
-            for v in (s.var, s.stage):
-                out[v] = out.get(v, 0) + 2
-            for body in bodies(s):
-                _assigned(body, out)
-        elif isinstance(s, (Mma, VectorLoad, WarpgroupMma, WarpgroupWait)):  # rebind accumulator / destination scalars
-            for e in (s.dst if isinstance(s, VectorLoad) else s.acc):
-                if isinstance(e, Var):
-                    out[e.name] = out.get(e.name, 0) + 1
-    return out
 
 
 def _reads_written(e, written):
@@ -387,43 +424,6 @@ def _mentions(s, target):
 
 def _cse_stmt(s, prefix, counter, written):
     return map_bodies(s, lambda body: _cse_block(body, prefix, counter, written))
-
-
-def propagate_constants(kernel: Kernel) -> Kernel:
-    """Scalars bound exactly once, to a constant, are replaced by it (e.g. the unit dims' offsets of a
-    2D problem seen as 3D), and their assignments dropped."""
-    counts = _assigned(kernel.body)
-    consts = {}
-
-    def scan(stmts):
-        for st in stmts:
-            if isinstance(st, Assign) and counts.get(st.var) == 1 and isinstance(st.value, Const):
-                consts[st.var] = st.value
-            for body in bodies(st):
-                scan(body)
-
-    scan(kernel.body)
-    if not consts:
-        return kernel
-    sub = lambda e: map_expr(e, lambda n: consts.get(n.name, n) if isinstance(n, Var) else n)
-
-    def walk(stmts):
-        out = []
-        for st in stmts:
-            if isinstance(st, Assign) and st.var in consts:
-                continue
-            if isinstance(st, For):
-                st = replace(map_stmt_exprs(replace(st, body=()), sub), body=walk(st.body))
-            elif isinstance(st, If):
-                st = If(sub(st.cond), walk(st.body), walk(st.orelse))
-            elif isinstance(st, Pipeline):
-                st = map_bodies(st, walk)
-            else:
-                st = map_stmt_exprs(st, sub)
-            out.append(st)
-        return tuple(out)
-
-    return fold_constants(replace(kernel, body=walk(kernel.body)))
 
 
 def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
