@@ -129,12 +129,10 @@ def tma_forward_problem(p):
 
 
 def tma_unmet(p):
-    """What the TMA boxes need that problem p lacks (an empty list: forward_tma builds; a strided backward-data
-    runs as KS-deconv's classes, ks_deconv.tma_unmet)."""
+    """What this module's TMA boxes need that problem p lacks (an empty list: forward_tma builds).  A strided
+    backward-data runs as KS-deconv's classes instead, with their own boxes: implicit_gemm_tc.tma_unmet asks
+    the module that builds each problem."""
     from .tma_schedule import swizzled_row
-    if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
-        from .ks_deconv import tma_unmet as ks_unmet
-        return ks_unmet(p)
     f = tma_forward_problem(p)
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "

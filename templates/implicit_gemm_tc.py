@@ -19,6 +19,15 @@ from . import implicit_gemm, ks_deconv
 from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
 from .tiled_gemm import _cdiv, shared_bytes, shared_limit, tiled_gemm
 
+
+def tma_unmet(p):
+    """What the TMA schedules (TileConfig.tma) need that problem p lacks, from the module whose boxes build it:
+    KS-deconv's classes for a strided backward-data, else the implicit GEMM's forward view (an empty list: they
+    build)."""
+    if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
+        return ks_deconv.tma_unmet(p)
+    return implicit_gemm.tma_unmet(p)
+
 NAME = "implicit_gemm_tc"
 DIRECTIONS = implicit_gemm.DIRECTIONS
 PRECISIONS = ("tf32", "fp16", "bf16")

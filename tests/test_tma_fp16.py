@@ -252,13 +252,13 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
     """fp16 without a tuned entry on an sm_90 GPU: tuner.UNTUNED_TMA_TILE_FP16 (backward-data reading w as stored
     where its rows allow); mma.sync's default where that tile does not apply (C = 3: no im2col map forward, a GEMM
     of 3 columns backward), on other GPUs, and for TF32; a tuned entry still wins."""
-    from kernelgen import api
+    from kernelgen import api, planner
     from kernelgen.problem import make_problem
     from kernelgen.templates import implicit_gemm_tc
     from kernelgen.templates.config import TileConfig
-    monkeypatch.setattr(api, "gpu_present", lambda: True)
-    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: None)
-    monkeypatch.setattr(api, "device_key", lambda backend: "sm_90")
+    monkeypatch.setattr(planner, "gpu_present", lambda: True)
+    monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: None)
+    monkeypatch.setattr(planner, "device_key", lambda backend: "sm_90")
     plan = lambda d, x, w, prec="fp16", **kw: api.make_plan(
         make_problem(d, x, w, dtype="float16" if prec == "fp16" else "float32", **kw), "cuda", precision=prec)
     tile = TileConfig(128, 64, 64, WM=64, WN=64, stages=8, wgmma=1, tma=2)
@@ -270,10 +270,10 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
                                                                                                       "fp16")
     assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), "tf32", padding=1).config.tma
     tuned = TileConfig(128, 128, 64, WM=64, WN=128, stages=6, wgmma=1, tma=1)
-    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: tuned)
+    monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: tuned)
     assert plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config == tuned
-    monkeypatch.setattr(api, "tuned_tensor_core_config", lambda p, prec: None)
-    monkeypatch.setattr(api, "device_key", lambda backend: "sm_80")
+    monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: None)
+    monkeypatch.setattr(planner, "device_key", lambda backend: "sm_80")
     assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config.tma
 
 

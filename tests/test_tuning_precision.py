@@ -179,12 +179,12 @@ def test_database_keys_separate_precisions(temp_db):
 
 
 def test_tensor_core_plan_uses_the_tuned_entry_of_its_precision(temp_db, monkeypatch):
-    from kernelgen import api
+    from kernelgen import api, planner
     from kernelgen.templates import implicit_gemm_tc
     p = make_problem("fwd", (8, 16, 16, 32), (64, 3, 3, 32), padding=1)
     temp_db({database.entry_key(p, "tf32"): database.entry(p, "implicit_gemm_tc", TC_TUNED, 0.1, [], "tf32")})
-    monkeypatch.setattr(api, "gpu_present", lambda: True)  # the database is per GPU: pretend this is the tuned one
-    monkeypatch.setattr(api, "tuned_device", lambda: "sm_90_test")
+    monkeypatch.setattr(planner, "gpu_present", lambda: True)  # the database is per GPU: pretend this is the tuned one
+    monkeypatch.setattr(planner, "tuned_device", lambda: "sm_90_test")
     monkeypatch.delenv("KERNELGEN_NO_TUNED", raising=False)
     assert TC_TUNED != implicit_gemm_tc.default_config(p, "cuda", "tf32")
     plan = api.make_plan(p, "cuda", precision="tf32")
@@ -197,7 +197,7 @@ def test_tensor_core_plan_uses_the_tuned_entry_of_its_precision(temp_db, monkeyp
     monkeypatch.setenv("KERNELGEN_NO_TUNED", "1")
     assert api.make_plan(p, "cuda", precision="tf32").config == implicit_gemm_tc.default_config(p, "cuda", "tf32")
     monkeypatch.delenv("KERNELGEN_NO_TUNED")
-    monkeypatch.setattr(api, "gpu_present", lambda: False)
+    monkeypatch.setattr(planner, "gpu_present", lambda: False)
     assert api.make_plan(p, "cuda", precision="tf32").config == implicit_gemm_tc.default_config(p, "cuda", "tf32")
 
 

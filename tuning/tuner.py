@@ -182,12 +182,12 @@ B_MN_WHERE_ALLOWED = True
 
 def tma_candidate_configs(problem, precision):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
-    tc_split_choices; never for float16 outputs), where the forward TMA view builds (implicit_gemm.tma_unmet):
+    tc_split_choices; never for float16 outputs), where the TMA boxes build (implicit_gemm_tc.tma_unmet):
     TF32 on float32 arrays, fp16 on float16 arrays."""
-    from kernelgen.templates import implicit_gemm
+    from kernelgen.templates import implicit_gemm_tc
     from kernelgen.templates.config import TileConfig
     from kernelgen.templates.tma_schedule import swizzled_row
-    if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or implicit_gemm.tma_unmet(problem):
+    if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or implicit_gemm_tc.tma_unmet(problem):
         return []
     bk = swizzled_row(problem.dtype)
     tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
