@@ -5,17 +5,21 @@ meaning; the renderers only print what the passes leave.
 
 Every pass walks the IR iteratively (ir_walk.rewrite_stmts and map_expr: explicit stacks, no Python
 recursion), so no expression depth or statement nesting needs a raised recursion limit, and memoises
-per node object, so a pass costs time linear in the size of the IR.
+per node object, so a pass costs time linear in the size of the IR.  Common-subexpression elimination
+hash-conses expressions into classes and updates its counts incrementally (see _cse_block).
 """
 from __future__ import annotations
 
+import heapq
 import operator
 from dataclasses import replace
 
-from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, MbarrierExpect, MbarrierInit,
-                 MbarrierWait, Mma, Pipeline, Select, Store, TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
-from .ir_walk import (Descend, bodies, expr_children, expr_vars, map_bodies, map_expr, map_stmt_exprs, rewrite_stmts,
-                      stmt_exprs, walk_stmts, with_bodies)
+from fractions import Fraction
+
+from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Mma, Pipeline, Select, Store,
+                 TensorCopy, Var, VectorLoad, WarpgroupMma, WarpgroupWait)
+from .ir_walk import (Descend, bodies, expr_children, map_expr, map_stmt_exprs, rewrite_stmts, stmt_exprs,
+                      walk_stmts, with_bodies, with_children, with_stmt_exprs)
 
 _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
          "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -317,113 +321,484 @@ def propagate_constants(kernel: Kernel, memo=None) -> Kernel:
 
 
 # --- common subexpression elimination ---------------------------------------------------------------
+#
+# What the pass does (the rule that fixes its output): in every statement list, innermost lists first, repeatedly
+# name the largest (_size) pure subexpression that the list's statements and the statements one level down
+# evaluate at least twice (ties: the first met, walking the statements in order and each expression node first),
+# whose variables are bound once, before the list, or by an assignment of the list itself; the name's assignment
+# goes right before the first statement that mentions the expression at any depth, and the expression is replaced
+# by the name everywhere in the list, at any depth.  A candidate whose variables are assigned at or after that
+# statement ends the list's naming.
+#
+# How (linear time): expressions are hash-consed into classes (_Classes: structurally equal expressions, as
+# dataclass equality sees them, share a class), counted once per list, and a list with a candidate gets a mutable
+# tree of occurrence records (_Rec) over every expression it holds; naming a class replaces its records, drops the
+# counts of their subtrees and re-classes their ancestors, so each step costs what it removes, not a recount.
 
-def _size(e):
+_BIN, _CALL, _SEL, _LOAD, _VAR, _CONST = range(6)
+
+
+def _kind(e):
     if isinstance(e, BinOp):
-        return 1 + _size(e.a) + _size(e.b)
-    if isinstance(e, (Call, Select)):
-        return 1 + sum(_size(c) for c in _children(e))
-    return 0 if isinstance(e, (Const, Var)) else 1
-
-
-def _children(e):
-    if isinstance(e, BinOp):
-        return (e.a, e.b)
-    if isinstance(e, Call):
-        return e.args
-    if isinstance(e, Select):
-        return (e.cond, e.a, e.b)
+        return _BIN, e.op
     if isinstance(e, Load):
-        return e.index
-    return ()
+        return _LOAD, e.buf
+    if isinstance(e, Var):
+        return _VAR, e.name
+    if isinstance(e, Const):
+        return _CONST, e.value
+    if isinstance(e, Call):
+        return _CALL, e.fn
+    if isinstance(e, Select):
+        return _SEL, None
+    raise TypeError(f"not an IR expression: {e!r}")
 
 
 def _stmt_exprs(s):
     """The expressions a statement evaluates itself (not those of nested bodies)."""
-    if isinstance(s, Assign):
-        return [s.value]
-    if isinstance(s, Store):
-        return list(s.index) + [s.value] + ([] if s.pair is None else [s.pair])
-    if isinstance(s, If):
-        return [s.cond]
-    if isinstance(s, For):
-        return [x for x in (s.extent, s.start) if isinstance(x, Expr)]
+    return [e for e, counted in zip(stmt_exprs(s), _counted(s)) if counted]
+
+
+def _counted(s):
+    """Which of stmt_exprs(s) the CSE counts: not the operands a statement writes (accumulators, destinations), not
+    a pipeline's length."""
+    n = len(stmt_exprs(s))
+    if isinstance(s, (Mma, WarpgroupWait, Pipeline)):
+        return [False] * n
     if isinstance(s, VectorLoad):
-        return [s.index, s.cond]
-    if isinstance(s, AsyncCopy):
-        return list(s.dst_index) + list(s.src_index) + [s.cond]
-    if isinstance(s, WarpgroupMma):  # not the accumulators: they are written
-        return list(s.a_index) + list(s.b_index)
-    if isinstance(s, TensorCopy):
-        return list(s.dst_index) + list(s.coords) + list(s.offsets) + [s.bar_index]
-    if isinstance(s, (MbarrierInit, MbarrierExpect)):
-        return [s.index]
-    if isinstance(s, MbarrierWait):
-        return [s.index, s.parity]
-    return []
+        return [False] * len(s.dst) + [True, True]
+    if isinstance(s, WarpgroupMma):
+        return [False] * len(s.acc) + [True] * (n - len(s.acc))
+    return [True] * n
 
 
-def _reads_written(e, written):
-    """e loads from a buffer that the kernel also stores to: its value depends on where it is
-    evaluated (a register array reused for the next item on the CPU target), so it is never named."""
-    found = []
-    map_expr(e, lambda n: (found.append(1) if isinstance(n, Load) and n.buf in written else None) or n)
-    return bool(found)
+class _Classes:
+    """Hash-consed expressions: structurally equal expressions share one class id (keyed by kind, attribute and the
+    children's classes; constants by value, as the dataclasses compare).  Per class: its key, _size, whether it reads
+    a buffer the kernel writes, whether the CSE may name it (countable) or something under it (dense)."""
+
+    def __init__(self, written):
+        self.written = written
+        self.index = {}  # key -> class
+        self.memo = {}  # id(node) -> (node, class): the node kept alive, so that its id stays its own
+        self.key, self.size, self.countable, self.dense = [], [], [], []
+        self._rw = []
+
+    def intern(self, kind, attr, kids):
+        key = (kind, attr, kids)
+        c = self.index.get(key)
+        if c is None:
+            c = self.index[key] = len(self.key)
+            size, rw = self.size, self._rw
+            if kind == _LOAD:
+                s, r = 1, attr in self.written or any(rw[k] for k in kids)
+            elif kind >= _VAR:
+                s, r = 0, False
+            else:
+                s, r = 1 + sum(size[k] for k in kids), any(rw[k] for k in kids)
+            ok = s >= 3 and kind != _LOAD and not r
+            self.key.append(key)
+            size.append(s)
+            rw.append(r)
+            self.countable.append(ok)
+            self.dense.append(ok or any(self.dense[k] for k in kids))
+        return c
+
+    def of(self, e):
+        """The class of expression e (classes its whole tree, once per node object)."""
+        memo = self.memo
+        hit = memo.get(id(e))
+        if hit is not None:
+            return hit[1]
+        get, intern = memo.get, self.intern
+        stack = [e]
+        while stack:
+            n = stack[-1]
+            i = id(n)
+            if i in memo:
+                stack.pop()
+                continue
+            t = n.__class__
+            if t is BinOp:  # the common case, unrolled
+                ra, rb = get(id(n.a)), get(id(n.b))
+                if ra is None or rb is None:
+                    if rb is None:
+                        stack.append(n.b)
+                    if ra is None:
+                        stack.append(n.a)
+                    continue
+                c = intern(_BIN, n.op, (ra[1], rb[1]))
+            elif t is Var:
+                c = intern(_VAR, n.name, ())
+            elif t is Const:
+                c = intern(_CONST, n.value, ())
+            else:
+                kids = expr_children(n)
+                todo = [k for k in kids if id(k) not in memo]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                c = intern(*_kind(n), tuple(memo[id(k)][1] for k in kids))
+            stack.pop()
+            memo[i] = (n, c)
+        return memo[id(e)][1]
+
+    def names(self, c):
+        """The variables class c reads."""
+        out, seen, stack = set(), set(), [c]
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen.add(c)
+                kind, attr, kids = self.key[c]
+                if kind == _VAR:
+                    out.add(attr)
+                stack.extend(kids)
+        return out
 
 
-def _count(e, counts, written):
-    if _size(e) >= 3 and not isinstance(e, Load) and not _reads_written(e, written):
-        counts[e] = counts.get(e, 0) + 1
-    for c in _children(e):
-        _count(c, counts, written)
+class _Rec:
+    """One occurrence of an expression node in a statement list under CSE: its class now, the node it was built
+    from, its children's records; pos (root, pre-order index) where the list's count sees it, else None."""
+    __slots__ = ("cls", "node", "kids", "parent", "slot", "pos", "depth", "changed")
 
 
-def _cse_block(stmts, prefix, counter, written=frozenset()):
-    """Name the repeated pure subexpressions of one statement list: `_e3 = ...` right before the
-    statement that first needs it.  Only expressions whose variables are bound once, before that
-    statement, qualify, so moving them cannot change their value."""
-    stmts = [(_cse_stmt(s, prefix, counter, written)) for s in stmts]
-    assigned = _assigned(stmts)
-    while True:
+class _Slot:
+    """A statement of the list under CSE: an original one (its statement tree, with the records of its expressions),
+    or a new assignment (name, record of the value).  key orders the slots (new ones get keys in between)."""
+    __slots__ = ("key", "tree", "name", "value")
+
+
+def _counted_roots(s):
+    """What a list's count sees of its statement s: s's own expressions, then those of the statements one level down."""
+    roots = _stmt_exprs(s)
+    for body in bodies(s):
+        for inner in body:
+            roots += _stmt_exprs(inner)
+    return roots
+
+
+class _CSE:
+    """The state of one eliminate_common_subexpressions run: the expression classes and the name counter."""
+
+    def __init__(self, written, prefix="_e"):
+        self.C = _Classes(written)
+        self.prefix = prefix
+        self.counter = 0
+
+    def block(self, stmts):
+        """One statement list, its nested lists already done: count, and name if some class qualifies."""
+        C = self.C
+        countable, dense, keys = C.countable, C.dense, C.key
         counts = {}
         for s in stmts:
-            for e in _stmt_exprs(s):
-                _count(e, counts, written)
-            for body in bodies(s):
-                for inner in body:  # uses one level down count too (the name is visible there)
-                    for e in _stmt_exprs(inner):
-                        _count(e, counts, written)
-        first_def = {s.var: i for i, s in reversed(list(enumerate(stmts))) if isinstance(s, Assign)}
-        best = None
-        for e, n in counts.items():
-            names = expr_vars(e)
-            if n < 2 or any(assigned.get(v, 0) > 1 or (v in assigned and v not in first_def) for v in names):
+            for e in _counted_roots(s):
+                stack = [C.of(e)]
+                while stack:
+                    c = stack.pop()
+                    if dense[c]:
+                        if countable[c]:
+                            counts[c] = counts.get(c, 0) + 1
+                        stack.extend(keys[c][2])
+        repeated = [c for c, n in counts.items() if n >= 2]
+        if not repeated:
+            return tuple(stmts)
+        assigned = _assigned(stmts)
+        first_def = {}
+        for i, s in enumerate(stmts):
+            if isinstance(s, Assign) and s.var not in first_def:
+                first_def[s.var] = i
+        qual = _Qual(C, assigned, first_def)
+        candidates = [c for c in repeated if qual(c)]
+        if not candidates:
+            return tuple(stmts)
+        return self._name(stmts, candidates, qual)
+
+    def _name(self, stmts, candidates, qual):
+        """Name the candidates of a statement list the way the rule above says (see the comment there)."""
+        C = self.C
+        countable, size, keys = C.countable, C.size, C.key
+        occ = {}  # countable class -> its live records (any depth)
+        counts = {}  # countable class -> its live records that the count sees
+        fpos = {}  # class -> (position, record) of its first counted record (a cache)
+
+        def track(r):
+            c = r.cls
+            if countable[c]:
+                occ.setdefault(c, set()).add(r)
+                if r.pos is not None:
+                    counts[c] = counts.get(c, 0) + 1
+                    fpos.pop(c, None)
+
+        def untrack(r):
+            c = r.cls
+            if countable[c]:
+                occ[c].discard(r)
+                if r.pos is not None:
+                    counts[c] -= 1
+                    fpos.pop(c, None)
+
+        hot = {c: True for c in candidates}  # class -> holds a candidate: only those records can ever change
+
+        def is_hot(c):
+            if c in hot:
+                return hot[c]
+            stack = [c]
+            while stack:
+                d = stack[-1]
+                kids = keys[d][2]
+                todo = [k for k in kids if k not in hot]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                stack.pop()
+                hot[d] = any(hot[k] for k in kids)
+            return hot[c]
+
+        def records(e, slot, root):
+            """The record tree of expression e (root: its index among the counted roots of the slot, or None).  A
+            subtree without a candidate never changes (no class becomes a candidate later but those re-classed
+            above a named one): one frozen record stands for it."""
+            top = None
+            pre = 0
+            stack = [(e, None)]
+            while stack:
+                n, parent = stack.pop()
+                r = _Rec()
+                r.cls, r.node, r.kids, r.parent, r.slot, r.changed = C.of(n), n, [], parent, slot, False
+                r.depth = 0 if parent is None else parent.depth + 1
+                if parent is None:
+                    top = r
+                else:
+                    parent.kids.append(r)
+                if is_hot(r.cls):
+                    r.pos = None if root is None else (root, pre)
+                    pre += 1
+                    track(r)
+                    for k in reversed(expr_children(n)):
+                        stack.append((k, r))
+                else:
+                    r.pos = None
+            return top
+
+        def slot_tree(s, slot):
+            """[statement, records of stmt_exprs, [[subtrees of each nested list]]] over the whole statement."""
+            counter = [0]
+
+            def make(st, level):
+                roots = []
+                for e, counted in zip(stmt_exprs(st), _counted(st)):
+                    root = None
+                    if counted and level <= 1:
+                        root, counter[0] = counter[0], counter[0] + 1
+                    roots.append(records(e, slot, root))
+                return [st, roots, [[None] * len(body) for body in bodies(st)]]
+            # the statement, then the statements one level down in order (their counted roots follow the statement's),
+            # then everything deeper
+            top = make(s, 0)
+            stack = []
+            for li, body in enumerate(bodies(s)):
+                for si, st in enumerate(body):
+                    top[2][li][si] = make(st, 1)
+                    stack.append(top[2][li][si])
+            while stack:
+                node = stack.pop()
+                for li, body in enumerate(bodies(node[0])):
+                    for si, st in enumerate(body):
+                        node[2][li][si] = make(st, 2)
+                        stack.append(node[2][li][si])
+            return top
+
+        order = []
+        for i, s in enumerate(stmts):
+            slot = _Slot()
+            slot.key, slot.name, slot.value = i, None, None
+            slot.tree = slot_tree(s, slot)
+            order.append(slot)
+        first_slot = {v: order[i] for v, i in qual.first_def.items()}
+
+        def first(c):
+            hit = fpos.get(c)
+            if hit is None:
+                best = None
+                for r in occ[c]:
+                    if r.pos is not None:
+                        k = (r.slot.key, r.pos[0], r.pos[1])
+                        if best is None or k < best[0]:
+                            best = (k, r)
+                hit = fpos[c] = best
+            return hit
+
+        groups, sizes = {}, []
+
+        def offer(c):
+            s = size[c]
+            if s not in groups:
+                groups[s] = set()
+                heapq.heappush(sizes, -s)
+            groups[s].add(c)
+
+        for c in candidates:
+            offer(c)
+        while sizes:
+            T = -sizes[0]
+            members = [c for c in groups[T] if counts.get(c, 0) >= 2 and qual(c)]
+            if not members:
+                heapq.heappop(sizes)
+                del groups[T]
                 continue
-            if best is None or _size(e) > _size(best):
-                best = e
-        if best is None:
-            return tuple(stmts)
-        name = f"{prefix}{counter[0]}"
-        counter[0] += 1
-        sub = lambda x: map_expr(x, lambda n: Var(name) if n == best else n)
-        uses = [i for i, s in enumerate(stmts) if _mentions(s, best)]
-        at = uses[0]
-        defined_before = max([first_def[v] for v in expr_vars(best) if v in first_def], default=-1)
-        if defined_before >= at:
-            return tuple(stmts)
-        stmts = [map_stmt_exprs(s, sub) for s in stmts]
-        stmts.insert(at, Assign(name, best))
-        assigned[name] = 1
+            groups[T] = set(members)
+            X = min(members, key=lambda c: first(c)[0])
+            rep = first(X)[1]
+            name = f"{self.prefix}{self.counter}"
+            self.counter += 1
+            at = min((r.slot for r in occ[X]), key=lambda sl: sl.key)
+            defined = [first_slot[v].key for v in C.names(X) if v in first_slot]
+            if defined and max(defined) >= at.key:
+                break
+            # the assignment, right before `at`
+            new = _Slot()
+            new.name, new.tree = name, None
+            i = order.index(at)
+            new.key = Fraction(order[i - 1].key + at.key, 2) if i else at.key - 1
+            order.insert(i, new)
+            first_slot[name] = new
+            qual.bind(name)
+            value = self._copy(rep, new)
+            # every occurrence of X becomes the name; their ancestors change class
+            var, vc = Var(name), C.intern(_VAR, name, ())
+            above = set()
+            for r in list(occ[X]):
+                untrack(r)
+                stack = list(r.kids)
+                while stack:
+                    k = stack.pop()
+                    untrack(k)
+                    stack.extend(k.kids)
+                r.cls, r.node, r.kids, r.changed = vc, var, [], True
+                p = r.parent
+                while p is not None and p not in above:
+                    above.add(p)
+                    p = p.parent
+            for a in sorted(above, key=lambda r: -r.depth):
+                kind, attr, _ = keys[a.cls]
+                untrack(a)
+                a.cls = C.intern(kind, attr, tuple(k.cls for k in a.kids))
+                a.changed = True
+                track(a)
+                if countable[a.cls]:
+                    offer(a.cls)
+            stack = [value]
+            while stack:
+                r = stack.pop()
+                track(r)
+                stack.extend(r.kids)
+            new.value = value
+        return self._rebuild(order)
+
+    @staticmethod
+    def _copy(rep, slot):
+        """A copy of record rep's tree, counted at the top of `slot`."""
+        pre = 0
+        top = None
+        stack = [(rep, None)]
+        while stack:
+            r, parent = stack.pop()
+            c = _Rec()
+            c.cls, c.node, c.kids, c.parent, c.slot, c.changed = r.cls, r.node, [], parent, slot, r.changed
+            c.pos, c.depth = (0, pre), 0 if parent is None else parent.depth + 1
+            pre += 1
+            if parent is None:
+                top = c
+            else:
+                parent.kids.append(c)
+            for k in reversed(r.kids):
+                stack.append((k, c))
+        return top
+
+    @staticmethod
+    def _expr(top):
+        """The expression a record tree stands for now."""
+        if not top.changed:
+            return top.node
+        done = {}
+        stack = [top]
+        while stack:
+            r = stack[-1]
+            todo = [k for k in r.kids if k.changed and id(k) not in done]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if r.kids:
+                done[id(r)] = with_children(r.node, [done[id(k)] if k.changed else k.node for k in r.kids])
+            else:
+                done[id(r)] = r.node
+        return done[id(top)]
+
+    def _rebuild(self, order):
+        out = []
+        for slot in order:
+            if slot.tree is None:
+                out.append(Assign(slot.name, self._expr(slot.value)))
+                continue
+            # post-order over the statement tree
+            result = {}
+            stack = [slot.tree]
+            while stack:
+                node = stack[-1]
+                todo = [child for body in node[2] for child in body if id(child) not in result]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                stack.pop()
+                st, roots, subs = node
+                changed = any(r.changed for r in roots)
+                new_bodies = []
+                for body, sub in zip(bodies(st), subs):
+                    new = tuple(result[id(child)] for child in sub)
+                    changed = changed or any(a is not b for a, b in zip(new, body))
+                    new_bodies.append(new)
+                if changed:
+                    st = with_stmt_exprs(st, [self._expr(r) for r in roots])
+                    st = with_bodies(st, new_bodies) if new_bodies else st
+                result[id(node)] = st
+            out.append(result[id(slot.tree)])
+        return tuple(out)
 
 
-def _mentions(s, target):
-    found = []
-    map_stmt_exprs(s, lambda e: map_expr(e, lambda n: (found.append(1) if n == target else None) or n))
-    return bool(found)
+class _Qual:
+    """Which classes the CSE may name in a list: every variable bound once, before the list or by one of its own
+    assignments (memoised per class; names the CSE binds qualify)."""
 
+    def __init__(self, classes, assigned, first_def):
+        self.C, self.assigned, self.first_def = classes, assigned, first_def
+        self.memo = {}
 
-def _cse_stmt(s, prefix, counter, written):
-    return map_bodies(s, lambda body: _cse_block(body, prefix, counter, written))
+    def bind(self, name):
+        self.assigned[name] = 1
+        self.first_def[name] = None
+
+    def __call__(self, c):
+        memo = self.memo
+        if c in memo:
+            return memo[c]
+        keys = self.C.key
+        stack = [c]
+        while stack:
+            d = stack[-1]
+            kind, attr, kids = keys[d]
+            todo = [k for k in kids if k not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if kind == _VAR:
+                n = self.assigned.get(attr, 0)
+                memo[d] = not (n > 1 or (attr in self.assigned and attr not in self.first_def))
+            else:
+                memo[d] = all(memo[k] for k in kids)
+        return memo[c]
 
 
 def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
@@ -432,4 +807,9 @@ def eliminate_common_subexpressions(kernel: Kernel) -> Kernel:
     written = frozenset([s.buf for s in stmts if isinstance(s, Store)]
                         + [d.buf for s in stmts if isinstance(s, VectorLoad) for d in s.dst if isinstance(d, Load)]
                         + [s.dst for s in stmts if isinstance(s, (AsyncCopy, TensorCopy))])
-    return replace(kernel, body=_cse_block(kernel.body, "_e", [0], written))
+    cse = _CSE(written)
+
+    def enter(s):
+        lists = bodies(s)
+        return Descend(lists, lambda new: (with_bodies(s, new),)) if lists else (s,)
+    return replace(kernel, body=rewrite_stmts(kernel.body, enter, cse.block))
