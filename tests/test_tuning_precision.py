@@ -231,13 +231,13 @@ def test_verification_tolerance_fits_the_precision():
 
 @pytest.mark.sim
 def test_measure_plans_at_the_tuned_precision(monkeypatch):
-    from kernelgen import api
+    from kernelgen import planner
     plans = []
 
     def stop(plan):
         plans.append(plan)
         raise RuntimeError("stop before launching")
-    monkeypatch.setattr(api, "get_launcher", stop)
+    monkeypatch.setattr(planner, "get_launcher", stop)
     p = make_problem("fwd", (1, 4, 5, 4), (4, 3, 3, 4), padding=1)
     for precision in TC_PRECISIONS:
         with pytest.raises(RuntimeError, match="stop"):
@@ -383,7 +383,7 @@ def test_compile_signature_and_poisoned_output_follow_the_storage_dtype(monkeypa
     output.  Nothing is rendered or launched: stand-ins for the launcher and its kernel record what they get."""
     from numba import cuda
 
-    from kernelgen import api
+    from kernelgen import planner
     from kernelgen.templates.config import CUDA_TC_DEFAULT
     from kernelgen.tuning import bench
     signatures, plans = [], []
@@ -399,7 +399,7 @@ def test_compile_signature_and_poisoned_output_follow_the_storage_dtype(monkeypa
     assert [str(t) for t in signatures[0]] == ["array(float16, 1d, C)"] * 3 + ["array(uint64, 1d, C)"]
     assert [str(t) for t in signatures[1]] == ["array(float32, 1d, C)"] * 3 + ["array(uint64, 1d, C)"]
 
-    monkeypatch.setattr(api, "get_launcher", lambda plan: plans.append(plan) or Launcher())
+    monkeypatch.setattr(planner, "get_launcher", lambda plan: plans.append(plan) or Launcher())
     signatures.clear()
     p = make_problem("fwd", (1, 4, 5, 16), (16, 3, 3, 16), padding=1, dtype="float16")
     assert tuner._compile_one((p, "implicit_gemm_tc", CUDA_TC_DEFAULT, "fp16"))[0] is None
