@@ -7,6 +7,7 @@ another call reads.  All validation happens before anything is compiled or launc
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from . import arrays, settings
 from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher, gpu_present,  # noqa: F401
                       make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
-from .problem import ConvProblem, check_activation, deconv_output_shape, make_problem
+from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
 from .storage import PRECISIONS  # noqa: F401 (re-exported)
 
 
@@ -109,11 +110,23 @@ def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
         key, hit = None, None
     if hit is None:
         problem, backend = build()
+        if problem.empty:  # nothing runs, but the call's algo / config / precision are checked as for any size
+            make_plan(_stand_in(problem), backend, algo, config, precision)
         plan = None if problem.empty else make_plan(problem, backend, algo, config, precision)
         hit = Prepared(problem, plan, backend)
         if key is not None:
             _PREPARED[key] = hit
     return hit
+
+
+def _stand_in(problem):
+    """The smallest non-empty problem with problem's hyper-parameters: a batch of one, and each empty spatial size
+    the smallest that gives one output."""
+    sizes = tuple(i or max(1, d * (f - 1) + 1 - 2 * p) for i, f, p, d in
+                  zip(problem.in_size, problem.filter_size, problem.padding, problem.dilation))
+    out = tuple(conv_out_size(*a) for a in zip(sizes, problem.filter_size, problem.stride, problem.padding,
+                                                  problem.dilation))
+    return dataclasses.replace(problem, N=max(problem.N, 1), in_size=sizes, out_size=out)
 
 
 def _run(call: Call):
@@ -204,7 +217,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activati
     on (default stream if None).  `precision`: "fp32", or "tf32" / "fp16" / "bf16" (tensor cores); None:
     the setting in force (kernelgen.set_precision / kernelgen.settings.scope), "fp32" unless changed.
     """
-    x, w, bias = arrays.as_array_arg(x), arrays.as_array_arg(w), arrays.as_array_arg(bias)
+    x, w, bias = arrays.as_array_arg(x, "x"), arrays.as_array_arg(w, "w"), arrays.as_array_arg(bias, "bias")
 
     def build():
         be = resolve_backend(backend, x, w, bias)
@@ -231,7 +244,7 @@ def _shape_arg(name, shape):
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
                        stream=None, out=None, precision=None):
     """Gradient of conv with respect to x: dx of shape x_shape from dy (N, *out, K) and w."""
-    dy, w = arrays.as_array_arg(dy), arrays.as_array_arg(w)
+    dy, w = arrays.as_array_arg(dy, "dy"), arrays.as_array_arg(w, "w")
 
     def build():
         be = resolve_backend(backend, dy, w)
@@ -248,7 +261,7 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
 def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
                          stream=None, out=None, precision=None):
     """Gradient of conv with respect to w: dw of shape w_shape from x and dy."""
-    x, dy = arrays.as_array_arg(x), arrays.as_array_arg(dy)
+    x, dy = arrays.as_array_arg(x, "x"), arrays.as_array_arg(dy, "dy")
 
     def build():
         be = resolve_backend(backend, x, dy)
@@ -269,7 +282,7 @@ def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1
     x: (N, *spatial, C_in); w: (C_in, *filter, C_out // groups); bias: (C_out,) or None.
     It is the backward-data pass of the convolution whose weight is w.
     """
-    x, w, bias = arrays.as_array_arg(x), arrays.as_array_arg(w), arrays.as_array_arg(bias)
+    x, w, bias = arrays.as_array_arg(x, "x"), arrays.as_array_arg(w, "w"), arrays.as_array_arg(bias, "bias")
 
     def build():
         be = resolve_backend(backend, x, w, bias)

@@ -24,12 +24,15 @@ def is_cuda_array(a) -> bool:
     return bool(getattr(a, "__cuda_ndarray__", False)) or "__cuda_array_interface__" in getattr(a, "__dict__", ())
 
 
-def as_array_arg(a):
+def as_array_arg(a, name):
     """An array argument as kernelgen keeps it: arrays and tensors as they are, anything else (nested lists,
     scalars) as a NumPy array, so that a call's memo key is its shape and dtype, never an object's id()."""
     if a is None or hasattr(a, "shape") or is_cuda_array(a):
         return a
-    return np.asarray(a)
+    try:
+        return np.asarray(a)
+    except (TypeError, ValueError) as e:  # a ragged nested list, say
+        raise ValueError(f"{name} must be an array or a nested list of one shape, got {type(a).__name__}: {e}") from None
 
 
 def host_view(a):

@@ -42,6 +42,14 @@ def _tuple_arg(name, value, ndim, minimum):
     return vals
 
 
+def _groups_arg(groups):
+    if isinstance(groups, (bool, np.bool_)) or not isinstance(groups, (int, np.integer)):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    return int(groups)  # a NumPy integer as a plain int: it is baked into rendered source
+
+
 def _pad3(vals, fill):
     return (fill,) * (3 - len(vals)) + tuple(vals)
 
@@ -180,10 +188,7 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
     (the dy of a backward pass), must equal the computed output shape.
     """
     x_shape, w_shape, ndim = _check_ranks(x_shape, w_shape, "(N, *spatial, C)", "(K, *filter, C // groups)")
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
-        raise TypeError(f"groups must be an int, got {groups!r}")
-    if groups < 1:
-        raise ValueError(f"groups must be >= 1, got {groups}")
+    groups = _groups_arg(groups)
     N, C = x_shape[0], x_shape[-1]
     K = w_shape[0]
     if min(x_shape) < 0 or C < 1:  # an empty batch or spatial size is an empty problem, as in PyTorch
@@ -221,6 +226,7 @@ def deconv_output_shape(x_shape, w_shape, stride, padding, output_padding, dilat
     x_shape, w_shape, ndim = _check_ranks(x_shape, w_shape, "(N, *spatial, C_in)", "(C_in, *filter, C_out // groups)")
     if w_shape[0] != x_shape[-1]:
         raise ValueError(f"w must have C_in = {x_shape[-1]} as its first dim (x channels), got {w_shape[0]}")
+    groups = _groups_arg(groups)
     stride = _tuple_arg("stride", stride, ndim, 1)
     padding = _tuple_arg("padding", padding, ndim, 0)
     dilation = _tuple_arg("dilation", dilation, ndim, 1)

@@ -5,6 +5,7 @@ imports the other's internals.
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import warnings
@@ -59,10 +60,24 @@ def configure(dispatcher, grid, block, stream=0, shared=0):
     result in GPU under-utilization"): kernelgen sizes its own grids (a small problem has a small grid), so
     the warning would tell a user nothing they can act on.  Configure once and keep the result where it is
     hot: the warnings filter is swapped while numba builds the configuration."""
-    from numba.core.errors import NumbaPerformanceWarning
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        for category in _performance_warnings():
+            warnings.simplefilter("ignore", category)
         return dispatcher[grid, block, stream, shared]
+
+
+@functools.lru_cache(maxsize=None)
+def _performance_warnings() -> tuple:
+    """numba's NumbaPerformanceWarning, and numba-cuda's own class of that name (numba.cuda.core.errors, not a
+    subclass of numba's: the one its dispatcher warns with)."""
+    from numba.core.errors import NumbaPerformanceWarning
+    found = [NumbaPerformanceWarning]
+    try:
+        from numba.cuda.core.errors import NumbaPerformanceWarning as cuda_warning
+        found.append(cuda_warning)
+    except ImportError:  # older numba: the one class
+        pass
+    return tuple(found)
 
 
 def _libcuda():

@@ -243,7 +243,7 @@ class Launcher:
     def _launch_any_alignment(self, ordered, stream):
         if needs_opt_in(self.shared_bytes):
             allow_dynamic_shared(self.kernel_any, ordered, self.shared_bytes)
-        self.kernel_any[self.grid, self.threads, stream or 0, self.shared_bytes](*ordered)
+        configure(self.kernel_any, self.grid, self.threads, stream or 0, self.shared_bytes)(*ordered)
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one

@@ -19,6 +19,8 @@ TENSOR_CORE_VARIANTS = {implicit_gemm_tc.NAME: implicit_gemm_tc}
 
 
 def get_variant(name):
+    if not isinstance(name, str):
+        raise TypeError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}")
     try:
         return VARIANTS[name] if name in VARIANTS else TENSOR_CORE_VARIANTS[name]
     except KeyError:

@@ -914,7 +914,7 @@ def m_backend(case, draw):
 
 
 def m_algo(case, draw):
-    if case.empty:  # not checked for an empty problem: test_bug_empty_problem_skips_checks
+    if case.empty:  # an empty problem's algo is checked on a stand-in: test_bug_empty_problem_skips_checks
         raise Skip
     problem = case.problem()
     cannot = [n for n, v in VARIANTS.items() if not computes(v, problem)]
@@ -923,7 +923,7 @@ def m_algo(case, draw):
     else:
         options = ["nope", 3] + list(VARIANTS.keys() - {"implicit_gemm"})
     case.kwargs["algo"] = draw(st.sampled_from(options))
-    return ValueError, r"algo"
+    return (TypeError if not isinstance(case.kwargs["algo"], str) else ValueError), r"algo"
 
 
 def m_stream(case, draw):
@@ -1191,9 +1191,8 @@ EMPTY_PROBLEM_BUGS = {
 }
 
 
-@pytest.mark.parametrize("batch", [2, pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=(
-    "kernelgen bug: api._prepare skips make_plan for an empty problem, so algo= and the dtype/precision pair are "
-    "never checked: bad input returns an empty output instead of raising (N = 2 raises)")))])
+# Found by this fuzz and fixed: an empty problem's algo= and dtype/precision pair went unchecked (api._stand_in).
+@pytest.mark.parametrize("batch", [2, 0])
 @pytest.mark.parametrize("name", sorted(EMPTY_PROBLEM_BUGS))
 def test_bug_empty_problem_skips_checks(name, batch):
     call, message = EMPTY_PROBLEM_BUGS[name]
@@ -1202,8 +1201,7 @@ def test_bug_empty_problem_skips_checks(name, batch):
         call(x[:batch], w)
 
 
-@pytest.mark.xfail(strict=True, reason="kernelgen bug: deconv_output_shape computes w.shape[-1] * groups before "
-                                       "make_problem checks groups: a raw 'unsupported operand' TypeError")
+# Found by this fuzz and fixed.
 @pytest.mark.parametrize("groups", [None, {}, object()])
 def test_bug_deconv_groups_of_a_wrong_type(groups):
     x, w = _small()
@@ -1211,8 +1209,7 @@ def test_bug_deconv_groups_of_a_wrong_type(groups):
         kernelgen.deconv(x, w, groups=groups, backend="cpu")
 
 
-@pytest.mark.xfail(strict=True, reason="kernelgen bug: arrays.as_array_arg runs np.asarray on a ragged list outside "
-                                       "any check: NumPy's 'inhomogeneous shape' ValueError, naming no argument")
+# Found by this fuzz and fixed.
 def test_bug_ragged_list_is_refused_by_name():
     x, w = _small()
     ragged = x.tolist()
@@ -1221,8 +1218,7 @@ def test_bug_ragged_list_is_refused_by_name():
         kernelgen.conv(ragged, w.astype(np.float64), backend="cpu")
 
 
-@pytest.mark.xfail(strict=True, reason="kernelgen bug: an unhashable algo= reaches `name in VARIANTS` in "
-                                       "templates.get_variant: 'unhashable type', naming no argument")
+# Found by this fuzz and fixed.
 @pytest.mark.parametrize("algo", [["implicit_gemm"], {}])
 def test_bug_unhashable_algo_is_refused_by_name(algo):
     x, w = _small()
@@ -1230,10 +1226,7 @@ def test_bug_unhashable_algo_is_refused_by_name(algo):
         kernelgen.conv(x, w, algo=algo, backend="cpu")
 
 
-@pytest.mark.xfail(strict=True, reason="kernelgen bug: make_problem accepts groups as a NumPy integer but keeps it "
-                                       "unconverted in the ConvProblem: rendering fails, 'cannot render np.int64(1)' "
-                                       "(and a call does so only if the int twin was not compiled before: its key "
-                                       "compares equal)")
+# Found by this fuzz and fixed.
 @pytest.mark.parametrize("groups", [np.int64(1), np.int32(1)])
 def test_bug_numpy_int_groups_renders(groups):
     x, w = np.ones((1, 5, 3, 2), np.float32), np.ones((3, 2, 1, 2), np.float32)
@@ -1241,8 +1234,9 @@ def test_bug_numpy_int_groups_renders(groups):
         assert kernelgen.explain(kernelgen.conv, x, w, groups=groups, backend="cpu").source
 
 
-@pytest.mark.xfail(strict=True, reason="kernelgen bug: deconv adds its bias after the kernel, in float16 "
-                                       "(api._add_bias): each output is rounded twice, not once as README promises")
+@pytest.mark.xfail(strict=True, reason="known limitation: deconv adds its bias after the kernel, in float16 "
+                                       "(api._add_bias): each output is rounded twice (the bias is not in the "
+                                       "backward-data epilogue yet)")
 def test_bug_deconv_float16_bias_is_rounded_once():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 5, 5, 4)).astype(np.float16)
