@@ -18,6 +18,7 @@
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
 #   launch-cost: scripts/launch_cost.py (a TMA launcher's call: rounding kernels, conv kernel, host time; args go to it)
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
+#   fuzz: tests/test_fuzz_api.py on the CPU backend with FUZZ_N (5000) more examples over FUZZ_SHARDS (16) processes
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd";
@@ -75,6 +76,22 @@ if has tests; then
     pack
   fi
   python3 -m kernelgen demo 2>&1 | tee "$OUT/demo.log"
+  pack
+fi
+if has fuzz && [ -d "$REPO/tests" ]; then
+  # the API fuzz (tests/test_fuzz_api.py) on the CPU backend with FUZZ_N more examples (default 5000), its test items
+  # round-robin over FUZZ_SHARDS processes (default 16); the simulator is set so that backend=None means the CPU here too
+  python3 -m pytest -q -p no:cacheprovider --collect-only "$REPO/tests/test_fuzz_api.py" 2>/dev/null | grep "::" \
+    > "$OUT/fuzz-ids.txt" || true
+  for i in $(seq 0 $((${FUZZ_SHARDS:-16} - 1))); do
+    mapfile -t ids < <(awk -v n="${FUZZ_SHARDS:-16}" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' "$OUT/fuzz-ids.txt")
+    [ "${#ids[@]}" -gt 0 ] && (NUMBA_ENABLE_CUDASIM=1 KERNELGEN_FUZZ="${FUZZ_N:-5000}" timeout -s INT -k 20 \
+      "${FUZZ_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider -rfE --hypothesis-show-statistics "${ids[@]}" \
+      > "$OUT/fuzz-$i.log" 2>&1) &
+  done
+  wait
+  cat "$OUT"/fuzz-*.log > "$OUT/fuzz.log"
+  grep -h "passing examples\|failing examples\| passed\| failed\|^FAILED\|^ERROR" "$OUT"/fuzz-*.log | sort | uniq -c | tail -40 || true
   pack
 fi
 if has runtime; then
