@@ -217,6 +217,7 @@ class KernelCache:
     stats: CacheStats = field(default_factory=CacheStats)
     _memory: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _building: dict = field(default_factory=dict)  # key -> the lock its first builder holds
     _private: Path | None = None    # this process's own directory, where the shared one cannot be used
 
     @property
@@ -230,9 +231,18 @@ class KernelCache:
         if hit is not None:
             self.stats.memory_hits += 1
             return hit
-        obj = build(self._load(key_digest(key), render))
         with self._lock:
-            self._memory[key] = obj
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # one thread renders, imports and builds a key; the others wait and take its object
+            with self._lock:
+                hit = self._memory.get(key)
+            if hit is not None:
+                self.stats.memory_hits += 1
+                return hit
+            obj = build(self._load(key_digest(key), render))
+            with self._lock:
+                self._memory[key] = obj
+                self._building.pop(key, None)
         return obj
 
     def _load(self, digest: str, render):

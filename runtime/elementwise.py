@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .driver import _FastLaunch, configure
+
 _bias_kernel = None
 
 
@@ -25,8 +27,7 @@ def add_channel_bias(y, bias, stream=None):
     flat = d.reshape(d.size)
     b = to_device_view(bias, "bias")
     grid = (flat.size + 255) // 256
-    launch = _bias_kernel[grid, 256] if stream is None else _bias_kernel[grid, 256, stream]
-    launch(flat, b, b.size)
+    configure(_bias_kernel, grid, 256, stream or 0)(flat, b, b.size)
 
 
 _round_kernel = None
@@ -139,7 +140,7 @@ def _pair_dispatcher():
 
 
 def _launch(kernel, grid, threads, stream):
-    return kernel[grid, threads] if stream is None else kernel[grid, threads, stream]
+    return configure(kernel, grid, threads, stream or 0)
 
 
 def round_tf32_device(src, dst, stream=None):
@@ -158,7 +159,6 @@ def round_tf32_pointers(src, dst, n, stream_handle=0):
     """round_tf32_device on raw device addresses of n float32 words, launched without numba's dispatcher (the
     Launcher's fast route: this runs before every TMA kernel)."""
     global _round_fast
-    from .driver import _FastLaunch, configure
     if _round_fast is None or not _round_fast.usable():
         from numba import cuda
         kernel, scratch = _round_dispatcher(), cuda.device_array(1, np.uint32)
@@ -196,7 +196,6 @@ def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
 
 def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
     """round_tf32_pair_device on raw device addresses, launched without numba's dispatcher."""
-    from .driver import _FastLaunch, configure
     a_blocks, grid = _pair_grid(n_a, n_b, flip_b)
     fast = _pair_fast.get(grid)
     if fast is None or not fast.usable():
@@ -216,7 +215,6 @@ def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
 
 def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
     """A flip kernel (dispatcher()) on raw addresses of `word` elements, its launch cached per flip in `launches`."""
-    from .driver import _FastLaunch, configure
     fast = launches.get(flip)
     if fast is None or not fast.usable():
         from numba import cuda

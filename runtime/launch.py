@@ -7,6 +7,7 @@ ctypes) and hand the prepared cuda.core kernel its flattened arguments directly.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,7 @@ class Launcher:
     # maps read the launcher's own copies, so they stay the same from call to call
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
+    _general_path: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @classmethod
     def from_module(cls, module, backend):
@@ -200,28 +202,33 @@ class Launcher:
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
             if self.aligned([p for p, _ in ptr_sizes]):
                 return self.launch_pointers(ptr_sizes, itemsize_of(args[self.outputs[0]]), stream)
+        if self.backend == "cuda":
+            # numba-cuda's first launch (compile, load) is unsafe in two threads at once; so are the map caches
+            with self._general_path:
+                args = self._with_tensor_maps(args, stream) if self.tensor_maps else args
+                return self._launch_general(args, [args[name] for name in self.params], stream)
         if self.tensor_maps:
             args = self._with_tensor_maps(args, stream)
-        ordered = [args[name] for name in self.params]
-        if self.backend == "cuda":
-            if self.zero_output:
-                self._zero_outputs(args, stream)
-            if self.kernel_any is not None and not self.aligned([_device_pointer(a) for a in ordered]):
-                return self._launch_any_alignment(ordered, stream)
-            launch = self._configured.get(stream)
-            if launch is None:
-                if needs_opt_in(self.shared_bytes):
-                    allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
-                launch = configure(self.kernel, self.grid, self.threads, stream or 0, self.shared_bytes)
-                self._configured[stream] = launch
-            launch(*ordered)
-            if self._fast is None and _fast_launch_available():
-                self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params), self.shared_bytes)
-        else:
-            if self.zero_output:
-                for name in self.outputs:
-                    args[name][:] = 0
-            self.kernel(*map(cpu_kernel_arg, ordered))
+        if self.zero_output:
+            for name in self.outputs:
+                args[name][:] = 0
+        self.kernel(*(cpu_kernel_arg(args[name]) for name in self.params))
+
+    def _launch_general(self, args, ordered, stream):
+        """Through numba's dispatcher: the first call (which compiles), unaligned arrays, the simulator."""
+        if self.zero_output:
+            self._zero_outputs(args, stream)
+        if self.kernel_any is not None and not self.aligned([_device_pointer(a) for a in ordered]):
+            return self._launch_any_alignment(ordered, stream)
+        launch = self._configured.get(stream)
+        if launch is None:
+            if needs_opt_in(self.shared_bytes):
+                allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
+            launch = configure(self.kernel, self.grid, self.threads, stream or 0, self.shared_bytes)
+            self._configured[stream] = launch
+        launch(*ordered)
+        if self._fast is None and _fast_launch_available():
+            self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params), self.shared_bytes)
 
     def zero_pointers(self, ptr_sizes, itemsize, stream=None):
         """Clear the outputs among `ptr_sizes` (one (pointer, elements) per caller parameter)."""

@@ -46,7 +46,7 @@ def test_variant_on_gpu(variant, direction, case, rng, assert_close, run_directi
 
 
 @pytest.mark.parametrize("case", ["2d_stride2", "2d_5x5_stride2"])
-def test_ks_deconv_v2_on_gpu(case, rng, assert_close, run_direction, monkeypatch):
+def test_ks_deconv_v2_on_gpu(case, rng, assert_close, run_direction, set_setting):
     """KS-deconv-V2 (filter trimming per sub-convolution) is opt-in: switched on here."""
-    monkeypatch.setattr(ks_deconv, "TRIM", True)
+    set_setting(ks_deconv_trim=True)
     _check("ks_deconv", "bwd_data", case, rng, assert_close, run_direction)
