@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kernelgen.problem import make_problem
-from kernelgen.templates import VARIANTS, ks_deconv
+from kernelgen.templates import VARIANTS
 
 pytestmark = pytest.mark.gpu
 
