@@ -80,3 +80,54 @@ def test_fast_cases_render_as_recorded(cases):
 @pytest.mark.slow
 def test_every_case_renders_as_recorded(cases):
     _check(cases)
+
+
+# --- the passes need no deep stack -----------------------------------------------------------------------------------
+
+def _deep_kernel(depth=3000, nest=200):
+    """A kernel no template builds: a 3000-deep expression stored twice (so the CSE names it), a 300-term condition,
+    inside 200 nested loops and branches."""
+    from kernelgen.ir import Assign, Buffer, Const, For, If, Kernel, Load, Store, Var
+    i, m = Var("i"), Var("m")
+    e = Load("x", (m % 64,))
+    for k in range(depth):
+        e = (e + Const(1.0)) * Var("v") if k % 2 else e + Load("x", ((m + k) % 64,))
+    cond = i < 64
+    for k in range(depth // 10):
+        cond = cond & (i + k < 100)
+    body = (Assign("m", i * 2), Assign("v", Load("x", (Const(3),))), Store("y", (m % 64,), e),
+            Store("y", ((m + 1) % 64,), e))
+    for k in range(nest):
+        body = (If(cond, body) if k % 2 else For(f"l{k}", 2, body, "serial"),)
+    return Kernel("deep", (Buffer("x", (64,)), Buffer("y", (64,), role="out")), (), (For("i", 64, body, "grid"),),
+                  (64,), 1)
+
+
+def test_passes_need_no_deep_stack(cases):
+    """Every pass walks the IR iteratively: lowering a 3000-deep expression under 200 nested statements, and rendering
+    the heaviest golden cases, fit Python's default recursion limit (the session raises it for numba-cuda's own
+    recursive CFG walk: runtime.launch)."""
+    from kernelgen.ir import Assign, For, If, Store, Var
+    from kernelgen.passes import lower
+    heavy = [c for c in cases if c.id in set(golden.fast_ids()) and "winograd16" in c.switches and c.backend == "cuda"]
+    kernel = _deep_kernel()
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        lowered = {target: lower(kernel, target) for target in ("cuda", "cpu")}
+        got = golden.compute(heavy)
+    except RecursionError as e:  # no traceback: its frames hold expressions thousands of levels deep
+        pytest.fail(f"a pass needs a deeper stack than Python's default: {e}", pytrace=False)
+    finally:
+        sys.setrecursionlimit(limit)
+    for k in lowered.values():
+        body = k.body
+        while len(body) == 1 and isinstance(body[0], (For, If)):
+            body = body[0].body
+        stores = [s for s in body if isinstance(s, Store)]
+        assert len(stores) == 2 and all(isinstance(s.value, Var) for s in stores), "the deep expression is not named"
+        assert stores[0].value == stores[1].value
+        assert [s for s in body if isinstance(s, Assign) and s.var == stores[0].value.name]
+    want = golden.load_digests()
+    assert heavy and all(got[c.id] == want[c.id] for c in heavy), golden.describe(
+        [c.id for c in heavy if got[c.id] != want[c.id]], [], [], got)
