@@ -5,6 +5,7 @@ imports the other's internals.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -60,10 +61,18 @@ def configure(dispatcher, grid, block, stream=0, shared=0):
     result in GPU under-utilization"): kernelgen sizes its own grids (a small problem has a small grid), so
     the warning would tell a user nothing they can act on.  Configure once and keep the result where it is
     hot: the warnings filter is swapped while numba builds the configuration."""
+    with quiet_launches():
+        return dispatcher[grid, block, stream, shared]
+
+
+@contextlib.contextmanager
+def quiet_launches():
+    """numba's performance warnings off for the block: around launches whose grids kernelgen chose, or that numba
+    makes for kernelgen (a device array's slice assignment)."""
     with warnings.catch_warnings():
         for category in _performance_warnings():
             warnings.simplefilter("ignore", category)
-        return dispatcher[grid, block, stream, shared]
+        yield
 
 
 @functools.lru_cache(maxsize=None)

@@ -61,8 +61,14 @@ if has tests; then
     if [ "${TEST_SHARDS:-1}" -gt 1 ]; then
       # TEST_SHARDS processes share the GPU, each running every N-th test: compiling, not the GPU, is what they wait for
       python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "${files[@]}" 2>/dev/null | grep "::" > "$OUT/gpu-test-ids.txt" || true
+      # the arena fault tests read the whole device's free memory: alone first, never beside the shards
+      mapfile -t alone < <(grep "test_arena_faults.py" "$OUT/gpu-test-ids.txt" | sed "s|^|$REPO/|")
+      [ "${#alone[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
+        -p no:cacheprovider -rfE "${alone[@]}" > "$OUT/gpu-tests-alone.log" 2>&1)
+      grep -v "test_arena_faults.py" "$OUT/gpu-test-ids.txt" > "$OUT/gpu-test-ids-shared.txt" || true
       for i in $(seq 0 $((TEST_SHARDS - 1))); do
-        mapfile -t ids < <(awk -v n="$TEST_SHARDS" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' "$OUT/gpu-test-ids.txt")
+        mapfile -t ids < <(awk -v n="$TEST_SHARDS" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' \
+          "$OUT/gpu-test-ids-shared.txt")
         [ "${#ids[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
           -p no:cacheprovider -rfE "${ids[@]}" > "$OUT/gpu-tests-$i.log" 2>&1) &
       done
