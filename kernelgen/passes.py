@@ -171,6 +171,19 @@ def _strides(shape):
     return tuple(reversed(strides))
 
 
+def _remapping(remap, leaf):
+    """A rewrite_stmts `enter` that maps every expression through `remap`, descending into loops and branches
+    (their conditions remapped), and hands each other statement, remapped, to `leaf` -> its replacements."""
+    def enter(s):
+        if isinstance(s, (For, Pipeline)):
+            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
+        if isinstance(s, If):
+            cond = remap(s.cond)
+            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
+        return leaf(map_stmt_exprs(s, remap))
+    return enter
+
+
 def flatten_buffers(kernel: Kernel, scopes=("global", "shared"), memo=None) -> Kernel:
     """Multi-dim indices -> one linear index with constant row-major strides (1D arrays are
     cheaper to index in numba than N-D ones: no per-dim bounds/stride bookkeeping).  memo: as fold_constants'."""
@@ -189,13 +202,7 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared"), memo=None) -> K
         return e
     remap = lambda e: map_expr(e, rewrite, remap_memo)
 
-    def enter(s):
-        if isinstance(s, (For, Pipeline)):
-            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
-        if isinstance(s, If):
-            cond = remap(s.cond)
-            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
-        s = map_stmt_exprs(s, remap)
+    def leaf(s):
         if isinstance(s, Store) and s.buf in bufs and len(s.index) != 1:
             s = replace(s, index=linear(s.buf, s.index))
         if isinstance(s, AsyncCopy):
@@ -210,7 +217,7 @@ def flatten_buffers(kernel: Kernel, scopes=("global", "shared"), memo=None) -> K
 
     flat = lambda b: replace(b, shape=(b.size,)) if b.name in bufs else b
     return replace(kernel, params=tuple(map(flat, kernel.params)), locals=tuple(map(flat, kernel.locals)),
-                   body=rewrite_stmts(kernel.body, enter),
+                   body=rewrite_stmts(kernel.body, _remapping(remap, leaf)),
                    meta={**kernel.meta, "logical_shapes": {n: b.shape for n, b in bufs.items()}})
 
 
@@ -242,19 +249,13 @@ def scalarize_registers(kernel: Kernel) -> Kernel:
         return e
     remap = lambda e: map_expr(e, rewrite, memo)
 
-    def enter(s):
-        if isinstance(s, (For, Pipeline)):
-            return Descend(bodies(s), lambda new: (with_bodies(s, new),))
-        if isinstance(s, If):
-            cond = remap(s.cond)
-            return Descend((s.body, s.orelse), lambda new: (If(cond, new[0], new[1]),))
-        s = map_stmt_exprs(s, remap)
+    def leaf(s):
         if isinstance(s, Store) and s.buf in scalar:
             v = name(s.buf, s.index)
             s = Assign(v, Var(v) + s.value if s.accumulate else s.value)
         return (s,)
 
-    return replace(kernel, body=rewrite_stmts(kernel.body, enter),
+    return replace(kernel, body=rewrite_stmts(kernel.body, _remapping(remap, leaf)),
                    locals=tuple(b for b in kernel.locals if b.name not in scalar),
                    meta={**kernel.meta, "scalarized_registers": sorted(scalar)})
 
