@@ -13,7 +13,7 @@ import numpy as np
 
 import kernelgen
 from kernelgen import reference
-from kernelgen.api import gpu_present
+from kernelgen.planner import gpu_present
 
 
 MAX_ELEMENTS = 1 << 28  # per array: 1 GiB of float32, so a typo in --size fails here, not in the allocator

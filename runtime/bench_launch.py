@@ -27,7 +27,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also print where a GPU call's time goes (cProfile)")
     args = ap.parse_args(argv)
     import kernelgen
-    from kernelgen.api import gpu_present
+    from kernelgen.planner import gpu_present
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 4)).astype(np.float32)

@@ -293,7 +293,7 @@ def main(argv=None):
                          "process: this machine moves by up to 2x per row between processes)")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
-    from kernelgen.api import gpu_present
+    from kernelgen.planner import gpu_present
     if not gpu_present():
         print("bench needs a CUDA GPU (numba.cuda.is_available() is False); nothing to do")
         return 1

@@ -66,7 +66,7 @@ def entries_for(device_key: str) -> dict:
 def entry_key(problem, precision="fp32"):
     """The key of a problem's entry at `precision`: the bare problem key for fp32 (the shipped databases'
     keys, unchanged), key + "_" + precision for a tensor-core precision, so that the two never collide."""
-    from kernelgen.api import check_precision
+    from kernelgen.planner import check_precision
     return problem.key() if check_precision(precision) == "fp32" else f"{problem.key()}_{precision}"
 
 

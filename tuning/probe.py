@@ -32,7 +32,7 @@ def sass_histogram(launcher):
 
 
 def main(argv=None):
-    from kernelgen.api import Plan, get_launcher
+    from kernelgen.planner import Plan, get_launcher
     ap = argparse.ArgumentParser(prog="python -m kernelgen.tuning.probe")
     ap.add_argument("--table", default="gpu_md")
     ap.add_argument("--layers", default="r18_c64_32,r50_3x3_28,c5x5_28")

@@ -8,7 +8,7 @@ import tempfile
 
 import numpy as np
 
-from kernelgen.api import check_precision
+from kernelgen.planner import check_precision
 
 from . import functional as F
 from .tensor import Tensor, _on_device, as_tensor, to_device_array

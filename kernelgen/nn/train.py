@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from kernelgen.api import PRECISIONS
+from kernelgen.storage import PRECISIONS
 
 from . import functional as F
 from .data import Loader, load_digits_split
