@@ -11,6 +11,7 @@ COMMANDS = {
     "tune": ("kernelgen.tuning.tuner", "autotune a shape table into the tuned database"),
     "db": ("kernelgen.tuning.database", "tuned-database files: merge a tune's entries into another"),
     "train": ("kernelgen.nn.train", "train a network through kernelgen kernels (e.g. `train digits`)"),
+    "settings": ("kernelgen.settings", "every setting: its environment variable, value now, meaning"),
 }
 
 

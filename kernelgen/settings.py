@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -230,6 +231,21 @@ def code_token() -> tuple:
 
 
 def describe() -> str:
-    """One line a setting: name, environment variable, value now, meaning."""
-    rows = [f"{s.name:<22} {s.env or '-':<32} {get(s.name)!r:<14} {s.doc}" for s in _ALL]
-    return "\n".join(rows)
+    """One line a setting: name, environment variable, value now, whether it changes generated code, meaning."""
+    rows = [f"{s.name:<22} {s.env or '-':<32} {get(s.name)!r:<14} {'code' if s.affects_code else '':<5} {s.doc}"
+            for s in _ALL]
+    return "\n".join([f"{'setting':<22} {'environment variable':<32} {'value':<14} {'':<5} meaning"] + rows)
+
+
+def main(argv=None):
+    """`python -m kernelgen settings`: every setting and its value in this environment ("code": part of every
+    kernel's cache key).  A bad environment value is reported by name, exit 2."""
+    if argv:
+        print(f"python -m kernelgen settings: takes no arguments, got {' '.join(argv)}", file=sys.stderr)
+        return 2
+    try:
+        print(describe())
+    except ValueError as e:
+        print(f"python -m kernelgen settings: {e}", file=sys.stderr)
+        return 2
+    return 0

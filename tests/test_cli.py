@@ -27,6 +27,17 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "usage: python -m kernelgen" in err and "cache" in err
 
 
+def test_settings_command_lists_every_setting_and_names_a_bad_environment_value(capsys, monkeypatch):
+    from kernelgen import settings
+    assert main(["settings"]) == 0
+    out = capsys.readouterr().out
+    for s in settings.SETTINGS.values():
+        assert s.name in out and (s.env is None or s.env in out)
+    monkeypatch.setenv("KERNELGEN_INDEX32", "maybe")
+    assert main(["settings"]) == 2
+    assert "KERNELGEN_INDEX32" in capsys.readouterr().err
+
+
 def test_help_lists_the_commands(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
