@@ -65,10 +65,14 @@ def _check_ranks(x_shape, w_shape, x_layout, w_layout):
     return x_shape, w_shape, ndim
 
 
-def conv_out_size(size, filt, stride, pad, dil):
-    if size == 0:  # an empty input dim has an empty output dim (make_problem refuses one padded into a non-empty one)
-        return 0
+def _window_count(size, filt, stride, pad, dil):
+    """How many filter windows fit in `size` padded by `pad` on both sides (the convolution's output size)."""
     return (size + 2 * pad - dil * (filt - 1) - 1) // stride + 1
+
+
+def conv_out_size(size, filt, stride, pad, dil):
+    # an empty input dim has an empty output dim (make_problem refuses one that padding would make non-empty)
+    return 0 if size == 0 else _window_count(size, filt, stride, pad, dil)
 
 
 PADDING_MODES = ("valid", "same")
@@ -208,7 +212,7 @@ def make_problem(direction, x_shape, w_shape, *, stride=1, padding=0, dilation=1
     stride3, pad3, dil3 = _pad3(stride, 1), _pad3(padding, 0), _pad3(dilation, 1)
     out = tuple(conv_out_size(*a) for a in zip(in_size, filt, stride3, pad3, dil3))
     for i, f, st, pd, dl in zip(in_size, filt, stride3, pad3, dil3):
-        if i == 0 and (2 * pd - dl * (f - 1) - 1) // st + 1 > 0:
+        if i == 0 and _window_count(0, f, st, pd, dl) > 0:
             raise ValueError(f"x has an empty spatial size {x_shape[1:-1]} that padding {padding} would make a "
                              f"non-empty output; expected padding that keeps an empty input empty")
     if all(in_size) and min(out) < 1:

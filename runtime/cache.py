@@ -166,8 +166,11 @@ def _files(directory: Path):
 def _scan(directory: Path):
     """kernelgen's own files in `directory`: ({digest: _Entry}, orphans, temporaries).  Orphans are __pycache__
     files of an entry whose module is gone (numba writes them after an eviction it raced with)."""
-    entries = {}
+    entries, temps = {}, []
     for f in _files(directory):
+        if _TEMP.fullmatch(f.name):
+            temps.append(Path(f.path))
+            continue
         m = _ENTRY.fullmatch(f.name)
         if m and _is_entry(Path(f.path), m.group(1)):
             try:
@@ -191,7 +194,6 @@ def _scan(directory: Path):
         except OSError:
             continue
         entry.cached.append(Path(f.path))
-    temps = [Path(f.path) for f in _files(directory) if _TEMP.fullmatch(f.name)]
     return entries, orphans, temps
 
 
