@@ -28,7 +28,7 @@ from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates import implicit_gemm_tc
 from kernelgen.templates.config import TileConfig
-from test_vector_load import THREADS, copy_kernel, module
+from vector_copy import THREADS, copy_kernel, module
 
 HALF_TOL = 1e-2  # issue 9: relative error, norm-wise, against float64
 

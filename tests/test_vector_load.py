@@ -10,35 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernelgen.ir import Buffer, For, Kernel, Var, VectorLoad
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
-
-THREADS = 8
-
-
-def copy_kernel(dtype="float32", scale=None, name="vector_copy"):
-    """y = x (or scale * x), four elements per thread through one VectorLoad; odd threads' loads are
-    predicated off (zeros).  test_fp16_storage uses it with float16 buffers."""
-    x, y = Buffer("x", (4 * THREADS,), dtype), Buffer("y", (4 * THREADS,), dtype, role="out")
-    r = Buffer("r", (4,), scope="register")
-    tid = Var("tid")
-    phase = (VectorLoad(tuple(r[i] for i in range(4)), "x", tid * 4, (tid % 2).eq(0)),
-             *[y.store(tid * 4 + i, r[i] if scale is None else r[i] * scale) for i in range(4)])
-    body = (For("b", 1, (For("tid", THREADS, phase, "thread"),), "grid"),)
-    return Kernel(name, (x, y), (r,), body, (1,), THREADS)
+from vector_copy import THREADS, copy_kernel, module
 
 
 def expected(x):
     want = x.copy().reshape(THREADS, 4)
     want[1::2] = 0.0
     return want.reshape(-1)
-
-
-def module(src):
-    ns = {}
-    exec(compile(src, "<vector_copy>", "exec"), ns)
-    return ns
 
 
 def test_vector_load_renders_and_runs_on_the_cpu(rng):
