@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DIGESTS = ROOT / "tests" / "golden" / "rendered_sources.json"
-FAST = ROOT / "tests" / "golden" / "fast_cases.json"  # the fast subset's ids (written by --update)
+DIGESTS = ROOT / "tests" / "ir" / "golden" / "rendered_sources.json"
+FAST = ROOT / "tests" / "ir" / "golden" / "fast_cases.json"  # the fast subset's ids (written by --update)
 DB_DIR = ROOT / "tuning" / "db"
 TABLES_DIR = ROOT / "tuning" / "tables"
 

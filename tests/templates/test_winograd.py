@@ -377,7 +377,7 @@ def test_ptx_has_no_local_memory(tmp_path):
     import sys
     if shutil.which("ptxas") is None:
         pytest.skip("ptxas not on PATH")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "ptx.json"
     res = subprocess.run([sys.executable, os.path.join(root, "scripts", "ptxas_report.py"), "--only",
                           "r50_3x3_14,c7x7_28", "--json", str(out)], capture_output=True, text=True)

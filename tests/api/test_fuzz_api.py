@@ -17,11 +17,11 @@ untouched) and leave its inputs and `out` as they were.
 
 Error bounds, against `mag` = the same reference computed on |inputs| (the sum of |terms| of each output,
 so an output that cancels to ~0 does not make the bound flaky), max over the output:
-  float64 1e-10; float32 fp32 1e-5 (Winograd's transforms: 1e-4, as tests/test_winograd.py);
+  float64 1e-10; float32 fp32 1e-5 (Winograd's transforms: 1e-4, as tests/templates/test_winograd.py);
   tf32 1e-3, fp16 / bf16 1e-2 (the issue's bounds) and, against the reference of the rounded operands
-  (kernelgen.mma_layout.ROUND), 2e-5 (only fp32 accumulation differs, as tests/test_tensor_core*.py);
+  (kernelgen.mma_layout.ROUND), 2e-5 (only fp32 accumulation differs, as tests/templates/test_tensor_core*.py);
   float16 storage: rounded once to nearest (half a float16 ulp) plus 2e-5 of accumulation, as
-  tests/test_fp16_storage.py.
+  tests/templates/test_fp16_storage.py.
 
 Example counts: BASE below, 316 at KERNELGEN_FUZZ=0: 96 valid calls (each op's spread evenly over 4 dtype /
 precision families; each compiles a kernel unless an earlier example compiled the same one), 45 explain() calls
@@ -30,7 +30,7 @@ on 2 cores shared with other jobs (400 s of CPU, most of it numba compiling kern
 load); about half that on 2 idle cores.
 KERNELGEN_FUZZ=N (kernelgen.settings "fuzz_examples") spreads N more examples over the tests in the same
 proportions:
-    KERNELGEN_FUZZ=5000 python -m pytest -q -n 2 tests/test_fuzz_api.py --hypothesis-show-statistics
+    KERNELGEN_FUZZ=5000 python -m pytest -q -n 2 tests/api/test_fuzz_api.py --hypothesis-show-statistics
 `--hypothesis-show-statistics` prints, per test, how many examples passed / failed and what they covered
 (hypothesis events: op, dtype/precision, input forms, ...); with -s (no -n) a per-test tally is printed too.
 The hypothesis database is off (database=None): every run draws fresh cases; a failure prints the example (its

@@ -2,8 +2,8 @@
 stored, 64 to a 128-byte swizzled row (BK 64), and each ir.WarpgroupMma of kind "fp16" is 16 deep.
 
 On the CPU backend the copies happen when issued and the MMAs are emulated per thread (kernelgen.cpu_round.wgmma_f16);
-the simulator checks the launcher's flipped float16 filter copy; the GPU tests (tests/test_tensor_core_gpu.py) run
-the same kernels on the H100.
+the simulator checks the launcher's flipped float16 filter copy; the GPU tests
+(tests/templates/test_tensor_core_gpu.py) run the same kernels on the H100.
 """
 from __future__ import annotations
 

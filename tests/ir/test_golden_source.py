@@ -1,10 +1,10 @@
 """Golden rendered sources: the CUDA and CPU source of every variant x direction x precision over a representative set
-of configs (scripts/golden_source.py says which) hashes to what tests/golden/rendered_sources.json recorded, so a
+of configs (scripts/golden_source.py says which) hashes to what tests/ir/golden/rendered_sources.json recorded, so a
 refactor of the templates, the passes or the renderers that changes a kernel's text is caught, and the ids of the
 cases it changed are reported.  Rendering only builds IR and prints it: nothing is compiled, no GPU is needed.
 
 After an intended change of the generated code: `python scripts/golden_source.py --update` (it prints the ids that
-changed; the diff of the digest file shows them too).  The fast subset (tests/golden/fast_cases.json: every facet
+changed; the diff of the digest file shows them too).  The fast subset (tests/ir/golden/fast_cases.json: every facet
 of the whole set covered) always runs; the whole set is marked slow (KERNELGEN_SLOW_TESTS=1 or -m slow).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "golden_source.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "golden_source.py"
 PIPELINES = {"tma", "tma_warp_specialised", "cp_async", "cp_async_wgmma", "register_double_buffer", "single_stage"}
 
 
@@ -40,7 +40,7 @@ def _check(run):
     got = golden.compute(run)
     changed, new, _ = golden.differences(got, want, complete=False)
     assert not changed and not new, (
-        f"rendered sources differ from tests/golden/rendered_sources.json in {len(changed) + len(new)} of "
+        f"rendered sources differ from tests/ir/golden/rendered_sources.json in {len(changed) + len(new)} of "
         f"{len(run)} cases:\n{golden.describe(changed, new, [], got)}\n"
         "if the change is intended: python scripts/golden_source.py --update")
 

@@ -224,7 +224,7 @@ def test_backend_cuda_without_a_gpu_is_a_value_error(rng, monkeypatch):
 
 def test_readme_usage_example_runs(tmp_path, monkeypatch):
     """The README's first Python example, run as a user would paste it (on the CPU, shapes shrunk)."""
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "README.md").read_text()
     block = re.search(r"## Using it\s+```python\n(.*?)```", text, re.S).group(1)
     block = block.replace("8, 32, 32, 64", "2, 8, 8, 4").replace("128, 3, 3, 64", "6, 3, 3, 4")
     block = block.replace('backend="cuda"', 'backend="cpu"')
