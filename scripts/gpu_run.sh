@@ -5,9 +5,9 @@
 # There (device machine, repo root):     bash scripts/gpu_run.sh [MODES] [bench args...]
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, wino-sweep,
 #   comma-separated
-#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/test_variants_gpu.py"; TEST_SHARDS=N: N
+#   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/templates/test_variants_gpu.py"; TEST_SHARDS=N: N
 #   pytest processes side by side, each every N-th test), then the demo
-#   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/test_nn_gpu.py (ops vs
+#   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/nn/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
 #   mma-ceiling: scripts/mma_ceiling.py (TF32 mma.sync ceilings, $OUT/mma_ceiling.json)
@@ -18,7 +18,7 @@
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
 #   launch-cost: scripts/launch_cost.py (a TMA launcher's call: rounding kernels, conv kernel, host time; args go to it)
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
-#   fuzz: tests/test_fuzz_api.py on the CPU backend with FUZZ_N (5000) more examples over FUZZ_SHARDS (16) processes
+#   fuzz: tests/api/test_fuzz_api.py on the CPU backend with FUZZ_N (5000) more examples over FUZZ_SHARDS (16) processes
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
 #   with the tuned database; the database is copied to $OUT.  TUNE_ARGS go to the tuner (e.g. "--directions fwd";
@@ -85,9 +85,9 @@ if has tests; then
   pack
 fi
 if has fuzz && [ -d "$REPO/tests" ]; then
-  # the API fuzz (tests/test_fuzz_api.py) on the CPU backend with FUZZ_N more examples (default 5000), its test items
+  # the API fuzz (tests/api/test_fuzz_api.py) on the CPU backend with FUZZ_N more examples (default 5000), its test items
   # round-robin over FUZZ_SHARDS processes (default 16); the simulator is set so that backend=None means the CPU here too
-  python3 -m pytest -q -p no:cacheprovider --collect-only "$REPO/tests/test_fuzz_api.py" 2>/dev/null | grep "::" \
+  python3 -m pytest -q -p no:cacheprovider --collect-only "$REPO/tests/api/test_fuzz_api.py" 2>/dev/null | grep "::" \
     > "$OUT/fuzz-ids.txt" || true
   for i in $(seq 0 $((${FUZZ_SHARDS:-16} - 1))); do
     mapfile -t ids < <(awk -v n="${FUZZ_SHARDS:-16}" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' "$OUT/fuzz-ids.txt")
@@ -111,7 +111,7 @@ if has runtime; then
 fi
 if has train; then mode="$mode,nn-tests,nn-bench,nn-digits,"; fi
 if has nn-tests && [ -d "$REPO/tests" ]; then
-  timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/test_nn_gpu.py" 2>&1 \
+  timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests/nn/test_nn_gpu.py" 2>&1 \
       | tee "$OUT/nn-gpu-tests.log" | grep -v "Warning\|warn(\|^$" | tail -25 || true
   pack
 fi
