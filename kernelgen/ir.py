@@ -13,130 +13,24 @@ target executes them:
     serial  - an ordinary loop run by every thread
     unroll  - a loop the `unroll` pass expands into straight-line code
 
-The asynchronous statements (cp.async copies, warpgroup MMAs, TMA tensor copies, mbarriers and the
-producer/consumer Pipeline) are defined in kernelgen/ir_async.py and re-exported here.
-
 Expressions are small trees; Python operators on them build new trees so templates read like
-the algorithm (`m0 + row`, `(ih >= 0) & (ih < H)`).
+the algorithm (`m0 + row`, `(ih >= 0) & (ih < H)`).  They and Stmt, the statements' base, are defined in
+kernelgen/ir_base.py; the asynchronous statements (cp.async copies, warpgroup MMAs, TMA tensor copies,
+mbarriers and the producer/consumer Pipeline) in kernelgen/ir_async.py, which builds on ir_base too.  Both are
+re-exported here: every IR class is importable from kernelgen.ir.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Tuple
 
-
-class Expr:
-    """Base class of expressions; operator overloads build BinOp trees."""
-
-    def _bin(self, op, other, swap=False):
-        other = as_expr(other)
-        return BinOp(op, other, self) if swap else BinOp(op, self, other)
-
-    __add__ = lambda s, o: s._bin("+", o)
-    __radd__ = lambda s, o: s._bin("+", o, True)
-    __sub__ = lambda s, o: s._bin("-", o)
-    __rsub__ = lambda s, o: s._bin("-", o, True)
-    __mul__ = lambda s, o: s._bin("*", o)
-    __rmul__ = lambda s, o: s._bin("*", o, True)
-    __floordiv__ = lambda s, o: s._bin("//", o)
-    __mod__ = lambda s, o: s._bin("%", o)
-    __lt__ = lambda s, o: s._bin("<", o)
-    __le__ = lambda s, o: s._bin("<=", o)
-    __gt__ = lambda s, o: s._bin(">", o)
-    __ge__ = lambda s, o: s._bin(">=", o)
-    __and__ = lambda s, o: s._bin("and", o)
-    __or__ = lambda s, o: s._bin("or", o)
-
-    def eq(self, other):
-        return self._bin("==", other)
-
-    def ne(self, other):
-        return self._bin("!=", other)
-
-
-@dataclass(frozen=True)
-class Const(Expr):
-    value: object  # int, float or bool
-
-
-
-@dataclass(frozen=True)
-class Var(Expr):
-    name: str
-
-
-
-@dataclass(frozen=True)
-class BinOp(Expr):
-    op: str
-    a: Expr
-    b: Expr
-
-
-
-@dataclass(frozen=True)
-class Call(Expr):
-    """A pure math function: min, max, exp, ..."""
-    fn: str
-    args: Tuple[Expr, ...]
-
-
-
-@dataclass(frozen=True)
-class Select(Expr):
-    """cond ? a : b, lazily evaluated (a load in `a` is not performed when cond is false)."""
-    cond: Expr
-    a: Expr
-    b: Expr
-
-
-
-@dataclass(frozen=True)
-class Load(Expr):
-    buf: str
-    index: Tuple[Expr, ...]
-
-
-
-def as_expr(v):
-    if isinstance(v, Expr):
-        return v
-    if isinstance(v, (bool, int, float)):
-        return Const(v)
-    import numpy as np
-    if isinstance(v, np.integer):
-        return Const(int(v))
-    if isinstance(v, np.floating):
-        return Const(float(v))
-    raise TypeError(f"cannot use {v!r} as an IR expression")
-
-
-def minimum(a, b):
-    return Call("min", (as_expr(a), as_expr(b)))
-
-
-def maximum(a, b):
-    return Call("max", (as_expr(a), as_expr(b)))
-
-
-def select(cond, a, b):
-    return Select(as_expr(cond), as_expr(a), as_expr(b))
-
-
-def all_of(conds):
-    conds = [as_expr(c) for c in conds]
-    if not conds:
-        return Const(True)
-    out = conds[0]
-    for c in conds[1:]:
-        out = out & c
-    return out
-
-
-# --- statements ------------------------------------------------------------------------------
-
-class Stmt:
-    pass
+# the expressions and Stmt (kernelgen/ir_base.py) and the asynchronous statements (kernelgen/ir_async.py) are
+# part of the IR: re-exported, so `from kernelgen.ir import ...` names every IR class
+from kernelgen.ir_async import (AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, MbarrierExpect,  # noqa: F401
+                                MbarrierInit, MbarrierWait, Pipeline, TensorCopy, TensorMap, WarpgroupCommit,
+                                WarpgroupFence, WarpgroupMma, WarpgroupWait)
+from kernelgen.ir_base import (BinOp, Call, Const, Expr, Load, Select, Stmt, Var, all_of, as_expr,  # noqa: F401
+                               maximum, minimum, select)
 
 
 @dataclass(frozen=True)
@@ -307,8 +201,3 @@ class Kernel:
                 return b
         raise KeyError(name)
 
-
-# the asynchronous statements live in their own module (they import Stmt and Expr from here) but are part of the IR
-from .ir_async import (AsyncCommit, AsyncCopy, AsyncProxyFence, AsyncWait, MbarrierExpect,  # noqa: E402,F401
-                       MbarrierInit, MbarrierWait, Pipeline, TensorCopy, TensorMap, WarpgroupCommit, WarpgroupFence,
-                       WarpgroupMma, WarpgroupWait)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from .ir import Expr, Stmt, as_expr
+from kernelgen.ir_base import Expr, Stmt, as_expr
+
 
 @dataclass(frozen=True)
 class AsyncCopy(Stmt):
