@@ -3,10 +3,12 @@
 For every layer of a shape table and every direction (fwd, bwd_data, bwd_weight) this builds
 kernelgen's kernel, checks its output against the comparator (or the float64 reference when
 there is none), times both with CUDA events and writes a JSON report, a Markdown table and,
-with matplotlib, a PNG plot.  cuDNN runs through torch with channels_last tensors and TF32 off, or, with
---precision tf32 (kernelgen's tensor-core kernels), with torch's TF32 switches on: like against like.
+with matplotlib, a PNG plot.  cuDNN runs through torch with channels-last tensors (NWC, NHWC or NDHWC memory:
+the layer's 1, 2 or 3 spatial dims) and TF32 off, or, with --precision tf32 (kernelgen's tensor-core kernels),
+with torch's TF32 switches on: like against like.
 With --precision fp16 both run on the same float16 channels-last tensors (shapes.storage_dtype); with bf16
 cuDNN runs on bfloat16 copies while kernelgen reads and writes float32 (it takes no bfloat16 arrays).
+Depthwise layers (groups == C) are reported, but kept out of the geo-means: they have a line of their own.
 """
 from __future__ import annotations
 
@@ -14,21 +16,27 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from kernelgen import settings
-from kernelgen.planner import get_launcher, make_plan
+from kernelgen.planner import get_launcher, gpu_present, make_plan
+from kernelgen.runtime.cache import cache_dir
 from kernelgen.storage import PRECISIONS
+from kernelgen.templates import computes, get_variant
 from kernelgen.templates.config import TileConfig
 
-from .shapes import load_table, storage_dtype
-from .timing import Rotation, time_side_by_side
+from kernelgen.tuning.shapes import load_table, storage_dtype
+from kernelgen.tuning.timing import Rotation, time_side_by_side
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
 TF32_PEAK = 396e12    # H100 SXM dense TF32 tensor-core peak (shared/GPU.md)
@@ -73,45 +81,91 @@ def kernel_resources(launcher, threads):
 
 
 # --- torch/cuDNN side -------------------------------------------------------------------------------
+# Pure functions of torch tensors (any device), so that the CPU tests check them against the float64 reference.
+
+def channels_first(t):
+    """torch's logical (N, C, *spatial) view of a channels-last tensor (N, *spatial, C), in the same memory: a
+    contiguous NHWC tensor is channels_last to torch, an NDHWC one channels_last_3d, an NWC one the 1D alike.
+    A kernelgen weight (K, *filter, C // groups) becomes torch's (K, C // groups, *filter), a transposed layer's
+    (C, *filter, K // groups) torch's conv_transpose weight (C, K // groups, *filter)."""
+    return t.permute(0, t.ndim - 1, *range(1, t.ndim - 1))
+
+
+def channels_last(t):
+    """The channels-last (N, *spatial, C) view of torch's (N, C, *spatial) tensor: channels_first undone."""
+    return t.permute(0, *range(2, t.ndim), 1)
+
+
+def per_dim(value, dims):
+    """A layer's stride / padding / dilation / output_padding (an int or one per dim) as the list torch takes."""
+    return list(value) if isinstance(value, tuple) else [value] * dims
+
+
+def torch_conv_call(torch, layer, direction, x, w, dy):
+    """A zero-argument callable running torch's convolution of `layer` in `direction` on the channels_first views
+    x, w, dy (conv1d / conv2d / conv3d by the layer's spatial dims; a transposed layer runs its deconvolution
+    forward on dy, whatever the direction).  Backward directions return convolution_backward's tuple
+    (torch_result picks the tensor)."""
+    F, n, g = torch.nn.functional, layer.dims, layer.groups
+    s, p, d = (per_dim(v, n) for v in (layer.stride, layer.padding, layer.dilation))
+    if layer.transposed:
+        deconv, op = getattr(F, f"conv_transpose{n}d"), per_dim(layer.output_padding, n)
+        return lambda: deconv(dy, w, stride=s, padding=p, output_padding=op, dilation=d, groups=g)
+    if direction == "fwd":
+        conv = getattr(F, f"conv{n}d")
+        return lambda: conv(x, w, stride=s, padding=p, dilation=d, groups=g)
+    mask = [direction == "bwd_data", direction == "bwd_weight", False]
+    return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, s, p, d, False, [0] * n, g, mask)
+
+
+def torch_result(result, direction):
+    """The tensor kernelgen computes, channels-last, from what torch_conv_call's callable returned (dx or dw of
+    convolution_backward's (dx, dw, db))."""
+    if isinstance(result, tuple):
+        result = result[0] if direction == "bwd_data" else result[1]
+    return channels_last(result)
+
 
 class TorchConv:
-    """cuDNN through torch: NCHW-logical tensors in channels_last memory, TF32 off unless tf32=True.
+    """cuDNN through torch: channels-first-logical tensors in channels-last memory, TF32 off unless tf32=True.
     dtype "float16" / "bfloat16": cuDNN runs on 16-bit copies of the inputs (its own fp16/bf16 kernels,
     16-bit inputs and outputs).  kernelgen's tensors are in its storage dtype (shapes.storage_dtype): at
     fp16 float16, the very tensors cuDNN reads; at bf16 float32 (kernelgen takes no bfloat16 arrays), from
     which cuDNN's bfloat16 copies are made."""
 
-    def __init__(self, tf32=False, dtype=None):
+    device = "cuda"
+
+    def __init__(self, tf32=False, dtype=None, device="cuda"):
         import torch
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         self.tf32 = tf32
         self.dtype = getattr(torch, dtype) if dtype else None
+        self.device = device
         torch.backends.cudnn.benchmark = True
         self.torch = torch
 
     def nhwc(self, shape, gen, storage="float32"):
-        """A random NHWC tensor of `shape` for kernelgen, contiguous, of dtype `storage`, and cuDNN's NCHW
-        channels_last view of its own input (self.dtype, else float32): the same memory where the two dtypes
-        agree (float32 for fp32/tf32, float16 for fp16), else a converted copy of the same float32 values."""
+        """A random channels-last tensor of `shape` (NWC, NHWC or NDHWC) for kernelgen, contiguous, of dtype
+        `storage`, and cuDNN's channels_first view of its own input (self.dtype, else float32): the same memory
+        where the two dtypes agree (float32 for fp32/tf32, float16 for fp16), else a converted copy of the same
+        float32 values."""
         torch = self.torch
-        t = torch.randn(shape, device="cuda", generator=gen)
+        t = torch.randn(shape, device=self.device, generator=gen)
         c = t if self.dtype is None else t.to(self.dtype)
         k = c if c.dtype == getattr(torch, storage) else t.to(getattr(torch, storage))
-        return k, c.permute(0, 3, 1, 2)
+        return k, channels_first(c)
 
     def op(self, layer, direction, x, w, dy):
-        """A zero-argument callable running cuDNN for this direction (inputs as NCHW views)."""
-        F, torch = self.torch.nn.functional, self.torch
-        s, p, d, g = layer.stride, layer.padding, layer.dilation, layer.groups
-        if layer.transposed:  # deconv forward (timed only for "fwd")
-            return lambda: F.conv_transpose2d(dy, w, stride=s, padding=p, output_padding=layer.output_padding,
-                                              dilation=d, groups=g)
-        if direction == "fwd":
-            return lambda: F.conv2d(x, w, stride=s, padding=p, dilation=d, groups=g)
-        mask = [direction == "bwd_data", direction == "bwd_weight", False]
-        return lambda: torch.ops.aten.convolution_backward(dy, x, w, None, [s, s], [p, p], [d, d], False, [0, 0],
-                                                           g, mask)
+        """A zero-argument callable running cuDNN for this direction (inputs as channels_first views)."""
+        return torch_conv_call(self.torch, layer, direction, x, w, dy)
+
+
+def _row_base(layer, direction, label):
+    """The fields every row of `layer` has, a failed one too."""
+    row = {"layer": layer.name, **({"net": layer.net} if layer.net else {}), "shape": layer.label(),
+           "direction": "deconv" if layer.transposed else direction}
+    return row | ({"depthwise": True} if layer.depthwise else {}) | label
 
 
 def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=None, algo=None, precision="fp32"):
@@ -124,7 +178,7 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     plan = make_plan(p, "cuda", algo, config, precision)
     t0 = time.perf_counter()
     launcher = get_launcher(plan)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=torch_conv.device).manual_seed(0)
     sets, views = [], []
     for _ in range(rotations):
         x, xv = torch_conv.nhwc(p.x_shape, gen, p.dtype)
@@ -141,30 +195,24 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
     compile_s = time.perf_counter() - t0
     # correctness against cuDNN (same precision setting) on the first input set
     xv, wv, dyv, out = views[0]
-    ref_fn = torch_conv.op(layer, "fwd" if layer.transposed else direction, xv, wv, dyv)
-    ref = ref_fn()
-    if isinstance(ref, tuple):
-        ref = ref[0] if direction in ("bwd_data",) else ref[1]
-    ref_nhwc = ref.permute(0, 2, 3, 1).float()
-    rel = float((out.float() - ref_nhwc).norm() / ref_nhwc.norm())
+    ref = torch_result(torch_conv.op(layer, direction, xv, wv, dyv)(), direction).float()
+    rel = float((out.float() - ref).norm() / ref.norm())
     rot = Rotation(sets)
-    trot = Rotation([torch_conv.op(layer, "fwd" if layer.transposed else direction, *v[:3]) for v in views])
+    trot = Rotation([torch_conv.op(layer, direction, *v[:3]) for v in views])
     kg_ms, cudnn_ms = time_side_by_side([lambda: launcher(rot()), lambda: trot()()], repeat=repeat)
-    row = {"layer": layer.name, "shape": layer.label(), "direction": "deconv" if layer.transposed else direction,
-           "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
-           "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
-           "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p, precision),
-           "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision, "dtype": p.dtype,
-           "pct_of_peak": p.flops / kg_ms / 1e9 / (PEAKS[precision] / 1e12),
-           **kernel_resources(launcher, launcher.threads)}
-    return row
+    return {**_row_base(layer, direction, {}),
+            "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
+            "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
+            "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p, precision),
+            "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision,
+            "dtype": p.dtype, "pct_of_peak": p.flops / kg_ms / 1e9 / (PEAKS[precision] / 1e12),
+            **kernel_resources(launcher, launcher.threads)}
 
 
 def _applies(problem, algo):
     """A forced variant is benched only on the problems it can compute (one algo list, many tables)."""
     if algo is None:
         return True
-    from kernelgen.templates import computes, get_variant
     return computes(get_variant(algo), problem)
 
 
@@ -195,12 +243,9 @@ def precompile(plans, workers=None):
     """Compile every plan's kernel in parallel worker processes (they fill the disk cache), so the
     timed loop only loads; numba compiles one kernel per process at a time.  Returns each plan's
     compile error (None where it compiled): the timed loop skips those rather than compile them again."""
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    from .tuner import _compile_one
-    from kernelgen.runtime.cache import cache_dir
+    # function-local on purpose: the tuner's measure() imports this module, and a module-level import of the tuner
+    # here would make the two import each other at load time
+    from kernelgen.tuning.tuner import _compile_one
     settings.export_default("cache_dir", str(cache_dir()))
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel;
@@ -224,13 +269,18 @@ def run_label(row):
 
 
 def summary(rows):
-    """Geo-mean ratio per direction (and per forced variant / --set alternative, when the run had several)."""
+    """Geo-mean ratio per direction (and per forced variant / --set alternative, when the run had several).
+    Depthwise rows are left out of those and summed up apart, under "depthwise <direction>": cuDNN runs them with
+    kernels of their own, which no GEMM-shaped variant here is meant to match (a later issue's)."""
     out = {}
-    for a in sorted({run_label(x) for x in rows}):
-        for d in DIRECTIONS + ("deconv",):
-            r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x and run_label(x) == a]
-            if r:
-                out[f"{d} [{a}]" if a else d] = {"geomean_ratio": geomean(r), "n": len(r)}
+    for depthwise in (False, True):
+        for a in sorted({run_label(x) for x in rows}):
+            for d in DIRECTIONS + ("deconv",):
+                r = [x["ratio"] for x in rows if x["direction"] == d and "ratio" in x and run_label(x) == a
+                     and x.get("depthwise", False) == depthwise]
+                if r:
+                    key = ("depthwise " if depthwise else "") + (f"{d} [{a}]" if a else d)
+                    out[key] = {"geomean_ratio": geomean(r), "n": len(r)}
     return out
 
 
@@ -239,10 +289,11 @@ def markdown(rows, summ):
             "% peak | % floor | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
+        name = r["layer"] + (" (depthwise)" if r.get("depthwise") else "")
         if "error" in r:
-            lines.append(f"| {r['layer']} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | | | |")
+            lines.append(f"| {name} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | | | |")
             continue
-        lines.append(f"| {r['layer']} | {r['direction']} | {r['variant']} {r['config']} | {r['kernelgen_tflops']:.1f} | "
+        lines.append(f"| {name} | {r['direction']} | {r['variant']} {r['config']} | {r['kernelgen_tflops']:.1f} | "
                      f"{r['cudnn_tflops']:.1f} | {r['ratio']:.2f} | {r.get('registers', '')} | "
                      f"{r.get('shared_bytes', '')} | {r.get('local_bytes', '')} | {r.get('occupancy', '')} | "
                      f"{100 * r.get('pct_of_peak', 0):.0f}% | {100 * r['pct_of_floor']:.0f}% | "
@@ -254,7 +305,9 @@ def markdown(rows, summ):
     lines.append(f"precision {precision}: kernelgen on {storage_dtype(precision)} tensors; % peak is of "
                  f"{PEAKS[precision] / 1e12:.0f} TFLOP/s; {cudnn}")
     for d, s in summ.items():
-        lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over {s['n']}")
+        apart = " (not in the geo-means above)" if d.startswith("depthwise ") else ""
+        lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over "
+                     f"{s['n']}{apart}")
     return "\n".join(lines)
 
 
@@ -293,7 +346,6 @@ def main(argv=None):
                          "process: this machine moves by up to 2x per row between processes)")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
-    from kernelgen.planner import gpu_present
     if not gpu_present():
         print("bench needs a CUDA GPU (numba.cuda.is_available() is False); nothing to do")
         return 1
@@ -301,56 +353,69 @@ def main(argv=None):
     if args.layers:
         keep = set(args.layers.split(","))
         layers = [l for l in layers if l.name in keep]
-    dirs = args.directions.split(",")
-    tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
-    from tqdm import tqdm
-    rows = []
-    algos = args.algo.split(",") if args.algo else [None]
-    dtype = storage_dtype(args.precision)
-    jobs = [(l, d, a) for l in layers for d in dirs if not (l.transposed and d != "fwd") for a in algos
-            if _applies(l.problem(d, dtype), a)]
     alternatives = args.set or [None]
     for text in filter(None, alternatives):
         parse_overrides(text)  # a typo fails here, before anything compiles
-    jobs = [(l, d, a, alt) for l, d, a in jobs for alt in alternatives]
-    plans = [set_fields(make_plan(l.problem(d, dtype), "cuda", a, precision=args.precision), alt)
-             for l, d, a, alt in jobs]
-    runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
-    for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
-        if error:
-            plans[i] = error
+    tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
+    jobs, plans = plan_jobs(layers, args.directions.split(","), args.algo.split(",") if args.algo else [None],
+                            alternatives, args.precision)
+    rows = []
     for (layer, d, a, alt), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
         label = {"forced": a} if a else {}
         label |= {"set": alt} if alt else {}
         if isinstance(plan, str):  # the alternative does not fit this plan's config (swizzle=2 at BK 32, say), or
             # its kernel failed to compile in precompile (a second in-process compile would only fail again)
-            rows.append({"layer": layer.name, "direction": d, **label, "error": plan})
+            rows.append({**_row_base(layer, d, label), "error": plan})
             continue
         try:
             # an alternative is the plan's own variant with the replaced config (a tuned plan's variant included)
             rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=plan.config if alt else None,
                                       algo=plan.variant if alt else a, precision=args.precision) | label)
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
-            rows.append({"layer": layer.name, "direction": d, **label, "error": f"{type(e).__name__}: {e}"})
+            rows.append({**_row_base(layer, d, label), "error": f"{type(e).__name__}: {e}"})
+    print(write_report(name, rows, tc, args.precision, Path(args.out)))
+    return 0
+
+
+def plan_jobs(layers, directions, algos, alternatives, precision):
+    """Every (layer, direction, forced variant, --set alternative) to bench, and its plan, compiled in parallel
+    beforehand; or, in the plan's place, why there is none (a problem kernelgen cannot plan, a config the
+    alternative does not fit, a kernel that failed to compile), which the bench reports as a failed row."""
+    dtype = storage_dtype(precision)
+    jobs = [(l, d, a, alt) for l in layers for d in directions if not (l.transposed and d != "fwd") for a in algos
+            if _applies(l.problem(d, dtype), a) for alt in alternatives]
+    plans = []
+    for layer, d, a, alt in jobs:
+        try:
+            plans.append(set_fields(make_plan(layer.problem(d, dtype), "cuda", a, precision=precision), alt))
+        except ValueError as e:
+            plans.append(f"plan: {e}")
+    runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
+    for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
+        if error:
+            plans[i] = error
+    return jobs, plans
+
+
+def write_report(name, rows, tc, precision, out):
+    """The JSON report at `out`, its Markdown beside it (returned) and, with matplotlib, the plot."""
     from numba import cuda
+    device = cuda.get_current_device().name
     summ = summary(rows)
     report = {"table": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
-              else str(cuda.get_current_device().name), "commit": git_commit(), "host": platform.node(),
-              "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(), "tf32": tc.tf32,
-              "precision": args.precision, "dtype": dtype,
-              "rows": rows, "summary": summ}
-    out = Path(args.out)
+              "device": device.decode() if isinstance(device, bytes) else str(device), "commit": git_commit(),
+              "host": platform.node(), "torch": tc.torch.__version__, "cudnn": tc.torch.backends.cudnn.version(),
+              "tf32": tc.tf32, "precision": precision, "dtype": storage_dtype(precision), "rows": rows,
+              "summary": summ}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     md = markdown(rows, summ)
     out.with_suffix(".md").write_text(md + "\n")
     try:
-        plot(rows, out.with_suffix(".png"), args.precision)
+        plot(rows, out.with_suffix(".png"), precision)
     except ImportError:
         pass
-    print(md)
-    return 0
+    return md
 
 
 if __name__ == "__main__":
