@@ -4,6 +4,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from kernelgen.templates.gemm_compute import check_fp32_tile, check_mma_tile, check_warpgroup
+from kernelgen.templates.gemm_layout import check_swizzle
+from kernelgen.templates.gemm_pipelines import PIPELINES
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -90,45 +94,44 @@ class TileConfig:
             return (128 if self.wgmma else 32) * (self.BM // self.WM) * (self.BN // self.WN) + self.producer_threads
         return (self.BM // self.TM) * (self.BN // self.TN) * self.state_groups
 
+    @property
+    def compute(self):
+        """The inner product (templates/gemm_compute.py): "fp32_tile" (per-thread register tiles), "warp_mma"
+        (mma.sync) or "warpgroup_mma" (wgmma)."""
+        if not self.tensor_core:
+            return "fp32_tile"
+        return "warpgroup_mma" if self.wgmma else "warp_mma"
+
+    @property
+    def pipeline(self):
+        """The k-loop (templates/gemm_pipelines.py): "single_stage", "register_double_buffer" (stages=2),
+        "cp_async" / "cp_async_wgmma" (async_copy=1, warp / warpgroup MMAs), "tma" or "tma_warp_specialised"
+        (tma=1 / 2)."""
+        if self.tma:
+            return "tma_warp_specialised" if self.tma == 2 else "tma"
+        if self.async_copy:
+            return "cp_async_wgmma" if self.wgmma else "cp_async"
+        return "register_double_buffer" if self.stages > 1 else "single_stage"
+
     def validate(self):
-        if self.WM or self.WN:
-            if self.WM <= 0 or self.WN <= 0 or self.WM % 16 or self.WN % 8 or self.BK % 8 \
-                    or self.BM % self.WM or self.BN % self.WN:
-                raise ValueError(f"TileConfig: a tensor-core tile needs WM % 16 == 0, WN % 8 == 0, BK % 8 == 0 "
-                                 f"and BM, BN multiples of WM, WN; got {self}")
-        elif self.BM % self.TM or self.BN % self.TN:
-            raise ValueError(f"TileConfig: BM/BN must be multiples of TM/TN, got {self}")
+        """self, or ValueError naming the first rule it breaks.  Each mode's rules sit beside the code that relies
+        on them: the tiles' and the warpgroup MMAs' in gemm_compute, the swizzled layouts' in gemm_layout, each
+        pipeline's in gemm_pipelines (PIPELINES[self.pipeline].check_config); the order below decides which rule
+        a config that breaks several is refused by."""
+        (check_mma_tile if self.WM or self.WN else check_fp32_tile)(self)
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"TileConfig: {self.threads} threads per block, expected 1..1024 ({self})")
-        if self.swizzle == 2 and self.BK not in (8, 16):
-            raise ValueError(f"TileConfig: swizzle=2 (interleaved A rows) needs BK 8 or 16, got {self}")
-        if self.swizzle and (not self.tensor_core or self.smem_pad or self.BK not in (8, 16, 32)):
-            raise ValueError(f"TileConfig: swizzle needs a tensor-core tile, smem_pad=0 and BK in (8, 16, 32); "
-                             f"got {self}")
+        check_swizzle(self)
         if self.min_blocks < 0 or self.swizzle not in (0, 1, 2):
             raise ValueError(f"TileConfig: min_blocks must be >= 0 and swizzle 0, 1 or 2, got {self}")
         if self.async_copy not in (0, 1):
             raise ValueError(f"TileConfig: async_copy must be 0 or 1, got {self}")
         if self.wgmma not in (0, 1):
             raise ValueError(f"TileConfig: wgmma must be 0 or 1, got {self}")
-        if self.wgmma and (not self.tensor_core or self.WM % 64 or self.WN > 256 or not (self.async_copy or self.tma)
-                           or self.swizzle or self.smem_pad or self.BK not in ((32, 64) if self.tma else (8, 16, 32))):
-            raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1 or tma=1, "
-                             f"swizzle=0, smem_pad=0 and BK in (8, 16, 32) (tma: 32 or 64); got {self}")
+        check_warpgroup(self)
         if self.tma not in (0, 1, 2):
             raise ValueError(f"TileConfig: tma must be 0, 1 or 2 (a producer warp), got {self}")
-        if self.tma and (not self.wgmma or self.async_copy or self.BK not in (32, 64) or not 2 <= self.stages <= 8):
-            raise ValueError(f"TileConfig: tma={self.tma} needs wgmma=1, async_copy=0, BK 32 (float32) or 64 "
-                             f"(float16) and stages 2..8; "
-                             f"got {self}")
-        if self.b_mn not in (0, 1) or self.b_mn and (not self.tma or self.BK != 64 or self.BN % 64 or self.WN % 64):
-            raise ValueError(f"TileConfig: b_mn=1 needs tma=1 or 2, BK 64 (fp16) and BN, WN multiples of 64; got "
-                             f"{self}")
-        if self.async_copy and (self.swizzle != 1 and not self.wgmma or not 2 <= self.stages <= (8 if self.wgmma else 4)):
-            raise ValueError(f"TileConfig: async_copy needs a tensor-core tile with swizzle=1 and stages 2..4 (or "
-                             f"wgmma=1 and stages 2..8), got {self}")
-        if not (self.async_copy or self.tma) and self.stages not in (1, 2):
-            raise ValueError(f"TileConfig: stages must be 1 or 2 (up to 4 with async_copy=1), got {self.stages}")
+        PIPELINES[self.pipeline].check_config(self)
         if self.state_groups < 1:
             raise ValueError(f"TileConfig: state_groups must be >= 1, got {self.state_groups}")
         if self.split_k < 1:

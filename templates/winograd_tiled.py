@@ -31,13 +31,14 @@ read in place.  Stride 1, dilation 1.
 """
 from __future__ import annotations
 
-from ..ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Load, Store, Var, all_of, as_expr,
-                  select)
+from dataclasses import dataclass
 
-from .config import TileConfig
-from .implicit_gemm import epilogue_value
-from .tiled_gemm import _cdiv
-from .winograd_transforms import row_pairs, winograd_matrices
+from kernelgen.ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Load, Store, Var, all_of, as_expr,
+                          select)
+from kernelgen.templates.config import TileConfig
+from kernelgen.templates.gemm_schedule import _cdiv
+from kernelgen.templates.implicit_gemm import epilogue_value
+from kernelgen.templates.winograd_transforms import row_pairs, winograd_matrices
 
 
 def _combo(coeffs, terms):
@@ -105,232 +106,383 @@ def shared_bytes(cfg, alpha, itemsize=4):
     return cfg.stages * itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
 
 
-def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
-    cfg.validate()
+@dataclass(frozen=True)
+class _Buffers:
+    """Shared V, U (a stage axis first when pipelined); registers: the accumulators acc, the fragments vf, uf, the
+    staged items d, gw (one stage) or dv, gv (a whole step in flight), the invariants iu and iv[base, d, h, w]."""
+    V: Buffer
+    U: Buffer
+    acc: Buffer
+    vf: Buffer
+    uf: Buffer
+    d: Buffer
+    gw: Buffer
+    dv: Buffer
+    gv: Buffer
+    iu: Buffer
+    iv: dict
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """The facts every part of one Winograd kernel reads (build_tiled derives them once).  Geometry: conv_geometry's
+    (src, dst, in / out size, Cin, Kout, pads, channel strides); TW width tiles per output row, M output tiles (GEMM
+    rows), nkc channel chunks per filter row, EV / EU the (tile, channel) / (channel, k) pairs a thread gathers;
+    nsteps reduction steps, per_split of them per split-K block from k_lo; SG state groups of AL states each."""
+    p: object
+    cfg: TileConfig
+    alpha: int
+    n: int
+    matrices: tuple  # AT, G, BT
+    geometry: tuple  # src, dst, (ID, IH, IW), (OD, OH, OW), Cin, Kout, pads, CS, KS
+    TW: int
+    M: int
+    nkc: int
+    EV: int
+    EU: int
+    nsteps: int
+    per_split: int
+    AL: int
+    g: object
+    split: object
+    k_lo: object
+    m0: object
+    n0: object
+    buf: _Buffers
+
+    @property
+    def bwd(self):
+        return self.p.direction == "bwd_data"
+
+    @property
+    def NT(self):
+        return self.cfg.threads
+
+    @property
+    def SG(self):
+        return self.cfg.state_groups
+
+    @property
+    def SK(self):
+        return self.cfg.split_k
+
+
+def _schedule(p, cfg: TileConfig, alpha: int) -> _Schedule:
     T, R, S = p.filter_size
     n = alpha - S + 1
-    AT, G, BT = winograd_matrices(n, S)
-    bwd = p.direction == "bwd_data"
-    src, dst, (ID, IH, IW), (OD, OH, OW), Cin, Kout, pads, CS, KS = conv_geometry(p)
+    matrices = winograd_matrices(n, S)
+    geometry = conv_geometry(p)
+    _, _, _, (OD, OH, OW), Cin, _, _, _, _ = geometry
     BM, BN, BK, TM, TN, NT, pad = cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.threads, cfg.smem_pad
     TW = _cdiv(OW, n)                   # width tiles per output row
-    M = p.N * OD * OH * TW              # GEMM rows: output tiles
     nkc = _cdiv(Cin, BK)                # channel chunks per filter row
-    dt = p.dtype
     EV, EU = _cdiv(BM * BK, NT), _cdiv(BK * BN, NT)  # (tile, channel) / (channel, k) pairs per thread
     if (error := reduction_error(p, cfg, alpha)) is not None:
         raise ValueError(error)
     SK, nsteps = cfg.split_k, T * R * nkc
     per_split = nsteps // SK
-
-    SP = cfg.stages
+    dt, SP, AL = p.dtype, cfg.stages, alpha // cfg.state_groups
     lead = (SP,) if SP > 1 else ()  # a stage axis only when pipelined: stages=1 renders as it always did
-    V = Buffer("V", lead + (alpha, BK, BM + pad), dt, "shared")
-    U = Buffer("U", lead + (alpha, BK, BN + pad), dt, "shared")
-    SG = cfg.state_groups  # thread groups that split the states (each AL of them); 1: every thread has all
-    AL = alpha // SG
-    acc = Buffer("acc", (AL, TM, TN), dt, "register")
-    vf = Buffer("vf", (TM,), dt, "register")
-    uf = Buffer("uf", (TN,), dt, "register")
-    d = Buffer("d", (alpha,), dt, "register")
-    gw = Buffer("gw", (S,), dt, "register")
-    dv = Buffer("dv", (EV, alpha), dt, "register")  # stages=2: a whole step's raw gathers stay in flight
-    gv = Buffer("gv", (EU, S), dt, "register")
-    # per-thread invariants of the tiles this thread gathers (index math hoisted out of the k loop)
-    iv = {nm: Buffer(f"iv_{nm}", (EV,), "int64", "register") for nm in ("base", "d", "h", "w")}
-    iu = Buffer("iu_base", (EU,), "int64", "register")
-    tid, bz = Var("tid"), Var("bz")
+    reg = lambda name, shape, dtype=dt: Buffer(name, shape, dtype, "register")
+    buf = _Buffers(Buffer("V", lead + (alpha, BK, BM + pad), dt, "shared"),
+                   Buffer("U", lead + (alpha, BK, BN + pad), dt, "shared"),
+                   reg("acc", (AL, TM, TN)), reg("vf", (TM,)), reg("uf", (TN,)), reg("d", (alpha,)), reg("gw", (S,)),
+                   reg("dv", (EV, alpha)), reg("gv", (EU, S)),  # stages=2: a whole step's raw gathers in flight
+                   # per-thread invariants of the tiles this thread gathers (index math hoisted out of the k loop)
+                   reg("iu_base", (EU,), "int64"),
+                   {nm: reg(f"iv_{nm}", (EV,), "int64") for nm in ("base", "d", "h", "w")})
+    bz = Var("bz")
     g = bz // SK if SK > 1 else bz
     split = bz % SK if SK > 1 else None  # split-K: this block adds steps split*per_split.. into a zeroed y
     k_lo = split * per_split if SK > 1 else Const(0)
-    m0, n0 = Var("bm") * BM, Var("bn") * BN
-    t, r, cb = Var("t"), Var("r"), Var("cb")
+    return _Schedule(p, cfg, alpha, n, matrices, geometry, TW, p.N * OD * OH * TW, nkc, EV, EU, nsteps, per_split, AL,
+                     g, split, k_lo, Var("bm") * BM, Var("bn") * BN, buf)
 
-    def v_pair(e):  # channel fastest: consecutive threads read consecutive channels (coalesced)
-        idx = tid + e * NT
-        return idx % BK, idx // BK, idx < BM * BK
 
-    def u_pair(e):  # the filter's contiguous axis fastest: c forward, k for the transposed filter
-        idx = tid + e * NT
-        if bwd:
-            return idx // BN, idx % BN, idx < BK * BN
-        return idx % BK, idx // BK, idx < BK * BN
+def build_tiled(p, cfg: TileConfig, alpha: int) -> Kernel:
+    cfg.validate()
+    s = _schedule(p, cfg, alpha)
+    block = _single_stage(s) if cfg.stages == 1 else _double_buffer(s)
+    return _kernel(s, block + _epilogue(s))
 
-    def guarded(stmts, in_tile, total):
-        return list(stmts) if total % NT == 0 else [If(in_tile, tuple(stmts))]
 
-    # Loops over pairs, states and register-tile entries are `unroll` loops: straight-line code with
-    # constant register indices on CUDA, compact loops on the CPU (whose compile time grows with size).
-    ev, eu, av, sv, iv_, jv = Var("e"), Var("eu"), Var("a"), Var("s"), Var("i"), Var("j")
-    unroll = lambda var, extent, stmts: For(var, extent, tuple(stmts), "unroll")
+# Loops over pairs, states and register-tile entries are `unroll` loops: straight-line code with constant register
+# indices on CUDA, compact loops on the CPU (whose compile time grows with size).
+_TID, _EV, _EU, _AV, _SV, _IV, _JV = (Var(nm) for nm in ("tid", "e", "eu", "a", "s", "i", "j"))
 
-    # --- prologue: invariants, zero accumulators -------------------------------------------------
-    _, row, _ = v_pair(ev)
-    m = m0 + row
-    orow, tw = m // TW, m % TW
+
+def _unroll(var, extent, stmts):
+    return For(var, extent, tuple(stmts), "unroll")
+
+
+def _v_pair(s, e):
+    """(channel, tile, in_tile) of pair e: channel fastest, so consecutive threads read consecutive channels."""
+    idx = _TID + e * s.NT
+    return idx % s.cfg.BK, idx // s.cfg.BK, idx < s.cfg.BM * s.cfg.BK
+
+
+def _u_pair(s, e):
+    """(channel, k, in_tile) of pair e: the filter's contiguous axis fastest (c forward, k for the transposed
+    filter)."""
+    BK, BN = s.cfg.BK, s.cfg.BN
+    idx = _TID + e * s.NT
+    if s.bwd:
+        return idx // BN, idx % BN, idx < BK * BN
+    return idx % BK, idx // BK, idx < BK * BN
+
+
+def _guarded(s, stmts, in_tile, total):
+    return list(stmts) if total % s.NT == 0 else [If(in_tile, tuple(stmts))]
+
+
+# --- prologue: the window corner of each gathered tile, zero accumulators ----------------------------------------
+
+def _prologue(s):
+    p, cfg, n, buf = s.p, s.cfg, s.n, s.buf
+    iv = buf.iv
+    T, R, S = p.filter_size
+    _, _, (ID, IH, IW), (OD, OH, _), Cin, Kout, pads, CS, _ = s.geometry
+    _, row, _ = _v_pair(s, _EV)
+    m = s.m0 + row
+    orow, tw = m // s.TW, m % s.TW
     oh, rest = orow % OH, orow // OH
     od, nb = rest % OD, rest // OD
     corner = [od - pads[0], oh - pads[1], tw * n - pads[2]]
     TRS = T * R * S
-    _, col, _ = u_pair(eu)
-    prologue = [Comment("per-thread invariants: the window corner of each gathered tile"),
-                unroll("e", EV, [iv["d"].store(ev, corner[0]), iv["h"].store(ev, corner[1]),
-                                 iv["w"].store(ev, corner[2]),
-                                 iv["base"].store(ev, _lin((nb, p.N), (corner[0], ID), (corner[1], IH),
-                                                           (corner[2], IW)) * CS + g * Cin)]),
-                unroll("eu", EU, [iu.store(eu, (g * Cin * TRS * p.Cg + n0 + col) if bwd
-                                           else (g * Kout + n0 + col) * TRS * p.Cg)]),
-                unroll("a", AL, [unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), Const(0.0))])])])]
+    _, col, _ = _u_pair(s, _EU)
+    g, n0 = s.g, s.n0
+    base = _lin((nb, p.N), (corner[0], ID), (corner[1], IH), (corner[2], IW)) * CS + g * Cin
+    return [Comment("per-thread invariants: the window corner of each gathered tile"),
+            _unroll("e", s.EV, [iv["d"].store(_EV, corner[0]), iv["h"].store(_EV, corner[1]),
+                                iv["w"].store(_EV, corner[2]), iv["base"].store(_EV, base)]),
+            _unroll("eu", s.EU, [buf.iu.store(_EU, (g * Cin * TRS * p.Cg + n0 + col) if s.bwd
+                                            else (g * Kout + n0 + col) * TRS * p.Cg)]),
+            _unroll("a", s.AL, [_unroll("i", cfg.TM, [_unroll("j", cfg.TN,
+                                                                [buf.acc.store((_AV, _IV, _JV), Const(0.0))])])])]
 
-    # --- gather + transform one reduction step into shared memory ---------------------------------
+
+# --- input and filter transforms: gather one reduction step, V = BT d and U = G g into shared memory -------------
+
+def _v_item(s):
+    """Input item a (Var "a") of pair e's window at filter row (t, r), channel chunk cb; zero outside the image."""
+    cfg, iv = s.cfg, s.buf.iv
+    src, _, (ID, IH, IW), _, Cin, _, pads, CS, _ = s.geometry
+    t, r, cb = Var("t"), Var("r"), Var("cb")
     need_lo = [pads[0] > 0, pads[1] > 0, pads[2] > 0]
     # the last width tile may read past the row when OW is not a multiple of n
-    need_hi = [pads[0] > 0, pads[1] > 0, (TW - 1) * n + alpha - 1 - pads[2] > IW - 1]
-    c, row, v_in = v_pair(ev)
-    ch = cb * BK + c
-    rd, rh, rw = iv["d"][ev] + t, iv["h"][ev] + r, iv["w"][ev]
+    need_hi = [pads[0] > 0, pads[1] > 0, (s.TW - 1) * s.n + s.alpha - 1 - pads[2] > IW - 1]
+    c, row, _ = _v_pair(s, _EV)
+    ch = cb * cfg.BK + c
+    rd, rh, rw = iv["d"][_EV] + t, iv["h"][_EV] + r, iv["w"][_EV]
     row_ok = [x >= 0 for x, nd in zip((rd, rh), need_lo[:2]) if nd] + \
              [x < size for x, size, nd in zip((rd, rh), (ID, IH), need_hi[:2]) if nd]
-    row_ok += [m0 + row < M] if M % BM else []
-    row_ok += [ch < Cin] if Cin % BK else []
-    ok = row_ok + ([rw + av >= 0] if need_lo[2] else []) + ([rw + av < IW] if need_hi[2] else [])
-    addr = iv["base"][ev] + ((t * IH + r) * IW + av) * CS + ch
-    v_item = select(all_of(ok), _load(src, addr), Const(0.0))
-    v_at = (c, row)
-    c, col, u_in = u_pair(eu)
-    ch = cb * BK + c
-    ok = ([n0 + col < Kout] if Kout % BN else []) + ([ch < Cin] if Cin % BK else [])
-    if bwd:  # w[g*Cin + ch, T-1-t, R-1-r, S-1-s, k]: rotated, channel-transposed, in place
-        waddr = iu[eu] + (((ch * T + (T - 1) - t) * R + (R - 1) - r) * S + (S - 1) - sv) * p.Cg
+    row_ok += [s.m0 + row < s.M] if s.M % cfg.BM else []
+    row_ok += [ch < Cin] if Cin % cfg.BK else []
+    ok = row_ok + ([rw + _AV >= 0] if need_lo[2] else []) + ([rw + _AV < IW] if need_hi[2] else [])
+    addr = iv["base"][_EV] + ((t * IH + r) * IW + _AV) * CS + ch
+    return select(all_of(ok), _load(src, addr), Const(0.0))
+
+
+def _u_item(s):
+    """Filter tap s (Var "s") of pair eu's filter row (t, r) at channel chunk cb."""
+    p, cfg, iu = s.p, s.cfg, s.buf.iu
+    T, R, S = p.filter_size
+    _, _, _, _, Cin, Kout, _, _, _ = s.geometry
+    t, r, cb = Var("t"), Var("r"), Var("cb")
+    c, col, _ = _u_pair(s, _EU)
+    ch = cb * cfg.BK + c
+    ok = ([s.n0 + col < Kout] if Kout % cfg.BN else []) + ([ch < Cin] if Cin % cfg.BK else [])
+    if s.bwd:  # w[g*Cin + ch, T-1-t, R-1-r, S-1-s, k]: rotated, channel-transposed, in place
+        waddr = iu[_EU] + (((ch * T + (T - 1) - t) * R + (R - 1) - r) * S + (S - 1) - _SV) * p.Cg
     else:    # w[g*Kout + k, t, r, s, ch]
-        waddr = iu[eu] + ((t * R + r) * S + sv) * p.Cg + ch
-    u_item = select(all_of(ok), _load("w", waddr), Const(0.0))
-    u_at = (c, col)
+        waddr = iu[_EU] + ((t * R + r) * S + _SV) * p.Cg + ch
+    return select(all_of(ok), _load("w", waddr), Const(0.0))
 
-    def v_loop(body):
-        return unroll("e", EV, guarded(body, v_in, BM * BK))
 
-    def u_loop(body):
-        return unroll("eu", EU, guarded(body, u_in, BK * BN))
+def _v_loop(s, body):
+    """body for each (tile, channel) pair e of this thread."""
+    return _unroll("e", s.EV, _guarded(s, body, _v_pair(s, _EV)[2], s.cfg.BM * s.cfg.BK))
 
-    def v_commit(st, items):
-        pre, values = _transform(BT, items, "bt")
-        return pre + [V.store(st + (a, *v_at), values[a]) for a in range(alpha)]
 
-    def u_commit(st, items):
-        pre, values = _transform(G, items, "g")
-        return pre + [U.store(st + (a, *u_at), values[a]) for a in range(alpha)]
+def _u_loop(s, body):
+    """body for each (channel, k) pair eu of this thread."""
+    return _unroll("eu", s.EU, _guarded(s, body, _u_pair(s, _EU)[2], s.cfg.BK * s.cfg.BN))
 
-    header = Comment(f"V = BT d: {alpha} input items per (tile, channel); U = G g per (channel, k)")
-    if SP == 1:
-        stage = [header,
-                 v_loop([unroll("a", alpha, [d.store(av, v_item)]), *v_commit((), [d[j] for j in range(alpha)])]),
-                 u_loop([unroll("s", S, [gw.store(sv, u_item)]), *u_commit((), [gw[s] for s in range(S)])])]
-    else:
-        # fetch: the global loads of a step, into staging registers; commit: their transforms into stage st
-        fetch = [header, v_loop([unroll("a", alpha, [dv.store((ev, av), v_item)])]),
-                 u_loop([unroll("s", S, [gv.store((eu, sv), u_item)])])]
 
-        def commit(st):
-            return [v_loop(v_commit((st,), [dv[ev, j] for j in range(alpha)])),
-                    u_loop(u_commit((st,), [gv[eu, s] for s in range(S)]))]
+def _v_commit(s, st, items):
+    """V[st][a][pair e] = (BT items)[a]: the input transform."""
+    c, row, _ = _v_pair(s, _EV)
+    pre, values = _transform(s.matrices[2], items, "bt")
+    return pre + [s.buf.V.store(st + (a, c, row), values[a]) for a in range(s.alpha)]
 
-    # --- alpha register-tiled outer products per channel of the chunk -----------------------------
-    ty, tx, sg = Var("ty"), Var("tx"), Var("sg")
-    if SG == 1:
-        thread_xy = [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
-                     *[_assign("ty", tid // (BN // TN)), _assign("tx", tid % (BN // TN))]]
-    else:  # the group index in the high bits of tid: whole warps share their states (broadcast V/U reads)
-        per = NT // SG
-        thread_xy = [Comment(f"thread (sg, ty, tx) owns states sg*{AL}.., tiles ty*TM.. and channels tx*TN.."),
-                     _assign("sg", tid // per), _assign("ty", (tid % per) // (BN // TN)),
-                     _assign("tx", tid % (BN // TN))]
-    state = (lambda a: sg * AL + a) if SG > 1 else (lambda a: a)
-    kc = Var("kc")
 
-    def products(st):
-        return [unroll("kc", BK, [unroll("a", AL, [
-            unroll("i", TM, [vf.store(iv_, V[st + (state(av), kc, ty * TM + iv_)])]),
-            unroll("j", TN, [uf.store(jv, U[st + (state(av), kc, tx * TN + jv)])]),
-            unroll("i", TM, [unroll("j", TN, [acc.store((av, iv_, jv), vf[iv_] * uf[jv], accumulate=True)])])])])]
+def _u_commit(s, st, items):
+    """U[st][a][pair eu] = (G items)[a]: the filter transform."""
+    c, col, _ = _u_pair(s, _EU)
+    pre, values = _transform(s.matrices[1], items, "g")
+    return pre + [s.buf.U.store(st + (a, c, col), values[a]) for a in range(s.alpha)]
 
-    # --- epilogue: y = AT M per (tile, channel), n outputs, trimmed at the row end ------------------
-    m = m0 + ty * TM + iv_
-    orow, tw = m // TW, m % TW
-    kk = n0 + tx * TN + jv
-    kch = g * Kout + kk
-    guard = ([m < M] if M % BM else []) + ([kk < Kout] if Kout % BN else [])
 
-    def outputs(grp):
-        """The n outputs of (tile i, channel j) from the states of group grp: group 0 stores them (with the
-        bias), the others add theirs in turn."""
-        stores = []
-        for o in range(n):
-            ow = tw * n + o
-            value = _combo(AT[o][grp * AL:(grp + 1) * AL], [acc[a, iv_, jv] for a in range(AL)])
-            if not bwd and grp == 0:
-                value = epilogue_value(p, value, kch, split)
-            st = _store(dst, (orow * OW + ow) * KS + kch, value, "atomic" if SK > 1 else grp > 0)
-            stores.append(If(ow < OW, (st,)) if OW % n else st)
-        stores = [If(all_of(guard), tuple(stores))] if guard else stores
-        return [unroll("i", TM, [unroll("j", TN, stores)])]
+def _header(s):
+    return Comment(f"V = BT d: {s.alpha} input items per (tile, channel); U = G g per (channel, k)")
 
-    if SG == 1:
-        epilogue = (For("tid", NT, tuple(list(thread_xy) + outputs(0)), "thread"),)
-    else:  # one group after another, a barrier between: the adds read what the group before stored
-        epilogue = ()
-        for grp in range(SG):
-            epilogue += (Barrier(),) if grp else ()
-            epilogue += (For("tid", NT, tuple(thread_xy + [If(sg.eq(grp), tuple(outputs(grp)))]), "thread"),)
 
-    def position(ks):  # (t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops
-        return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
-                _assign("r", ((ks // nkc) % R if nkc > 1 else ks % R) if R > 1 else Const(0)),
-                _assign("cb", ks % nkc if nkc > 1 else Const(0))]
+def _stage(s):
+    """One step, gathered and transformed into the (only) stage."""
+    S, d, gw = s.p.filter_size[2], s.buf.d, s.buf.gw
+    return [_header(s),
+            _v_loop(s, [_unroll("a", s.alpha, [d.store(_AV, _v_item(s))]),
+                        *_v_commit(s, (), [d[j] for j in range(s.alpha)])]),
+            _u_loop(s, [_unroll("s", S, [gw.store(_SV, _u_item(s))]), *_u_commit(s, (), [gw[k] for k in range(S)])])]
 
-    if SP == 1:
-        def step(where):
-            return (For("tid", NT, tuple(where + stage), "thread"), Barrier(),
-                    For("tid", NT, tuple(thread_xy + products(())), "thread"), Barrier())
-        if SK == 1:
-            kloop = (For("t", T, (For("r", R, (For("cb", nkc, step([]), "serial"),), "serial"),), "serial"),)
-        else:  # the split's steps, flattened
-            kloop = (For("ks", per_split, step(position(Var("ks"))), "serial", start=k_lo),)
-        block = (For("tid", NT, tuple(prologue), "thread"),) + kloop
-    else:
-        def one_step(ks, st, last_possible):
-            # step ks computes from stage st while step ks + 1 fills the other; its loads are in flight
-            # during the products, the barrier after the commit orders both halves of the next step
-            nxt = ks + 1
-            guard = (lambda b: [If(nxt < end, tuple(b))]) if last_possible else list
-            phase = thread_xy + guard(position(nxt) + fetch) + products((st,)) + guard(commit(1 - st))
-            return (For("tid", NT, tuple(phase), "thread"), Barrier())
 
-        kp = Var("kp")
-        end = k_lo + per_split if SK > 1 else Const(nsteps)
-        ks0 = (lambda j: k_lo + j) if SK > 1 else (lambda j: j)
-        # pairs of steps: a constant stage per half; only the second half of an even count can be the last
-        kloop = (For("kp", per_split // 2, one_step(ks0(kp * 2), 0, False)
-                     + one_step(ks0(kp * 2 + 1), 1, per_split % 2 == 0), "serial"),)
-        if per_split % 2:
-            kloop += one_step(ks0(Const(per_split - 1)), 0, True)
-        first = [Comment("first step: global -> shared"), *position(k_lo), *fetch, *commit(0)]
-        block = (For("tid", NT, tuple(prologue + first), "thread"), Barrier()) + kloop
-    block += epilogue
-    grid = (_cdiv(M, BM), _cdiv(Kout, BN), p.groups * SK)
+def _fetch(s):
+    """The global loads of a step, into staging registers (stages=2)."""
+    return [_header(s), _v_loop(s, [_unroll("a", s.alpha, [s.buf.dv.store((_EV, _AV), _v_item(s))])]),
+            _u_loop(s, [_unroll("s", s.p.filter_size[2], [s.buf.gv.store((_EU, _SV), _u_item(s))])])]
+
+
+def _commit(s, st):
+    """The transforms of the staged items into stage st (stages=2)."""
+    dv, gv = s.buf.dv, s.buf.gv
+    return [_v_loop(s, _v_commit(s, (st,), [dv[_EV, j] for j in range(s.alpha)])),
+            _u_loop(s, _u_commit(s, (st,), [gv[_EU, k] for k in range(s.p.filter_size[2])]))]
+
+
+# --- alpha register-tiled outer products per channel of the chunk -----------------------------------------------
+
+def _thread_xy(s):
+    BN, TN = s.cfg.BN, s.cfg.TN
+    if s.SG == 1:
+        return [Comment("thread (ty, tx) owns tiles ty*TM.. and channels tx*TN.. of the block"),
+                *[_assign("ty", _TID // (BN // TN)), _assign("tx", _TID % (BN // TN))]]
+    # the group index in the high bits of tid: whole warps share their states (broadcast V/U reads)
+    per = s.NT // s.SG
+    return [Comment(f"thread (sg, ty, tx) owns states sg*{s.AL}.., tiles ty*TM.. and channels tx*TN.."),
+            _assign("sg", _TID // per), _assign("ty", (_TID % per) // (BN // TN)), _assign("tx", _TID % (BN // TN))]
+
+
+def _products(s, st):
+    cfg, AL, buf = s.cfg, s.AL, s.buf
+    TM, TN = cfg.TM, cfg.TN
+    ty, tx, sg, kc = Var("ty"), Var("tx"), Var("sg"), Var("kc")
+    state = (lambda a: sg * AL + a) if s.SG > 1 else (lambda a: a)
+    return [_unroll("kc", cfg.BK, [_unroll("a", AL, [
+        _unroll("i", TM, [buf.vf.store(_IV, buf.V[st + (state(_AV), kc, ty * TM + _IV)])]),
+        _unroll("j", TN, [buf.uf.store(_JV, buf.U[st + (state(_AV), kc, tx * TN + _JV)])]),
+        _unroll("i", TM, [_unroll("j", TN, [buf.acc.store((_AV, _IV, _JV), buf.vf[_IV] * buf.uf[_JV],
+                                                           accumulate=True)])])])])]
+
+
+# --- main loops ---------------------------------------------------------------------------------------------------
+
+def _position(s, ks):
+    """(t, r, cb) of flattened step ks; channel chunks fastest, as the nested loops."""
+    R, nkc = s.p.filter_size[1], s.nkc
+    return [_assign("t", ks // (R * nkc) if R * nkc > 1 else ks),
+            _assign("r", ((ks // nkc) % R if nkc > 1 else ks % R) if R > 1 else Const(0)),
+            _assign("cb", ks % nkc if nkc > 1 else Const(0))]
+
+
+def _single_stage(s):
+    """Per step: gather and transform into shared memory, barrier, products, barrier."""
+    NT, stage, thread_xy = s.NT, _stage(s), _thread_xy(s)
+    T, R, _ = s.p.filter_size
+
+    def step(where):
+        return (For("tid", NT, tuple(where + stage), "thread"), Barrier(),
+                For("tid", NT, tuple(thread_xy + _products(s, ())), "thread"), Barrier())
+    if s.SK == 1:
+        kloop = (For("t", T, (For("r", R, (For("cb", s.nkc, step([]), "serial"),), "serial"),), "serial"),)
+    else:  # the split's steps, flattened
+        kloop = (For("ks", s.per_split, step(_position(s, Var("ks"))), "serial", start=s.k_lo),)
+    return (For("tid", NT, tuple(_prologue(s)), "thread"),) + kloop
+
+
+def _double_buffer(s):
+    """stages=2: the raw gathers of step ks + 1 are issued into staging registers before the products of step ks
+    and transformed into the other stage after them; one barrier per step."""
+    NT, SK, k_lo, per_split = s.NT, s.SK, s.k_lo, s.per_split
+    fetch, commit = _fetch(s), (lambda st: _commit(s, st))
+    thread_xy = _thread_xy(s)
+    end = k_lo + per_split if SK > 1 else Const(s.nsteps)
+
+    def one_step(ks, st, last_possible):
+        # step ks computes from stage st while step ks + 1 fills the other; its loads are in flight during the
+        # products, the barrier after the commit orders both halves of the next step
+        nxt = ks + 1
+        guard = (lambda b: [If(nxt < end, tuple(b))]) if last_possible else list
+        phase = thread_xy + guard(_position(s, nxt) + fetch) + _products(s, (st,)) + guard(commit(1 - st))
+        return (For("tid", NT, tuple(phase), "thread"), Barrier())
+
+    kp = Var("kp")
+    ks0 = (lambda j: k_lo + j) if SK > 1 else (lambda j: j)
+    # pairs of steps: a constant stage per half; only the second half of an even count can be the last
+    kloop = (For("kp", per_split // 2, one_step(ks0(kp * 2), 0, False)
+                 + one_step(ks0(kp * 2 + 1), 1, per_split % 2 == 0), "serial"),)
+    if per_split % 2:
+        kloop += one_step(ks0(Const(per_split - 1)), 0, True)
+    first = [Comment("first step: global -> shared"), *_position(s, k_lo), *fetch, *commit(0)]
+    return (For("tid", NT, tuple(_prologue(s) + first), "thread"), Barrier()) + kloop
+
+
+# --- output transform: y = AT M per (tile, channel), n outputs, trimmed at the row end ----------------------------
+
+def _outputs(s, grp):
+    """The n outputs of (tile i, channel j) from the states of group grp: group 0 stores them (with the bias), the
+    others add theirs in turn."""
+    p, cfg, AL, n = s.p, s.cfg, s.AL, s.n
+    _, dst, _, (_, _, OW), _, Kout, _, _, KS = s.geometry
+    AT = s.matrices[0]
+    m = s.m0 + Var("ty") * cfg.TM + _IV
+    orow, tw = m // s.TW, m % s.TW
+    kk = s.n0 + Var("tx") * cfg.TN + _JV
+    kch = s.g * Kout + kk
+    guard = ([m < s.M] if s.M % cfg.BM else []) + ([kk < Kout] if Kout % cfg.BN else [])
+    stores = []
+    for o in range(n):
+        ow = tw * n + o
+        value = _combo(AT[o][grp * AL:(grp + 1) * AL], [s.buf.acc[a, _IV, _JV] for a in range(AL)])
+        if not s.bwd and grp == 0:
+            value = epilogue_value(p, value, kch, s.split)
+        st = _store(dst, (orow * OW + ow) * KS + kch, value, "atomic" if s.SK > 1 else grp > 0)
+        stores.append(If(ow < OW, (st,)) if OW % n else st)
+    stores = [If(all_of(guard), tuple(stores))] if guard else stores
+    return [_unroll("i", cfg.TM, [_unroll("j", cfg.TN, stores)])]
+
+
+def _epilogue(s):
+    thread_xy = _thread_xy(s)
+    if s.SG == 1:
+        return (For("tid", s.NT, tuple(list(thread_xy) + _outputs(s, 0)), "thread"),)
+    epilogue = ()  # one group after another, a barrier between: the adds read what the group before stored
+    for grp in range(s.SG):
+        epilogue += (Barrier(),) if grp else ()
+        epilogue += (For("tid", s.NT, tuple(thread_xy + [If(Var("sg").eq(grp), tuple(_outputs(s, grp)))]),
+                         "thread"),)
+    return epilogue
+
+
+def _kernel(s, block):
+    p, cfg, alpha, n = s.p, s.cfg, s.alpha, s.n
+    T, R, S = p.filter_size
+    src, dst, (ID, IH, IW), (OD, OH, OW), Cin, Kout, _, CS, KS = s.geometry
+    TRS, NT = T * R * S, s.NT
+    grid = (_cdiv(s.M, cfg.BM), _cdiv(Kout, cfg.BN), p.groups * s.SK)
     body = (For("bm", grid[0], (For("bn", grid[1], (For("bz", grid[2], block, "grid", axis=2),), "grid", axis=1),),
                 "grid", axis=0),)
-    params = [Buffer(src, (p.N * ID * IH * IW * CS,), dt), Buffer("w", (p.K * TRS * p.Cg,), dt)]
-    if p.has_bias and not bwd:
-        params.append(Buffer("bias", (p.K,), dt))
-    params.append(Buffer(dst, (p.N * OD * OH * OW * KS,), dt, role="out"))
-    staging = (d, gw) if SP == 1 else (dv, gv)
-    locals_ = (V, U, acc, vf, uf) + staging + (iu,) + tuple(iv.values())
+    params = [Buffer(src, (p.N * ID * IH * IW * CS,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype)]
+    if p.has_bias and not s.bwd:
+        params.append(Buffer("bias", (p.K,), p.dtype))
+    params.append(Buffer(dst, (p.N * OD * OH * OW * KS,), p.dtype, role="out"))
+    buf = s.buf
+    staging = (buf.d, buf.gw) if cfg.stages == 1 else (buf.dv, buf.gv)
+    locals_ = (buf.V, buf.U, buf.acc, buf.vf, buf.uf) + staging + (buf.iu,) + tuple(buf.iv.values())
     meta = {"doc": f"im2col-winograd F({n},{S}), {alpha} states, {p.direction}: {alpha} GEMMs "
-                   f"[{M} tiles x {Kout}] reduced over {T * R} filter rows x {Cin} channels",
-            "config": str(cfg), "zero_output": SK > 1,
+                   f"[{s.M} tiles x {Kout}] reduced over {T * R} filter rows x {Cin} channels",
+            "config": str(cfg), "zero_output": s.SK > 1,
             "work": p.N * OD * OH * OW * Kout * p.groups * TRS * Cin,  # direct-conv MACs (the FLOP count reported)
-            "gemm_macs": alpha * M * Kout * p.groups * T * R * Cin,
+            "gemm_macs": alpha * s.M * Kout * p.groups * T * R * Cin,
             # two blocks per SM: NVVM otherwise takes ~145 registers for the 8-state 3x3 kernels (one
             # block per SM); ptxas fits them in 128 with no spills (scripts/ptxas_report.py --maxrreg)
             "launch_bounds": (NT, max(1, min(2, 65536 // (128 * NT))))}
