@@ -28,9 +28,14 @@ constant stage index in its shared addresses.
 
 Backward-data is the forward schedule on dy with the 180-degree rotated, channel-transposed filter,
 read in place.  Stride 1, dilation 1.
+
+Parts: _schedule (the sizes and buffers every part reads, once), _prologue (per-thread invariants), the input and
+filter transforms (_stage; _fetch + _commit when pipelined), _products, the main loops (_single_stage,
+_double_buffer) and the output transform (_epilogue), assembled by _kernel.
 """
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 from kernelgen.ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Load, Store, Var, all_of, as_expr,
@@ -106,21 +111,9 @@ def shared_bytes(cfg, alpha, itemsize=4):
     return cfg.stages * itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
 
 
-@dataclass(frozen=True)
-class _Buffers:
-    """Shared V, U (a stage axis first when pipelined); registers: the accumulators acc, the fragments vf, uf, the
-    staged items d, gw (one stage) or dv, gv (a whole step in flight), the invariants iu and iv[base, d, h, w]."""
-    V: Buffer
-    U: Buffer
-    acc: Buffer
-    vf: Buffer
-    uf: Buffer
-    d: Buffer
-    gw: Buffer
-    dv: Buffer
-    gv: Buffer
-    iu: Buffer
-    iv: dict
+# Shared V, U (a stage axis first when pipelined); registers: the accumulators acc, the fragments vf, uf, the staged
+# items d, gw (one stage) or dv, gv (a whole step in flight), the invariants iu and iv {base, d, h, w}
+_Buffers = namedtuple("_Buffers", "V U acc vf uf d gw dv gv iu iv")
 
 
 @dataclass(frozen=True)
