@@ -1,11 +1,13 @@
 """Autograd tensors, layers, optimisers and training, with every convolution a kernelgen kernel."""
-from . import functional
-from .mixed_precision import precision
-from .models import VGG, ResNet, resnet18, resnet34, vgg16_bn
-from .modules import (GELU, AdaptiveAvgPool2d, AvgPool2d, BasicBlock, BatchNorm2d, Conv1d, Conv2d, Conv3d,
-                      ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, Dropout, Flatten, GlobalAvgPool, LeakyReLU, Linear, MaxPool2d, Module, ReLU, Sequential, Sigmoid, SmallResNet, Tanh)
-from .optim import SGD, Adam, RAdam, RMSprop
-from .tensor import Tensor, no_grad
+from kernelgen.nn import arithmetic  # noqa: F401 (binds Tensor's operators: +, -, *, /, **, unary -)
+from kernelgen.nn import functional
+from kernelgen.nn.mixed_precision import precision
+from kernelgen.nn.models import VGG, ResNet, resnet18, resnet34, vgg16_bn
+from kernelgen.nn.modules import (GELU, AdaptiveAvgPool2d, AvgPool2d, BasicBlock, BatchNorm2d, Conv1d, Conv2d, Conv3d,
+                                  ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, Dropout, Flatten, GlobalAvgPool,
+                                  LeakyReLU, Linear, MaxPool2d, Module, ReLU, Sequential, Sigmoid, SmallResNet, Tanh)
+from kernelgen.nn.optim import SGD, Adam, RAdam, RMSprop
+from kernelgen.nn.tensor import Tensor, no_grad
 
 __all__ = ["functional", "Tensor", "no_grad", "precision", "Module", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Linear", "BatchNorm2d", "ReLU", "LeakyReLU",

@@ -6,15 +6,17 @@ float16 + 1 stays float16.  Only a scalar of a higher kind than the tensor chang
 default of that kind (an integer tensor times 0.5 is float32).  numpy alone would not do this: a scalar
 turned into a 0-d int64 or float64 array promotes float32 data to float64.  Two tensors promote as numpy.
 
-add and mul run on the device too (cuda_ops / cuda_elementwise, both operands device tensors); sub, div,
-pow and neg are host-only so far."""
+add and mul run on the device too (cuda_ops, both operands device tensors); sub, div, pow and neg are host-only
+so far.  They are Tensor's operators as well: bound onto it at the end of this module (tensor.py is below this
+one in the import graph and cannot import it; kernelgen.nn imports this module, so the operators are always
+there)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .tensor import Tensor
-from .tensor import as_tensor as _as_tensor
-from .tensor import device_ops as _dev
+from kernelgen.nn.tensor import Tensor
+from kernelgen.nn.tensor import as_tensor as _as_tensor
+from kernelgen.nn.tensor import device_ops as _dev
 
 # PyTorch's kinds, lowest first, and its default dtype for a scalar of a kind the tensor does not reach
 _CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
@@ -97,12 +99,11 @@ def sub(a, b):
 def mul(a, b):
     """a * b with numpy broadcasting, on the device too (its backward sums over the broadcast dimensions)."""
     a, b, dtype = _operands(a, b, ("a", "b"))
-    if _dev(a, b, names=("a", "b")):
-        from . import cuda_elementwise as ew
-        y = ew.mul(a.data, b.data)
+    if ops := _dev(a, b, names=("a", "b")):
+        y = ops.mul(a.data, b.data)
         return Tensor.from_op(y, (a, b), lambda g: (
-            ew.mul_backward(g, a.shape, b.data) if a.requires_grad else None,
-            ew.mul_backward(g, b.shape, a.data) if b.requires_grad else None))
+            ops.mul_backward(g, a.shape, b.data) if a.requires_grad else None,
+            ops.mul_backward(g, b.shape, a.data) if b.requires_grad else None))
     return Tensor.from_op(_cast(a.data, dtype) * _cast(b.data, dtype), (a, b), lambda g: (
         _sum_to(g * b.data, a.shape) if a.requires_grad else None,
         _sum_to(g * a.data, b.shape) if b.requires_grad else None))
@@ -141,3 +142,20 @@ def neg(a):
     a = _as_tensor(a)
     _host_only("neg", a)
     return Tensor.from_op(-a.data, (a,), lambda g: (-g,))
+
+
+def _reflected(op):
+    """The reflected operator of a binary op: other (op) self."""
+    def reflected(self, other):
+        return op(other, self)
+    reflected.__name__ = f"r{op.__name__}"
+    return reflected
+
+
+# Tensor's operators, so models read naturally; a Python scalar operand keeps the tensor's dtype (see above)
+Tensor.__add__, Tensor.__radd__ = add, _reflected(add)
+Tensor.__sub__, Tensor.__rsub__ = sub, _reflected(sub)
+Tensor.__mul__, Tensor.__rmul__ = mul, _reflected(mul)
+Tensor.__truediv__, Tensor.__rtruediv__ = div, _reflected(div)
+Tensor.__pow__, Tensor.__rpow__ = pow, _reflected(pow)
+Tensor.__neg__ = neg

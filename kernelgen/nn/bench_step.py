@@ -16,6 +16,12 @@ import time
 
 import numpy as np
 
+from kernelgen.nn import functional as F
+from kernelgen.nn.models import resnet18
+from kernelgen.nn.optim import SGD
+from kernelgen.nn.tensor import Tensor
+from kernelgen.runtime import arena
+
 
 def _median_step(step, warmup, steps, sync):
     t0 = time.perf_counter()
@@ -33,14 +39,7 @@ def _median_step(step, warmup, steps, sync):
 
 
 def bench_kernelgen(x, labels, args):
-    from numba import cuda
-
-    from kernelgen.runtime import arena
-
-    from . import functional as F
-    from .models import resnet18
-    from .optim import SGD
-    from .tensor import Tensor
+    from numba import cuda  # here, not at the top: numba.cuda is slow to import, and absent without numba-cuda
     model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
     opt = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xd, yd = Tensor(x).to("cuda"), Tensor(labels).to("cuda").data

@@ -2,9 +2,10 @@
 broadcasting, leaky ReLU, sigmoid, tanh, GELU, dropout, and concat / its split.  Same conventions as
 cuda_ops: C-contiguous float32 arrays seen flat, launched through cuda_launch.kernel, memory from the arena.
 
-The activations compute in float32 with the host's formulas (functional.py): sigmoid and GELU from
-exp(-|u|), so nothing overflows for any finite input.  Their backward recomputes the derivative from the
-input rather than keeping it from the forward: one fewer activation-sized buffer alive until backward."""
+The activations compute in float32 with the host's formulas (functional.py) and constants
+(activation_constants.py): sigmoid and GELU from exp(-|u|), so nothing overflows for any finite input.  Their
+backward recomputes the derivative from the input rather than keeping it from the forward: one fewer
+activation-sized buffer alive until backward."""
 from __future__ import annotations
 
 import math
@@ -14,15 +15,15 @@ from numba import cuda, float64
 
 from kernelgen.cuda_index import udiv32, umod32
 
-from .cuda_launch import BLOCK, _grid, empty, is_device, kernel, to_device
-from .functional import _GELU_A, _GELU_B, _GELU_CLIP
+from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
+from kernelgen.nn.cuda_launch import BLOCK, _grid, empty, is_device, kernel, to_device
 
 # numba types a Python float constant as float64 and would promote the float32 math to it
 _ONE = np.float32(1.0)
-_A = np.float32(_GELU_A)
-_B = np.float32(_GELU_B)
-_B3 = np.float32(3 * _GELU_B)  # the host's 3 * _GELU_B, folded in float64 before rounding, as there
-_CLIP = np.float32(_GELU_CLIP)
+_A = np.float32(GELU_A)
+_B = np.float32(GELU_B)
+_B3 = np.float32(3 * GELU_B)  # the host's 3 * GELU_B, folded in float64 before rounding, as there
+_CLIP = np.float32(GELU_CLIP)
 _NEG_INF = np.float32(-np.inf)
 
 LEAKY_RELU, SIGMOID, TANH, GELU = 0, 1, 2, 3

@@ -11,6 +11,7 @@ import numpy as np
 from numba import cuda
 
 from kernelgen import settings
+from kernelgen.arrays import is_cuda_array
 from kernelgen.runtime import arena
 from kernelgen.runtime.driver import _libcuda, configure
 
@@ -22,7 +23,6 @@ MAX_PARTIALS = 256
 
 
 def is_device(a) -> bool:
-    from kernelgen.arrays import is_cuda_array
     return not isinstance(a, np.ndarray) and is_cuda_array(a)
 
 

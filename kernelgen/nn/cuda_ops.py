@@ -1,5 +1,7 @@
 """The device half of kernelgen.nn: numba.cuda kernels for everything but the convolutions (those are
-kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, channels) buffers.
+kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, channels) buffers.  The ops a
+ResNet trains with are here; the other element-wise ops (cuda_elementwise.py) and the pools (cuda_pool.py) are
+re-exported, so the ops modules reach every kernel through this one module (tensor.device_kernels).
 
 Memory comes from kernelgen's arena (runtime/arena.py), so its `peak` is the training step's peak.
 A numba launch from Python costs tens of microseconds, mostly argument typing and packing: after a
@@ -21,8 +23,11 @@ from numba import cuda, float64
 # integer instructions, enough to make a memory-bound pass compute-bound); _grid keeps every index < 2**31
 from kernelgen.cuda_index import udiv32, umod32
 
-# the array helpers are re-exported: callers need only this module
-from .cuda_launch import (  # noqa: F401
+# the array helpers and the other ops' kernels are re-exported: this module is the whole device half for its
+# callers (tensor.device_kernels)
+from kernelgen.nn.cuda_elementwise import (activation, activation_backward, concat, dropout,  # noqa: F401
+                                           mul, mul_backward, split)
+from kernelgen.nn.cuda_launch import (  # noqa: F401
     BLOCK,
     MAX_PARTIALS,
     SIM,
@@ -36,6 +41,9 @@ from .cuda_launch import (  # noqa: F401
     to_host,
     view,
 )
+from kernelgen.nn.cuda_pool import (adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d,  # noqa: F401
+                                    avg_pool2d_backward, max_pool2d, max_pool2d_backward)
+
 
 @cuda.jit(device=True)
 def _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty):

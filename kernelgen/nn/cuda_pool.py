@@ -11,8 +11,8 @@ from numba import cuda, float64
 
 from kernelgen.cuda_index import udiv32, umod32
 
-from .cuda_elementwise import check_float32
-from .cuda_launch import BLOCK, _grid, empty, kernel
+from kernelgen.nn.cuda_elementwise import check_float32
+from kernelgen.nn.cuda_launch import BLOCK, _grid, empty, kernel
 
 _NEG_INF = np.float32(-np.inf)
 

@@ -2,7 +2,8 @@
 kernel (kernelgen.conv / conv_backward_data / conv_backward_weight); the rest is numpy on the host and
 numba.cuda kernels for device data (cuda_ops: the ops a ResNet trains with, fused where it saves passes
 over memory - batch_norm_relu, add_relu; cuda_elementwise: the other element-wise ops and concat; the windowed
-pools are in pooling.py and add, sub, mul, div, pow, neg in arithmetic.py, all re-exported here).
+pools are in pooling.py, add, sub, mul, div, pow, neg in arithmetic.py and reshape in tensor.py, all re-exported
+here).
 Each op's backward closure maps the output gradient to one gradient per parent (None: not needed).
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
@@ -11,13 +12,13 @@ import numpy as np
 
 import kernelgen
 from kernelgen.api import _zero_extend, resolve_precision
+from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
+from kernelgen.nn.arithmetic import add, div, mul, neg, pow, sub  # noqa: F401 (part of F.*)
+from kernelgen.nn.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401 (part of F.*)
+from kernelgen.nn.tensor import Tensor, reshape  # noqa: F401 (reshape is part of F.*)
+from kernelgen.nn.tensor import as_tensor as _as_tensor
+from kernelgen.nn.tensor import device_ops as _dev
 from kernelgen.problem import make_problem
-
-from .arithmetic import add, div, mul, neg, pow, sub  # noqa: F401 (part of F.*)
-from .pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401 (part of F.*)
-from .tensor import Tensor
-from .tensor import as_tensor as _as_tensor
-from .tensor import device_ops as _dev
 
 
 def _kahan_steps(terms, c=None):
@@ -203,17 +204,6 @@ def relu(x):
     return Tensor.from_op(x.data * mask, (x,), lambda g: (g * mask,))
 
 
-def reshape(x, shape):
-    x = _as_tensor(x)
-    if ops := _dev(x):
-        shape = tuple(shape)
-        if -1 in shape:  # numpy's rule: the one -1 takes what the other dimensions leave
-            known = int(np.prod([s for s in shape if s != -1]))
-            shape = tuple(x.data.size // max(known, 1) if s == -1 else s for s in shape)
-        return Tensor.from_op(ops.view(x.data, shape), (x,), lambda g: (ops.view(g, x.shape),))
-    return Tensor.from_op(x.data.reshape(shape), (x,), lambda g: (g.reshape(x.shape),))
-
-
 def flatten(x):
     return reshape(x, (x.shape[0], -1))
 
@@ -244,8 +234,8 @@ def batch_norm(x, weight, bias, running_mean, running_var, *, training, momentum
     """Per-channel normalisation over (N, H, W) of a channels-last x; running stats updated in place."""
     x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
     _check_batch_norm(x, weight, bias, running_mean, running_var)
-    if _dev(x, weight, bias):
-        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, False)
+    if ops := _dev(x, weight, bias):
+        return _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training, momentum, eps, False)
     axes = tuple(range(x.data.ndim - 1))
     if training:
         count = x.data.size // x.shape[-1]
@@ -277,8 +267,8 @@ def batch_norm_relu(x, weight, bias, running_mean, running_var, *, training, mom
     x and reads the ReLU mask from the output, so nothing but x and y is kept (as PyTorch keeps them)."""
     x, weight, bias = _as_tensor(x), _as_tensor(weight), _as_tensor(bias)
     _check_batch_norm(x, weight, bias, running_mean, running_var)
-    if _dev(x, weight, bias):
-        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True)
+    if ops := _dev(x, weight, bias):
+        return _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training, momentum, eps, True)
     return relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
                            eps=eps))
 
@@ -290,16 +280,15 @@ def batch_norm_add_relu(x, weight, bias, running_mean, running_var, residual, *,
     into residual's buffer - for a residual that no backward reads (a batch norm's output without ReLU)."""
     x, weight, bias, residual = _as_tensor(x), _as_tensor(weight), _as_tensor(bias), _as_tensor(residual)
     _check_batch_norm(x, weight, bias, running_mean, running_var)
-    if _dev(x, weight, bias, residual):
-        return _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, True,
+    if ops := _dev(x, weight, bias, residual):
+        return _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training, momentum, eps, True,
                                   residual, inplace)
     return add_relu(batch_norm(x, weight, bias, running_mean, running_var, training=training, momentum=momentum,
                                eps=eps), residual)
 
 
-def _batch_norm_device(x, weight, bias, running_mean, running_var, training, momentum, eps, fuse_relu,
+def _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training, momentum, eps, fuse_relu,
                        residual=None, inplace=False):
-    from . import cuda_ops as ops
     if not (ops.is_device(running_mean) and ops.is_device(running_var)):
         raise TypeError("running_mean and running_var must be device arrays for cuda tensors (Module.to('cuda'))")
     y, mean, inv_std = ops.batch_norm_forward(x.data, weight.data, bias.data, running_mean, running_var,
@@ -368,12 +357,11 @@ def cross_entropy(logits, labels, ignore_index=-100):
 
 def concat(tensors, axis=0):
     tensors = [_as_tensor(t) for t in tensors]
-    if tensors and _dev(*tensors, names=[f"tensors[{k}]" for k in range(len(tensors))]):
-        from . import cuda_elementwise as ew
-        y = ew.concat([t.data for t in tensors], axis)
+    if tensors and (ops := _dev(*tensors, names=[f"tensors[{k}]" for k in range(len(tensors))])):
+        y = ops.concat([t.data for t in tensors], axis)
         shapes = [t.shape for t in tensors]
         return Tensor.from_op(y, tuple(tensors), lambda g: tuple(
-            ew.split(g, shapes, axis, [t.requires_grad for t in tensors])))
+            ops.split(g, shapes, axis, [t.requires_grad for t in tensors])))
     ends = np.cumsum([t.shape[axis] for t in tensors])[:-1]
     return Tensor.from_op(np.concatenate([t.data for t in tensors], axis=axis), tuple(tensors),
                           lambda g: tuple(np.split(g, ends, axis=axis)))
@@ -381,16 +369,15 @@ def concat(tensors, axis=0):
 
 # ---- activations ----
 
-def _activation_device(x, name, slope=0.0):
-    from . import cuda_elementwise as ew
-    y = ew.activation(x.data, name, slope)
-    return Tensor.from_op(y, (x,), lambda g: (ew.activation_backward(g, x.data, name, slope),))
+def _activation_device(ops, x, name, slope=0.0):
+    y = ops.activation(x.data, name, slope)
+    return Tensor.from_op(y, (x,), lambda g: (ops.activation_backward(g, x.data, name, slope),))
 
 
 def leaky_relu(x, negative_slope=0.01):
     x = _as_tensor(x)
-    if _dev(x):
-        return _activation_device(x, "leaky_relu", negative_slope)
+    if ops := _dev(x):
+        return _activation_device(ops, x, "leaky_relu", negative_slope)
     slope = np.where(x.data > 0, 1, negative_slope).astype(x.dtype)
     return Tensor.from_op(x.data * slope, (x,), lambda g: (g * slope,))
 
@@ -405,36 +392,30 @@ def _sigmoid_parts(u):
 
 def sigmoid(x):
     x = _as_tensor(x)
-    if _dev(x):
-        return _activation_device(x, "sigmoid")
+    if ops := _dev(x):
+        return _activation_device(ops, x, "sigmoid")
     s, ds = _sigmoid_parts(x.data)
     return Tensor.from_op(s, (x,), lambda g: (g * ds,))
 
 
 def tanh(x):
     x = _as_tensor(x)
-    if _dev(x):
-        return _activation_device(x, "tanh")
+    if ops := _dev(x):
+        return _activation_device(ops, x, "tanh")
     # sech^2 x = 4 s(2x) (1 - s(2x)) from the input: 1 - tanh^2 cancels to 0 in float32 for |x| >~ 9
     _, ds = _sigmoid_parts(2 * x.data)
     return Tensor.from_op(np.tanh(x.data), (x,), lambda g: (g * (4 * ds),))
-
-
-# Python floats, not numpy scalars: they keep float32 data float32
-_GELU_A = 2 * float(np.sqrt(2 / np.pi))  # 0.5 (1 + tanh(z)) = sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3)
-_GELU_B = _GELU_A * 0.044715
-_GELU_CLIP = 30.0  # |u(30)| > 2000: sigmoid is exactly 0 or 1 in float64 already, and x^3 cannot overflow
 
 
 def gelu(x):
     """GELU, tanh form: x sigmoid(u), u = A x + B x^3.  The derivative s + x s(1-s) (A + 3B x^2) is computed
     from exp(-|u|) (Alpha §5.6): the textbook form's exp(u) overflows for x << 0 and gives inf/inf = NaN."""
     x = _as_tensor(x)
-    if _dev(x):
-        return _activation_device(x, "gelu")
-    xc = np.clip(x.data, -_GELU_CLIP, _GELU_CLIP)
-    s, ds = _sigmoid_parts(xc * (_GELU_A + _GELU_B * xc * xc))
-    dy = (s + xc * ds * (_GELU_A + 3 * _GELU_B * xc * xc)).astype(x.dtype)
+    if ops := _dev(x):
+        return _activation_device(ops, x, "gelu")
+    xc = np.clip(x.data, -GELU_CLIP, GELU_CLIP)
+    s, ds = _sigmoid_parts(xc * (GELU_A + GELU_B * xc * xc))
+    dy = (s + xc * ds * (GELU_A + 3 * GELU_B * xc * xc)).astype(x.dtype)
     return Tensor.from_op((x.data * s).astype(x.dtype), (x,), lambda g: (g * dy,))
 
 
@@ -448,10 +429,9 @@ def dropout(x, p=0.5, training=True, generator=None):
     x = _as_tensor(x)
     if not training or p == 0:
         return x
-    if _dev(x):
-        from . import cuda_elementwise as ew
+    if ops := _dev(x):
         seed = int((generator if generator is not None else np.random.default_rng()).integers(2 ** 32))
-        return Tensor.from_op(ew.dropout(x.data, p, seed), (x,), lambda g: (ew.dropout(g, p, seed),))
+        return Tensor.from_op(ops.dropout(x.data, p, seed), (x,), lambda g: (ops.dropout(g, p, seed),))
     rng = generator if generator is not None else np.random.default_rng()
     keep = rng.random(x.shape) >= p
     mask = (keep / (1 - p) if p < 1 else keep).astype(x.dtype)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import functional as F
-from .modules import (AdaptiveAvgPool2d, BasicBlock, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d, Module, ReLU,
-                      Sequential)
+from kernelgen.nn import functional as F
+from kernelgen.nn.modules import (AdaptiveAvgPool2d, BasicBlock, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d,
+                                  Module, ReLU, Sequential)
 
 
 class ResNet(Module):

@@ -8,10 +8,9 @@ import tempfile
 
 import numpy as np
 
+from kernelgen.nn import functional as F
+from kernelgen.nn.tensor import Tensor, _on_device, as_tensor, to_device_array
 from kernelgen.planner import check_precision
-
-from . import functional as F
-from .tensor import Tensor, _on_device, as_tensor, to_device_array
 
 
 class Module:

@@ -1,17 +1,16 @@
 """Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
 (PyTorch's update rules and defaults).  SGD and Adam(W) update device parameters with one fused kernel per
-parameter (cuda_ops); RMSprop and RAdam are host-only."""
+parameter (cuda_ops, through tensor.device_kernels); RMSprop and RAdam are host-only."""
 from __future__ import annotations
 
 import numpy as np
 
-from .tensor import _on_device
+from kernelgen.nn.tensor import _on_device, device_kernels
 
 
 def _zeros_like(a):
     if _on_device(a):
-        from .cuda_ops import zeros
-        return zeros(a.shape, a.dtype)
+        return device_kernels().zeros(a.shape, a.dtype)
     return np.zeros_like(a)
 
 
@@ -37,8 +36,7 @@ class SGD:
             if p.grad is None:
                 continue
             if _same_device(p, v):
-                from .cuda_ops import sgd_step
-                sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd)
+                device_kernels().sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd)
                 continue
             g = p.grad + self.wd * p.data
             v *= self.momentum
@@ -64,8 +62,8 @@ class Adam(SGD):
             if p.grad is None:
                 continue
             if _same_device(p, m):
-                from .cuda_ops import adam_step
-                adam_step(p.data, p.grad, m, v, self.lr, self.b1, self.b2, self.eps, self.wd, self.decoupled, self.t)
+                device_kernels().adam_step(p.data, p.grad, m, v, self.lr, self.b1, self.b2, self.eps, self.wd,
+                                           self.decoupled, self.t)
                 continue
             g = p.grad if self.decoupled else p.grad + self.wd * p.data
             m *= self.b1

@@ -1,13 +1,13 @@
 """Windowed pools on channels-last Tensors (max, average, adaptive average): numpy on the host,
-cuda_pool's kernels for device data; each op's backward routes the output gradient to the window
+cuda_pool's kernels (through cuda_ops) for device data; each op's backward routes the output gradient to the window
 positions that produced it."""
 from __future__ import annotations
 
 import numpy as np
 
-from .tensor import Tensor
-from .tensor import as_tensor as _as_tensor
-from .tensor import device_ops as _dev
+from kernelgen.nn.tensor import Tensor
+from kernelgen.nn.tensor import as_tensor as _as_tensor
+from kernelgen.nn.tensor import device_ops as _dev
 
 
 def _pair(v):
@@ -50,11 +50,10 @@ def max_pool2d(x, kernel, stride=None, padding=0):
     """(N, H, W, C) -> (N, P, Q, C); padding counts as -inf, ties go to the first offset (as PyTorch)."""
     x = _as_tensor(x)
     _check_nhwc(x)
-    if _dev(x):
-        from . import cuda_pool
+    if ops := _dev(x):
         k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
-        y, arg = cuda_pool.max_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad)
-        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.max_pool2d_backward(g, arg, x.shape, k, s, pad),))
+        y, arg = ops.max_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad)
+        return Tensor.from_op(y, (x,), lambda g: (ops.max_pool2d_backward(g, arg, x.shape, k, s, pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, -np.inf)
     best = xp[:, offsets[0][0], offsets[0][1]].copy()
@@ -76,12 +75,11 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     """(N, H, W, C) -> (N, P, Q, C); count_include_pad=False divides by the number of real elements."""
     x = _as_tensor(x)
     _check_nhwc(x)
-    if _dev(x):
-        from . import cuda_pool
+    if ops := _dev(x):
         k, s, pad, (p, q) = _pool_geometry(x.shape, kernel, stride, padding)
-        y = cuda_pool.avg_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad, count_include_pad)
+        y = ops.avg_pool2d(x.data, (x.shape[0], p, q, x.shape[3]), k, s, pad, count_include_pad)
         return Tensor.from_op(y, (x,), lambda g: (
-            cuda_pool.avg_pool2d_backward(g, x.shape, k, s, pad, count_include_pad),))
+            ops.avg_pool2d_backward(g, x.shape, k, s, pad, count_include_pad),))
     (ph, pw), offsets = _pool_windows(x.shape, kernel, stride, padding)
     xp = _pad_hw(x.data, ph, pw, 0)
     if count_include_pad:
@@ -112,10 +110,9 @@ def adaptive_avg_pool2d(x, output_size):
     if int(oh) != oh or int(ow) != ow or oh < 1 or ow < 1:
         raise ValueError(f"output_size must be positive integers, got {output_size}")
     oh, ow = int(oh), int(ow)
-    if _dev(x):
-        from . import cuda_pool
-        y = cuda_pool.adaptive_avg_pool2d(x.data, (oh, ow))
-        return Tensor.from_op(y, (x,), lambda g: (cuda_pool.adaptive_avg_pool2d_backward(g, x.shape),))
+    if ops := _dev(x):
+        y = ops.adaptive_avg_pool2d(x.data, (oh, ow))
+        return Tensor.from_op(y, (x,), lambda g: (ops.adaptive_avg_pool2d_backward(g, x.shape),))
     cells = [(i, j, hb, wb) for i, hb in enumerate(_adaptive_bins(x.shape[1], oh))
              for j, wb in enumerate(_adaptive_bins(x.shape[2], ow))]
     y = np.empty((x.shape[0], oh, ow, x.shape[3]), x.dtype)

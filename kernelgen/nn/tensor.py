@@ -5,6 +5,10 @@ gradients; backward() walks the graph in reverse topological order.  Data is a N
 .to("cuda"), a numba device array from kernelgen's arena (channels-last float32, like kernelgen); the ops
 pick numpy or numba.cuda kernels by where the data is (functional.py), and convolutions run through
 kernelgen's kernels either way.
+
+This module is the bottom of kernelgen.nn's own import graph: the ops modules import it, never the other way.
+The arithmetic operators (+, -, *, /, **, unary -) are arithmetic.py's functions, bound onto Tensor there; the
+device kernels (cuda_ops) are imported on first use, by device_kernels().
 """
 from __future__ import annotations
 
@@ -53,8 +57,7 @@ def to_device_array(a, device):
     """`a` (NumPy or device array) as a NumPy array ("cpu") or an arena device array ("cuda")."""
     if device == "cpu":
         return a.copy_to_host() if _on_device(a) else np.asarray(a)
-    from .cuda_ops import to_device
-    return a if _on_device(a) else to_device(np.asarray(a))
+    return a if _on_device(a) else device_kernels().to_device(np.asarray(a))
 
 
 @contextlib.contextmanager
@@ -123,8 +126,8 @@ class Tensor:
             if self.data.size != 1:
                 raise ValueError(f"backward() without a gradient needs a scalar tensor, got shape {self.shape}")
             if self.is_cuda:  # filled on the device: a host copy would wait for the whole forward pass
-                from .cuda_ops import empty, fill
-                return fill(empty(self.shape, self.dtype), 1.0)
+                ops = device_kernels()
+                return ops.fill(ops.empty(self.shape, self.dtype), 1.0)
             return np.ones(self.shape, self.dtype)
         grad = grad.data if isinstance(grad, Tensor) else grad
         shape = tuple(grad.shape) if hasattr(grad, "shape") else np.shape(grad)
@@ -177,55 +180,11 @@ class Tensor:
                 t._parents, t._backward = (), _freed
         return self
 
-    # operators, so models read naturally; a Python scalar operand keeps the tensor's dtype (arithmetic.py)
-    __array_ufunc__ = None  # ndarray (op) Tensor: numpy defers to the reflected operator below
-
-    def __add__(self, other):
-        from .arithmetic import add
-        return add(self, other)
-
-    def __radd__(self, other):
-        from .arithmetic import add
-        return add(other, self)
-
-    def __sub__(self, other):
-        from .arithmetic import sub
-        return sub(self, other)
-
-    def __rsub__(self, other):
-        from .arithmetic import sub
-        return sub(other, self)
-
-    def __mul__(self, other):
-        from .arithmetic import mul
-        return mul(self, other)
-
-    def __rmul__(self, other):
-        from .arithmetic import mul
-        return mul(other, self)
-
-    def __truediv__(self, other):
-        from .arithmetic import div
-        return div(self, other)
-
-    def __rtruediv__(self, other):
-        from .arithmetic import div
-        return div(other, self)
-
-    def __pow__(self, other):
-        from .arithmetic import pow
-        return pow(self, other)
-
-    def __rpow__(self, other):
-        from .arithmetic import pow
-        return pow(other, self)
-
-    def __neg__(self):
-        from .arithmetic import neg
-        return neg(self)
+    # operators, so models read naturally: __add__, __radd__, ... are arithmetic.py's functions, bound onto Tensor
+    # there (arithmetic imports this module, so this module cannot import it)
+    __array_ufunc__ = None  # ndarray (op) Tensor: numpy defers to the reflected operator
 
     def reshape(self, *shape):
-        from .functional import reshape
         return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
 
 
@@ -237,8 +196,7 @@ def _freed(g):
 
 def _sum_grads(a, b):
     if _on_device(a):
-        from .cuda_ops import add
-        return add(a, b)  # a new array: b may be another tensor's gradient as well
+        return device_kernels().add(a, b)  # a new array: b may be another tensor's gradient as well
     return a + b
 
 
@@ -246,16 +204,36 @@ def as_tensor(x):
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
+def device_kernels():
+    """The device half of kernelgen.nn, the cuda_ops module (it re-exports cuda_elementwise's and cuda_pool's
+    kernels too)."""
+    # imported here, on the first device op, not at the top: cuda_ops imports numba.cuda (about 0.5 s, and
+    # numba-cuda is an optional dependency), which a host-only `import kernelgen.nn` must not pay for
+    from kernelgen.nn import cuda_ops
+    return cuda_ops
+
+
 def device_ops(*tensors, names=None):
-    """The device ops module when any tensor's data is on the GPU (then all must be), else None.
-    names: the tensors' argument names, for the error."""
+    """The device ops module (device_kernels()) when any tensor's data is on the GPU (then all must be), else
+    None.  names: the tensors' argument names, for the error."""
     present = [(k, t) for k, t in enumerate(tensors) if t is not None]
     if any(t.is_cuda for _, t in present):
-        from . import cuda_ops
         for k, t in present:
             if not t.is_cuda:
                 what = names[k] if names else f"argument {k}"
                 raise TypeError(f"all tensors must be on the same device: {what} is a {t.device} tensor, "
                                 f"others are cuda ones")
-        return cuda_ops
+        return device_kernels()
     return None
+
+
+def reshape(x, shape):
+    """x's data in a new shape (F.reshape, Tensor.reshape); on the device a view of the same memory."""
+    x = as_tensor(x)
+    if ops := device_ops(x):
+        shape = tuple(shape)
+        if -1 in shape:  # numpy's rule: the one -1 takes what the other dimensions leave
+            known = int(np.prod([s for s in shape if s != -1]))
+            shape = tuple(x.data.size // max(known, 1) if s == -1 else s for s in shape)
+        return Tensor.from_op(ops.view(x.data, shape), (x,), lambda g: (ops.view(g, x.shape),))
+    return Tensor.from_op(x.data.reshape(shape), (x,), lambda g: (g.reshape(x.shape),))

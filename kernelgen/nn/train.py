@@ -15,12 +15,12 @@ import numpy as np
 
 from kernelgen.storage import PRECISIONS
 
-from . import functional as F
-from .data import Loader, load_digits_split
-from .mixed_precision import precision as conv_precision
-from .modules import SmallResNet
-from .optim import Adam
-from .tensor import Tensor, no_grad
+from kernelgen.nn import functional as F
+from kernelgen.nn.data import Loader, load_digits_split, save_digits
+from kernelgen.nn.mixed_precision import precision as conv_precision
+from kernelgen.nn.modules import SmallResNet
+from kernelgen.nn.optim import Adam
+from kernelgen.nn.tensor import Tensor, no_grad
 
 
 def evaluate(model, loader, device="cpu"):
@@ -118,7 +118,6 @@ def main(argv=None):
     ap.add_argument("--save-data", default=None, metavar="PATH", help="write the digits to PATH (.npz) and exit")
     args = ap.parse_args(argv)
     if args.save_data:
-        from .data import save_digits
         save_digits(args.save_data)
         return 0
     epochs = args.epochs if args.epochs is not None else 3 if args.quick else 8  # 0 is a choice, not "unset"
