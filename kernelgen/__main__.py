@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from kernelgen import __version__
+
 COMMANDS = {
     "demo": ("kernelgen.demo", "run a real convolution through kernelgen, check it, time it"),
     "cache": ("kernelgen.runtime.cli", "compiled-kernel cache: info [--json] | clear"),
@@ -27,7 +29,6 @@ def main(argv=None):
         _usage(sys.stdout)
         return 0
     if argv[0] == "--version":
-        from kernelgen import __version__
         print(f"kernelgen {__version__}")
         return 0
     if argv[0] not in COMMANDS:

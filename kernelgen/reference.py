@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import make_problem
+from kernelgen.problem import deconv_output_shape, make_problem
 
 
 def _as5(a, ndim):
@@ -81,7 +81,6 @@ def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, gro
 
 
 def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
-    from .problem import deconv_output_shape
     out_shape = deconv_output_shape(x.shape, w.shape, stride, padding, output_padding, dilation, groups)
     y_shape = make_problem("fwd", out_shape, w.shape, stride=stride, padding=padding, dilation=dilation,
                            groups=groups).y_shape

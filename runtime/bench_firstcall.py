@@ -12,11 +12,14 @@ import time
 
 import numpy as np
 
+import kernelgen
+from kernelgen.runtime.cache import KERNELS
+from kernelgen.tuning.shapes import load_table
+
 OPS = {"fwd": "conv", "bwd_data": "conv_backward_data", "bwd_weight": "conv_backward_weight"}
 
 
 def _call(problem, arrays, kw):
-    import kernelgen
     if problem.direction == "fwd":
         return kernelgen.conv(arrays["x"], arrays["w"], **kw)
     if problem.direction == "bwd_data":
@@ -31,9 +34,6 @@ def main(argv=None):
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     from numba import cuda
-
-    from kernelgen.runtime.cache import KERNELS
-    from kernelgen.tuning.shapes import load_table
     name, layers = load_table(args.table)
     rng = np.random.default_rng(0)
     rows, start_all = [], time.perf_counter()

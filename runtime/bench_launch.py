@@ -10,6 +10,12 @@ import time
 
 import numpy as np
 
+import kernelgen
+from kernelgen import api
+from kernelgen.planner import gpu_present
+from kernelgen.runtime import arena
+from kernelgen.tuning.timing import time_cuda
+
 
 def per_call_us(fn, calls, sync=lambda: None):
     fn()
@@ -26,16 +32,12 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--profile", action="store_true", help="also print where a GPU call's time goes (cProfile)")
     args = ap.parse_args(argv)
-    import kernelgen
-    from kernelgen.planner import gpu_present
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 4)).astype(np.float32)
     rows = []
     if gpu_present():
-        from numba import cuda
-
-        from kernelgen.runtime import arena
+        from numba import cuda  # only with a GPU: numba.cuda is slow to import
         dx, dw = cuda.to_device(x), cuda.to_device(w)
         out = cuda.device_array((1, 8, 8, 4), np.float32)
         rows.append(("kernelgen.conv cuda (numba arrays)",
@@ -44,12 +46,10 @@ def main(argv=None):
                      per_call_us(lambda: kernelgen.conv(dx, dw, padding=1, out=out), args.calls, cuda.synchronize)))
         bound = kernelgen.bind(kernelgen.conv, dx, dw, padding=1, out=out)
         rows.append(("kernelgen.bind(conv, ...)() (numba arrays)", per_call_us(bound, args.calls, cuda.synchronize)))
-        from kernelgen import api
         prep = [p for p in api._PREPARED.values() if p.problem.x_shape == x.shape][-1]
         ptrs = [(int(a.device_ctypes_pointer.value), a.size) for a in (dx, dw, out)]
         rows.append(("  of which: raw cuLaunchKernel of that kernel", per_call_us(
             lambda: prep.launcher._fast(ptrs, 4, 0), args.calls, cuda.synchronize)))
-        from kernelgen.tuning.timing import time_cuda
         rows.append(("  of which: the kernel's GPU time (events)", 1e3 * time_cuda(
             lambda: prep.launcher._fast(ptrs, 4, 0), repeat=200)))
         empty = cuda.jit(lambda a: None)

@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kernelgen
+import kernelgen.templates
 from kernelgen import __version__, settings
 
 _HEADER = "# kernelgen-cache {version} {digest} {checksum}\n"
 
 
 def _code_version() -> str:
-    import kernelgen.templates
     h = hashlib.sha256()
     for pkg in (kernelgen, kernelgen.templates):
         root = Path(pkg.__file__).parent

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .cache import KERNELS, format_bytes, load_persistent_stats
+from kernelgen.runtime.cache import KERNELS, format_bytes, load_persistent_stats
 
 
 def main(argv=None):

@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from kernelgen import arrays
-
-from .arena import device_empty, to_device_staged
-from .driver import as_numba_stream, pointer_size, stream_handle
+from kernelgen.runtime.arena import device_empty, to_device_staged
+from kernelgen.runtime.driver import as_numba_stream, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):

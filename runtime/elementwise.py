@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .driver import _FastLaunch, configure
+from kernelgen.arrays import to_device_view
+from kernelgen.runtime.driver import _FastLaunch, configure
 
 _bias_kernel = None
 
@@ -19,8 +20,6 @@ def add_channel_bias(y, bias, stream=None):
     """y[..., c] += bias[c] in place, for a C-contiguous channels-last device array y."""
     global _bias_kernel, cuda
     from numba import cuda
-
-    from kernelgen.arrays import to_device_view
     if _bias_kernel is None:
         _bias_kernel = cuda.jit(_add_channel_bias_body)
     d = to_device_view(y, "y")

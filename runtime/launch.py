@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernelgen.arrays import cpu_kernel_arg
-
-from .driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared, configure,
-                     fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle, zero_pointer)
-from .elementwise import (flip16_device, flip16_pointers, flip_host, round_tf32_device, round_tf32_flipped_device,
-                          round_tf32_flipped_host, round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
-                          round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.arrays import cpu_kernel_arg, to_device_view
+from kernelgen.runtime.driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared,
+                                      configure, fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle,
+                                      zero_pointer)
+from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_host, round_tf32_device,
+                                           round_tf32_flipped_device, round_tf32_flipped_host,
+                                           round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
+                                           round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 
 _NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
 
@@ -102,8 +104,6 @@ class Launcher:
         found = self._maps.get((name, ptr))
         if found is None:
             from numba import cuda
-
-            from .tensor_map import encode_im2col, encode_tiled
             if ptr % 16:
                 raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
             swz = swizzle or None
@@ -237,7 +237,6 @@ class Launcher:
                 zero_pointer(ptr, n, itemsize, stream_handle(stream))
 
     def _zero_outputs(self, args, stream):
-        from kernelgen.arrays import to_device_view
         for name in self.outputs:
             flat = to_device_view(args[name], name)
             fill_device(flat.reshape(flat.size), 0, stream)

@@ -119,6 +119,8 @@ def copy_kernel():
     swizzled tiles start 1024-byte aligned) and one tiled copy at c[6:8] after it, waits on one mbarrier, and
     writes the a_words + b_words shared words to out.  Launch with (a_words + b_words) * 4 bytes of dynamic
     shared memory."""
+    # imported here, not at the top: this GPU check alone needs numba.cuda (slow to import, absent without
+    # numba-cuda) and the TMA intrinsics, which import it; encoding maps needs neither
     from numba import cuda, float32, int64
 
     from kernelgen._cuda_tma_intrinsics import (mbarrier_expect_tx, mbarrier_init, mbarrier_init_fence,
