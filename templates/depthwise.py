@@ -1,0 +1,221 @@
+"""Direct depthwise convolution (issue 28): groups = C, K = m * C filters, every direction, at memory speed.
+
+Not a GEMM view: a depthwise layer does a handful of FMAs per byte, so the kernel is built around the bytes.
+Channels-last with each thread's channels contiguous (16-byte loads of 4 float32 channels), each thread a register
+strip of PW output pixels along W whose source positions are loaded once per filter row and reused by every tap,
+the filter taps of its channels in registers, and the block's input window (the halo) copied once into shared
+memory (`halo`).  Forward fuses bias and relu; backward-data is the same gather on the flipped filter, strides as
+residue classes (a strip gathers only the taps that land on it); backward-weight reduces per channel over the batch
+and pixels, split over blocks that add into a zeroed dw (`split_k`).  The geometry is depthwise_geometry.py, the
+IR depthwise_ir.py and depthwise_kernels.py, the config depthwise_config.py; the cost model and the tuner's space
+are here.
+
+Precisions: fp32 FMAs; "tf32" computes the same fp32 FMAs (no tensor cores: the layer is memory-bound, and fp32 is
+at least as exact); "fp16" / "bf16" round float32 operands to fp16 / bf16 as they are read and accumulate in fp32;
+float16 tensors (precision "fp16") are read as they are stored, accumulated in fp32, rounded once when stored.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from kernelgen.ir import Kernel
+from kernelgen.problem import ConvProblem
+from kernelgen.storage import PRECISIONS_BY_DTYPE
+from kernelgen.target import Target
+from kernelgen.templates.depthwise_config import DepthwiseConfig
+from kernelgen.templates.depthwise_geometry import Geometry, cdiv, geometry, over_limits, unmet
+from kernelgen.templates.depthwise_kernels import gather_kernel, weight_kernel
+
+NAME = "depthwise"
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+# The cost model's guesses, until the tuner measures (GPU memory-bound kernels): bytes per FMA of compute time
+# (an H100 does ~60 TFLOP/s fp32 FMA against ~3 TB/s), the traffic cost of reading the window through the caches
+# instead of shared memory, of an atomic add, and the threads an SM wants resident to saturate memory.
+FLOPS_PER_BYTE = 20.0
+NO_HALO_TRAFFIC = 1.3
+ATOMIC_BYTES = 16
+SATURATING_THREADS = 1024
+THREADS_PER_SM = 2048
+SECTOR = 32
+DEFAULT_THREADS = (256,)  # the default's block size, the window in shared memory (the tuner tries 64..512, both)
+
+
+def applies(p: ConvProblem) -> bool:
+    return p.groups == p.C and p.K % p.C == 0
+
+
+def _rounding(p, precision):
+    """The operand rounding of a precision on this problem's tensors (None: none)."""
+    return precision if precision in ("fp16", "bf16") and p.dtype == "float32" else None
+
+
+def _itemsize(p):
+    return {"float64": 8, "float16": 2}.get(p.dtype, 4)
+
+
+def _limits(p, target: Target) -> dict:
+    """over_limits' arguments for a CUDA target."""
+    return {"itemsize": 8 if p.dtype == "float64" else 4,  # shared words hold the computed (widened) values
+            "max_shared": target.static_shared_per_block, "max_registers": target.max_registers_per_thread,
+            "max_threads": target.max_threads_per_block}
+
+
+def precision_note(p, precision):
+    if precision == "tf32":
+        return "tf32 computed as fp32 FMAs (no tensor cores: depthwise is memory-bound, fp32 is at least as exact)"
+    if precision in ("fp16", "bf16") and p.dtype == "float32":
+        return f"{precision} operands (float32 tensors rounded as read), fp32 accumulation"
+    if p.dtype == "float16":
+        return "float16 tensors, fp32 accumulation, outputs rounded once"
+    return f"{'fp64' if p.dtype == 'float64' else 'fp32'} FMAs"
+
+
+def build(p: ConvProblem, cfg: DepthwiseConfig, precision="fp32") -> Kernel:
+    """(ConvProblem, DepthwiseConfig, precision) -> Kernel."""
+    if not isinstance(cfg, DepthwiseConfig):
+        raise TypeError(f"config: {NAME} needs a DepthwiseConfig, got {type(cfg).__name__} {cfg}")
+    if precision not in PRECISIONS_BY_DTYPE[p.dtype]:
+        raise ValueError(f"precision: {NAME} computes {p.dtype} tensors at {PRECISIONS_BY_DTYPE[p.dtype]}, got "
+                         f"{precision!r}")
+    if not applies(p):
+        raise ValueError(f"{NAME} computes depthwise problems (groups = C), got {p.key()}")
+    why = unmet(p, cfg)
+    if why:
+        raise ValueError(f"config: {cfg} needs {'; '.join(why)} on {p.key()}")
+    g = geometry(p, cfg)
+    rnd = _rounding(p, precision)
+    k = weight_kernel(g, rnd) if p.direction == "bwd_weight" else gather_kernel(g, rnd)
+    work = p.N * math.prod(p.out_size) * p.K * g.taps
+    doc = (f"direct depthwise {p.direction}: {g.m} filter(s) per channel, {g.h.classes * g.w.classes} residue "
+           f"class(es), window {'in shared memory' if cfg.halo else 'read through the caches'}; "
+           f"{precision_note(p, precision)}")
+    meta = {"doc": doc, "problem": p.key(), "template": NAME, "config": str(cfg), "zero_output": cfg.split_k > 1,
+            "precision": precision, "work": work}
+    return Kernel(k.name, k.params, k.locals, k.body, k.grid, k.threads, meta)
+
+
+# --- the cost model and the tuner's space ----------------------------------------------------------------------------
+
+def _sectors(run_bytes):
+    """Bytes moved for a contiguous run: whole 32-byte sectors (a run of one float32 channel per pixel moves 8x)."""
+    return cdiv(run_bytes, SECTOR) * SECTOR
+
+
+def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry | None = None) -> float:
+    """Modeled time (bytes-equivalent): the global traffic in whole sectors (each block's window, its filter, the
+    outputs; dy and the atomic adds of backward-weight) plus the FMAs at FLOPS_PER_BYTE, over the SMs' memory
+    parallelism (resident threads, up to SATURATING_THREADS) and the last wave's idle SMs."""
+    g, item = g or geometry(p, cfg), _itemsize(p)
+    pixel = _sectors(cfg.block_groups * g.src_per_group * item)  # a window pixel's channels of one block
+    window = math.prod(g.window_shape[:3]) * pixel * (1.0 if cfg.halo else NO_HALO_TRAFFIC)
+    outputs = p.N * g.out_depth * g.h.out_size * g.w.out_size
+    if p.direction == "bwd_weight":
+        blocks = g.channel_blocks * cfg.split_k
+        traffic = (window * g.spatial_tiles * g.channel_blocks + outputs * g.channel_blocks
+                   * _sectors(cfg.block_groups * g.m * item) + p.K * g.taps * ATOMIC_BYTES * cfg.split_k)
+    else:
+        blocks = g.spatial_tiles * g.channel_blocks
+        traffic = (window * blocks + outputs * g.channel_blocks * _sectors(cfg.block_groups * g.out_per_group * item)
+                   + blocks * cfg.block_groups * g.m * g.taps * item)
+    shared = g.shared_words * _limits(p, target)["itemsize"]
+    resident = max(1, min(THREADS_PER_SM // cfg.threads, target.registers_per_sm // (g.registers * cfg.threads),
+                          target.shared_per_sm // shared if shared else THREADS_PER_SM))
+    waves = cdiv(blocks, target.sm_count * resident)
+    fill = blocks / (waves * target.sm_count * resident)
+    parallel = min(1.0, resident * cfg.threads / SATURATING_THREADS) * fill
+    return (traffic + 2.0 * p.N * math.prod(p.out_size) * p.K * g.taps / FLOPS_PER_BYTE) / parallel
+
+
+def _split_choices(p, channel_blocks, target: Target):
+    if p.direction != "bwd_weight" or p.dtype == "float16":
+        return (1,)
+    h = max(1, cdiv(2 * target.sm_count, channel_blocks))
+    return tuple(sorted({1, h, 4 * h}))
+
+
+def _shapes(p: ConvProblem, vector_widths, threads):
+    """(VC, TC, TW, TH, PW, PH) a CUDA block may have: `threads` threads; a block's channels at least one sector of
+    a pixel (or all of them), no more than twice the problem's channels, rows or columns."""
+    (_, H, W), (_, OH, OW) = p.in_size, p.out_size
+    rows, cols = (H, W) if p.direction == "bwd_data" else (OH, OW)
+    spg, item = (p.K // p.C if p.direction == "bwd_data" else 1), _itemsize(p)
+    pow2 = (1, 2, 4, 8, 16, 32, 64)
+    for vc, tc, th, pw, ph in itertools.product(vector_widths, pow2, (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4)):
+        tw, groups = threads // (tc * th), tc * vc
+        if tw < 1 or tw * tc * th != threads or groups > 2 * max(p.C, vc):
+            continue
+        if groups * spg * item < min(SECTOR, p.C * spg * item):
+            continue
+        if tw * pw > 2 * max(cols, pw) or th * ph > 2 * max(rows, ph):
+            continue
+        yield vc, tc, tw, th, pw, ph
+
+
+def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=(64, 128, 256, 512),
+                      windows=((1, 0), (1, 1), (0, 0))) -> list:
+    """Every block shape (`threads` per block) x (halo, smem_pad) of `windows` x split that builds and fits the
+    target, cheapest under model_time first."""
+    widths = (1, 2, 4, 8) if p.dtype == "float16" else (1, 2, 4)
+    limits, scored = _limits(p, target), []
+    for n in threads:
+        for vc, tc, tw, th, pw, ph in _shapes(p, widths, n):
+            for halo, pad in windows:
+                for split in _split_choices(p, cdiv(p.C, tc * vc), target):
+                    cfg = DepthwiseConfig(tc, tw, th, vc, pw, ph, halo, pad, split)
+                    g = geometry(p, cfg)
+                    if not (unmet(p, cfg) or over_limits(g, **limits)):
+                        scored.append((model_time(p, cfg, target, g), str(cfg), cfg))
+    return [cfg for _, _, cfg in sorted(scored)]
+
+
+def cpu_config(p: ConvProblem) -> DepthwiseConfig:
+    """Small blocks for the CPU backend (a block is one prange iteration; its threads a loop): the window read in
+    place, 4 channels and 4 pixels per thread."""
+    (_, _, OW) = p.out_size
+    vc = 4 if p.C >= 4 else (2 if p.C >= 2 else 1)
+    rows = p.in_size[1] if p.direction == "bwd_data" else p.out_size[1]
+    return DepthwiseConfig(TC=1, TW=4, TH=2 if rows > 1 else 1, VC=vc, PW=4 if OW >= 4 else 1, PH=1, halo=0)
+
+
+def default_config(p: ConvProblem, target: Target, precision="fp32") -> DepthwiseConfig:
+    if target.backend != "cuda":
+        return cpu_config(p)
+    cands = candidate_configs(p, target, precision, DEFAULT_THREADS, windows=((1, 0),))
+    if not cands:
+        raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
+    return cands[0]
+
+
+class Depthwise:
+    """The Variant (templates/variant.py) of this module: its own config (DepthwiseConfig) and cost model."""
+    name = NAME
+    directions = DIRECTIONS
+    precisions = PRECISIONS
+
+    def applies(self, problem, precision="fp32") -> bool:
+        return (problem.direction in DIRECTIONS and precision in PRECISIONS_BY_DTYPE[problem.dtype]
+                and applies(problem))
+
+    def accepts(self, problem, config, precision="fp32") -> bool:
+        return (isinstance(config, DepthwiseConfig) and self.applies(problem, precision)
+                and not unmet(problem, config))
+
+    def build(self, problem, config, precision="fp32") -> Kernel:
+        return build(problem, config, precision)
+
+    def config_space(self, problem, target: Target, precision="fp32", *, keep=None, tiles=None) -> list:
+        """candidate_configs, cheapest under model_time first: the first `keep` (tiles: the GEMM variants' option,
+        not used here)."""
+        return candidate_configs(problem, target, precision)[:keep or None]
+
+    def default_config(self, problem, target: Target, precision="fp32") -> DepthwiseConfig:
+        return default_config(problem, target, precision)
+
+    def key_extra(self, problem):
+        return None
+
+
+VARIANT = Depthwise()

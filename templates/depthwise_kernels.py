@@ -1,0 +1,194 @@
+"""The direct depthwise kernels: the gather (forward, and backward-data on the flipped filter) and backward-weight.
+
+Gather: one block per (spatial tile, channel block); the window copy, a barrier, then each thread loads the filter
+taps of its VC groups into registers once and, per output row and residue class, accumulates its PW-pixel strip
+over the taps that meet it, and stores it (bias and relu fused, forward).
+
+Backward-weight: dw[k, tap] = sum over (n, o) of x[n, o * stride - pad + tap * dil, k / m] * dy[n, o, k].  One block
+per (channel block, split); a split walks its share of the spatial tiles, each thread accumulating dw of its VC
+groups at every tap in registers from its strips; then the block's threads add theirs up through shared memory,
+and split_k > 1 adds the block's sums into the zeroed dw atomically.
+"""
+from __future__ import annotations
+
+from kernelgen.ir import Assign, Barrier, Buffer, For, If, Kernel, Load, Store, Var, VectorLoad, all_of, compute_dtype, \
+    minimum, select
+from kernelgen.templates.depthwise_geometry import Geometry, cdiv
+from kernelgen.templates.depthwise_ir import (ZERO, block_coords, channel_ok, filter_rows, rounded, segment_buffer,
+                                              stage_buffer, thread_coords, unroll, window_copy)
+from kernelgen.templates.implicit_gemm import epilogue_value
+
+TENSORS = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx")}
+
+
+def _filter_registers(g: Geometry, wreg: Buffer, rnd):
+    """wreg[tap, v * m + j] = w[(cg + v) * m + j, tap] (0 past the last channel)."""
+    m, taps = g.m, g.taps
+    body = []
+    for v in range(g.cfg.VC):
+        for j in range(m):
+            value = rounded(Load("w", (((Var("cg") + v) * m + j) * taps + Var("tap"),)), rnd)
+            cond = channel_ok(g, v)
+            body.append(wreg.store((Var("tap"), v * m + j), select(all_of(cond), value, ZERO) if cond else value))
+    return unroll("tap", taps, body)
+
+
+def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
+    """One output row (ph) of class (rho_h, rho_w): zero the strip, accumulate its taps, store it."""
+    cfg, m, opg = g.cfg, g.m, g.out_per_group
+    acc, xin, wreg = bufs["acc"], bufs["xin"], bufs["wreg"]
+    qh = Var("th") * cfg.PH + Var("ph")
+
+    def product(tap, p, u):
+        out_ = []
+        for v in range(cfg.VC):
+            for j in range(m):
+                a, x = (v, v * m + j) if g.gather == "bwd_data" else (v * m + j, v)
+                out_.append(acc.store((p, a), xin[u, x] * wreg[tap, v * m + j], accumulate=True))
+        return out_
+
+    zero = [acc.store((p, a), ZERO) for p in range(cfg.PW) for a in range(cfg.VC * opg)]
+    rows = filter_rows(g, bufs["src"], bufs.get("window"), xin, rnd, g.h.runs[rho_h], g.w.runs[rho_w], qh, product)
+    oh = Var("bh") * g.h.block_out + rho_h + g.h.classes * qh
+    stores = []
+    for p in range(cfg.PW):
+        ow = Var("bw") * g.w.block_out + rho_w + g.w.classes * (Var("tw") * cfg.PW + p)
+        pix = ([oh < g.h.out_size] if g.h.ragged else []) + ([ow < g.w.out_size] if g.w.ragged else [])
+        at = ((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow
+        for v in range(cfg.VC):
+            for j in range(opg):
+                ch = (Var("cg") + v) * opg + j
+                st = Store(out, ((at * (g.problem.C * opg) + ch),), epilogue_value(g.problem, acc[p, v * opg + j], ch))
+                cond = pix + channel_ok(g, v)
+                stores.append(If(all_of(cond), (st,)) if cond else st)
+    return [For("ph", cfg.PH, tuple(zero + rows + stores), "serial")]
+
+
+def gather_kernel(g: Geometry, rnd) -> Kernel:
+    p, cfg = g.problem, g.cfg
+    src, w, out = TENSORS[g.gather]
+    dtype = compute_dtype(p.dtype)
+    vcm = cfg.VC * g.m
+    bufs = {"src": src, "acc": Buffer("acc", (cfg.PW, cfg.VC * g.out_per_group), dtype, "register"),
+            "xin": segment_buffer(g, dtype), "wreg": Buffer("wreg", (g.taps, vcm), dtype, "register")}
+    c0 = Var("cb") * cfg.block_groups
+    phases = []
+    locals_ = [bufs["acc"], bufs["xin"], bufs["wreg"]]
+    if cfg.halo:
+        window, stage = Buffer("window", g.window_shape, dtype, "shared"), stage_buffer(g, dtype)
+        bufs["window"] = window
+        locals_ += [window, stage]
+        phases += [For("tid", cfg.threads, tuple(window_copy(g, src, window, stage, c0, rnd)), "thread"), Barrier()]
+    compute = thread_coords(g, c0) + _filter_registers(g, bufs["wreg"], rnd)
+    for rho_h in range(g.h.classes):
+        for rho_w in range(g.w.classes):
+            compute += _gather_row(g, bufs, rnd, rho_h, rho_w, out)
+    phases.append(For("tid", cfg.threads, tuple(compute), "thread"))
+    block = tuple(block_coords(g, Var("blk")) + phases)
+    grid = (g.spatial_tiles, g.channel_blocks)
+    body = (For("blk", grid[0], (For("cb", grid[1], block, "grid", axis=1),), "grid", axis=0),)
+    params = [Buffer(src, (p.N * g.src_depth * g.h.src_size * g.w.src_size * g.src_channels,), p.dtype),
+              Buffer(w, (p.K * g.taps,), p.dtype)]
+    if p.has_bias:
+        params.append(Buffer("bias", (p.K,), p.dtype))
+    params.append(Buffer(out, (p.N * g.out_depth * g.h.out_size * g.w.out_size * p.C * g.out_per_group,), p.dtype,
+                         role="out"))
+    return Kernel(f"depthwise_{p.direction}", tuple(params), tuple(locals_), body, grid, cfg.threads)
+
+
+# --- backward-weight -----------------------------------------------------------------------------------------------
+
+def _dy_strip(g: Geometry, dyr: Buffer, oh, rnd):
+    """dyr[p, v * m + j] = dy[bn, bd, oh, ow_p, (cg + v) * m + j] for the strip's pixels (0 past the output)."""
+    p_, cfg, m = g.problem, g.cfg, g.m
+    out = []
+    for p in range(cfg.PW):
+        ow = Var("bw") * g.w.block_out + Var("tw") * cfg.PW + p
+        pix = ([oh < g.h.out_size] if g.h.ragged else []) + ([ow < g.w.out_size] if g.w.ragged else [])
+        base = (((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow) * p_.K + Var("cg") * m
+        width = cfg.VC * m
+        if width % 4 == 0 and p_.K % 4 == 0:
+            for c in range(0, width, 4):
+                cond = all_of(pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else []))
+                out.append(VectorLoad(tuple(dyr[p, c + i] for i in range(4)), "dy", base + c, cond))
+                if rnd:
+                    out += [dyr.store((p, c + i), rounded(dyr[p, c + i], rnd)) for i in range(4)]
+        else:
+            for c in range(width):
+                cond = pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else [])
+                value = rounded(Load("dy", (base + c,)), rnd)
+                out.append(dyr.store((p, c), select(all_of(cond), value, ZERO) if cond else value))
+    return out
+
+
+def _weight_strips(g: Geometry, bufs, rnd):
+    """Thread tid's strips of the current tile, accumulated into dw's registers."""
+    cfg, m = g.cfg, g.m
+    acc, xin, dyr = bufs["acc"], bufs["xin"], bufs["dyr"]
+    qh = Var("th") * cfg.PH + Var("ph")
+
+    def product(tap, p, u):
+        return [acc.store((tap, v * m + j), xin[u, v] * dyr[p, v * m + j], accumulate=True)
+                for v in range(cfg.VC) for j in range(m)]
+
+    loads = _dy_strip(g, dyr, Var("bh") * g.h.block_out + qh, rnd)
+    rows = filter_rows(g, "x", bufs.get("window"), xin, rnd, g.h.runs[0], g.w.runs[0], qh, product)
+    return [For("ph", cfg.PH, tuple(loads + rows), "serial")]
+
+
+def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
+    """The block's threads' dw registers summed over the pixel threads through shared memory, then stored (atomic
+    adds with split_k > 1): output o of the block is tap o % taps of channel o // taps (tap fastest: the stores of
+    neighbouring threads are neighbours)."""
+    cfg, m, taps = g.cfg, g.m, g.taps
+    vcm, outputs = cfg.VC * m, cfg.block_groups * m * taps
+    tid = Var("tid")
+    spill = unroll("i", taps * vcm, [red.store((tid, Var("i")), acc[Var("i") // vcm, Var("i") % vcm])])
+    o = tid + Var("e") * cfg.threads
+    tap, kk = o % taps, o // taps
+    group, j = kk // m, kk % m
+    col = tap * vcm + (group % cfg.VC) * m + j
+    total = [Assign("dw_sum", ZERO),
+             For("tp", cfg.TW * cfg.TH, (Assign("dw_sum", Var("dw_sum") + red[Var("tp") * cfg.TC + group // cfg.VC,
+                                                                                col]),), "serial")]
+    store = Store("dw", (((c0 + group) * m + j) * taps + tap,), Var("dw_sum"), "atomic" if cfg.split_k > 1 else False)
+    conds = ([o < outputs] if outputs % cfg.threads else []) + \
+        ([c0 + group < g.problem.C] if g.problem.C % cfg.block_groups else [])
+    body = total + [store]
+    sums = [For("e", cdiv(outputs, cfg.threads), (If(all_of(conds), tuple(body)),) if conds else tuple(body),
+                "serial")]
+    return [For("tid", cfg.threads, tuple(spill), "thread"), Barrier(), For("tid", cfg.threads, tuple(sums), "thread")]
+
+
+def weight_kernel(g: Geometry, rnd) -> Kernel:
+    p, cfg = g.problem, g.cfg
+    dtype = compute_dtype(p.dtype)
+    vcm = cfg.VC * g.m
+    acc = Buffer("acc", (g.taps, vcm), dtype, "register")
+    bufs = {"acc": acc, "xin": segment_buffer(g, dtype), "dyr": Buffer("dyr", (cfg.PW, vcm), dtype, "register")}
+    red = Buffer("red", (cfg.threads, g.reduction_row), dtype, "shared")
+    locals_ = [acc, bufs["xin"], bufs["dyr"], red]
+    c0 = Var("blk") * cfg.block_groups
+    tile_phases = []
+    if cfg.halo:
+        window, stage = Buffer("window", g.window_shape, dtype, "shared"), stage_buffer(g, dtype)
+        bufs["window"] = window
+        locals_ += [window, stage]
+        tile_phases += [For("tid", cfg.threads, tuple(window_copy(g, "x", window, stage, c0, rnd)), "thread"),
+                        Barrier()]
+    tile_phases.append(For("tid", cfg.threads, tuple(thread_coords(g, c0) + _weight_strips(g, bufs, rnd)), "thread"))
+    if cfg.halo:
+        tile_phases.append(Barrier())  # the next tile's copy overwrites the window
+    tiles, per = g.spatial_tiles, cdiv(g.spatial_tiles, cfg.split_k)
+    first = Var("cb") * per
+    count = per if cfg.split_k == 1 else minimum(per, tiles - first)
+    zero = unroll("i", g.taps * vcm, [acc.store((Var("i") // vcm, Var("i") % vcm), ZERO)])
+    block = ([For("tid", cfg.threads, tuple(zero), "thread"),
+              For("tile", count, tuple(block_coords(g, Var("tile")) + tile_phases), "serial", start=first)]
+             + _reduce_and_store(g, acc, red, c0))
+    grid = (g.channel_blocks, cfg.split_k)
+    body = (For("blk", grid[0], (For("cb", grid[1], tuple(block), "grid", axis=1),), "grid", axis=0),)
+    params = (Buffer("x", (p.N * g.src_depth * g.h.src_size * g.w.src_size * p.C,), p.dtype),
+              Buffer("dy", (p.N * g.out_depth * g.h.out_size * g.w.out_size * p.K,), p.dtype),
+              Buffer("dw", (p.K * g.taps,), p.dtype, role="out"))
+    return Kernel("depthwise_bwd_weight", params, tuple(locals_), body, grid, cfg.threads)
