@@ -1,0 +1,239 @@
+"""The direct depthwise template (templates/depthwise*.py, issue 28) against the float64 reference.
+
+Every direction on fresh random data into NaN-poisoned outputs: on the CPU backend over a hypothesis strategy of
+shapes (1D / 2D / 3D, stride 1 and 2 (3 sometimes), padding, dilation, multiplier 1 and 2, channel counts that
+leave vector tails, batch 1..3, bias and relu) and of configs (block shapes, strips, window in shared memory or
+not); a few fixed cases in the CUDA simulator, float16 storage and split backward-weight (atomics into a zeroed
+dw) included.  The variant is not in the planner's library yet, so the kernels are built, rendered and launched
+here directly (launcher_for), through the kernel cache as the planner's launchers are.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernelgen.problem import make_problem
+from kernelgen.render_cpu import render_cpu
+from kernelgen.render_cuda import render_cuda
+from kernelgen.runtime.cache import KERNELS
+from kernelgen.runtime.launch import Launcher
+from kernelgen.target import target_for
+from kernelgen.templates import depthwise
+from kernelgen.templates.config import TileConfig
+from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
+from kernelgen.templates.depthwise_geometry import class_run, geometry, over_limits, unmet
+from kernelgen.templates.variant import Variant
+from harness import assert_close, direction_inputs, launch_poisoned, tolerance
+from hypothesis import settings
+
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def launcher_for(problem, config, backend, precision="fp32"):
+    """The depthwise kernel of (problem, config) rendered for `backend` and loaded through the kernel cache."""
+    kernel = depthwise.build(problem, config, precision)
+    render = (lambda: render_cpu(kernel)) if backend == "cpu" else (lambda: render_cuda(kernel))
+    key = ("test_depthwise", problem, config, backend, precision)
+    return KERNELS.get(key, render, lambda module: Launcher.from_module(module, backend))
+
+
+def depthwise_problem(direction, x_shape, m, filt, kw, bias=False, activation=None, dtype="float32"):
+    C = x_shape[-1]
+    fwd = direction == "fwd"
+    return make_problem(direction, x_shape, (C * m, *filt, 1), groups=C, dtype=dtype, has_bias=bias and fwd,
+                        activation=activation if fwd else None, **kw)
+
+
+def check(problem, kw, config, backend, rng, precision="fp32"):
+    """Fresh inputs, the kernel run into a NaN-poisoned output, the float64 reference: returns the launcher."""
+    inputs, want = direction_inputs(problem, {**kw, "groups": problem.groups}, rng)
+    launcher = launcher_for(problem, config, backend, precision)
+    got = launch_poisoned(launcher, problem, inputs, backend)
+    what = f"{problem.key()} {config} {backend} {precision}"
+    tol = tolerance(problem.dtype, precision if precision in ("fp16", "bf16") else "fp32")
+    assert_close(got, want, problem.dtype, what, tol=tol)
+    return launcher
+
+
+# --- the CPU backend over random shapes and configs -------------------------------------------------------------
+
+@st.composite
+def cases(draw, direction):
+    ndim = draw(st.sampled_from((1, 2, 2, 3)))
+    C = draw(st.sampled_from((1, 3, 5, 8, 24, 40)))
+    m = draw(st.sampled_from((1, 1, 2)))
+    N = draw(st.integers(1, 3))
+    filt = tuple(draw(st.sampled_from((1, 2, 3, 5) if ndim < 3 else (1, 2, 3))) for _ in range(ndim))
+    stride = tuple(draw(st.sampled_from((1, 1, 2, 2, 3))) for _ in range(ndim))
+    dilation = tuple(draw(st.sampled_from((1, 1, 2))) for _ in range(ndim))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(ndim))
+    sizes = tuple(draw(st.integers(max(1, d * (f - 1) + 1 - 2 * p), 9 if ndim < 3 else 5))
+                  for f, d, p in zip(filt, dilation, padding))
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    bias, activation = draw(st.booleans()), draw(st.sampled_from((None, "relu")))
+    dtype = draw(st.sampled_from(("float32", "float32", "float32", "float64")))
+    halo = draw(st.integers(0, 1))
+    config = DepthwiseConfig(TC=draw(st.integers(1, 3)), TW=draw(st.integers(1, 3)), TH=draw(st.integers(1, 2)),
+                             VC=draw(st.sampled_from((1, 2, 4))), PW=draw(st.integers(1, 4)),
+                             PH=draw(st.integers(1, 2)), halo=halo, smem_pad=halo * draw(st.integers(0, 2)))
+    problem = depthwise_problem(direction, (N, *sizes, C), m, filt, kw, bias, activation, dtype)
+    return problem, kw, config
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@settings(max_examples=12)
+@given(data=st.data())
+def test_cpu_random_shapes(direction, data):
+    problem, kw, config = data.draw(cases(direction))
+    check(problem, kw, config, "cpu", np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cpu_default_config(direction, rng):
+    """The CPU default of a MobileNet-like layer (stride 2, multiplier 1, 40 channels: a vector tail of 0 but a
+    ragged last block row)."""
+    kw = dict(stride=2, padding=1)
+    p = depthwise_problem(direction, (2, 9, 11, 40), 1, (3, 3), kw, bias=True, activation="relu")
+    config = depthwise.VARIANT.default_config(p, target_for("cpu"))
+    assert depthwise.VARIANT.accepts(p, config) and config.halo == 0
+    check(p, kw, config, "cpu", rng)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cpu_reduced_precisions(direction, precision, rng):
+    """fp16 / bf16 round the float32 operands as read (fp32 accumulation), within the precision's bound; tf32 is fp32
+    here (no tensor cores), within fp32's."""
+    kw = dict(stride=1, padding=2, dilation=2)
+    p = depthwise_problem(direction, (2, 6, 7, 5), 2, (3, 3), kw, bias=True)
+    config = DepthwiseConfig(TC=2, TW=2, TH=2, VC=4, PW=2, PH=1, halo=1)
+    check(p, kw, config, "cpu", rng, precision)
+    if precision == "tf32":
+        assert "no tensor cores" in render_cpu(depthwise.build(p, config, precision))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cpu_float16_storage(direction, rng):
+    """float16 tensors at fp16: read as stored, fp32 accumulation, each output rounded once (1e-2 bound)."""
+    kw = dict(stride=(1, 2), padding=1)
+    p = depthwise_problem(direction, (2, 5, 8, 8), 1, (3, 3), kw, bias=True, dtype="float16")
+    check(p, kw, DepthwiseConfig(TC=2, TW=2, TH=2, VC=8, PW=2, PH=1, halo=1), "cpu", rng, "fp16")
+
+
+def test_split_k_refused_on_cpu_and_for_float16():
+    p = depthwise_problem("bwd_weight", (2, 8, 8, 8), 1, (3, 3), dict(padding=1), dtype="float16")
+    assert "split_k=1 for float16" in " ".join(unmet(p, DepthwiseConfig(split_k=2)))
+    fwd = depthwise_problem("fwd", (2, 8, 8, 8), 1, (3, 3), dict(padding=1))
+    with pytest.raises(ValueError, match="split_k=1 outside backward-weight"):
+        depthwise.build(fwd, DepthwiseConfig(split_k=2))
+    bwd = depthwise_problem("bwd_weight", (2, 8, 8, 8), 1, (3, 3), dict(padding=1))
+    with pytest.raises(ValueError, match="atomic"):
+        render_cpu(depthwise.build(bwd, DepthwiseConfig(TC=2, TW=2, TH=2, split_k=2)))
+
+
+# --- the config, the geometry, the variant ---------------------------------------------------------------------
+
+CONFIGS = [DepthwiseConfig(), DepthwiseConfig(1, 32, 4, 1, 2, 4, 0), DepthwiseConfig(8, 4, 4, 8, 1, 2, 1, 3, 1),
+           DepthwiseConfig(16, 2, 4, 2, 8, 1, 1, 0, 33)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_config_round_trips(config):
+    assert config.validate() is config
+    assert DepthwiseConfig.parse(str(config)) == config
+    assert DepthwiseConfig.from_dict(config.as_dict()) == config
+    assert is_depthwise_config(str(config)) and not is_depthwise_config(str(TileConfig()))
+    with pytest.raises(ValueError):
+        TileConfig.parse(str(config))
+
+
+@pytest.mark.parametrize("bad, match", [(dict(VC=3), "VC must be one of"), (dict(TC=0), "TC must be an int >= 1"),
+                                        (dict(halo=2), "halo must be 0 or 1"), (dict(halo=0, smem_pad=1), "needs halo"),
+                                        (dict(TC=32, TW=32, TH=2), "threads per block"),
+                                        (dict(split_k=0), "split_k must be")])
+def test_config_validate_names_the_field(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DepthwiseConfig(**bad).validate()
+    with pytest.raises(ValueError):
+        DepthwiseConfig.parse("DW_TC8_XX3")
+    with pytest.raises(ValueError, match="unknown fields"):
+        DepthwiseConfig.from_dict({"BM": 64})
+
+
+@pytest.mark.parametrize("filt, stride, pad, dil", [(3, 2, 1, 1), (5, 2, 2, 1), (3, 3, 0, 2), (4, 2, 3, 3),
+                                                     (1, 2, 0, 1), (7, 3, 3, 2)])
+def test_class_runs_are_the_taps_that_land(filt, stride, pad, dil):
+    """Each residue class's run lists exactly the taps with (rho + pad - tap * dil) % stride == 0, at the source
+    offset (rho + pad - tap * dil) / stride, in ascending offsets."""
+    for rho in range(stride):
+        run = class_run(rho, filt, stride, pad, dil)
+        want = sorted((t for t in range(filt) if (rho + pad - t * dil) % stride == 0), reverse=True)
+        assert [run.tap(k) for k in range(run.count)] == want
+        assert [run.off0 + k * run.doff for k in range(run.count)] == [(rho + pad - t * dil) // stride for t in want]
+
+
+def test_variant_protocol_and_applies():
+    v = depthwise.VARIANT
+    assert isinstance(v, Variant) and v.name == "depthwise" and set(v.directions) == set(DIRECTIONS)
+    dw = depthwise_problem("fwd", (1, 8, 8, 16), 2, (3, 3), {})
+    dense = make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 8), groups=2)
+    assert v.applies(dw, "fp32") and v.applies(dw, "tf32") and not v.applies(dense, "fp32")
+    assert not v.applies(make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 1), groups=16, dtype="float16"), "fp32")
+    assert v.key_extra(dw) is None and not v.accepts(dw, TileConfig())
+    with pytest.raises(TypeError, match="DepthwiseConfig"):
+        v.build(dw, TileConfig())
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_cuda_default_and_space(direction):
+    """The CUDA default and the tuner's space on the issue's layer (batch 32, 56x56, 64 channels): configs that
+    build and fit the target, the default among the space, the space sorted by the cost model."""
+    p = depthwise_problem(direction, (32, 56, 56, 64), 1, (3, 3), dict(padding=1))
+    target = target_for("cuda")
+    default = depthwise.VARIANT.default_config(p, target)
+    space = depthwise.VARIANT.config_space(p, target, keep=50)
+    assert default in depthwise.candidate_configs(p, target) and len(space) == 50
+    costs = [depthwise.model_time(p, c, target) for c in space]
+    assert costs == sorted(costs)
+    for config in [default] + space[:3]:
+        assert depthwise.VARIANT.accepts(p, config) and not over_limits(geometry(p, config))
+        assert (config.split_k > 1) == (direction == "bwd_weight")
+    source = render_cuda(depthwise.build(p, default))
+    assert "cuda.local.array" not in source  # every register array became scalars
+
+
+# --- the CUDA simulator -----------------------------------------------------------------------------------------
+
+SIM_CASES = {  # name: (direction, x shape, multiplier, filter, conv arguments, config, bias)
+    "fwd_halo_bias_relu": ("fwd", (2, 5, 6, 6), 1, (3, 3), dict(padding=1), DepthwiseConfig(2, 2, 2, 4, 2, 1, 1, 1),
+                           True),
+    "fwd_stride2_multiplier": ("fwd", (1, 6, 7, 3), 2, (3, 3), dict(stride=2, padding=1),
+                               DepthwiseConfig(2, 2, 2, 2, 2, 1, 0), False),
+    "bwd_data_stride2": ("bwd_data", (1, 7, 6, 5), 1, (3, 3), dict(stride=2, padding=1),
+                         DepthwiseConfig(2, 2, 2, 4, 2, 1, 1), False),
+    "bwd_data_1d_dilation": ("bwd_data", (2, 9, 4), 2, (3,), dict(padding=2, dilation=2),
+                             DepthwiseConfig(2, 4, 1, 2, 2, 1, 0), False),
+    "bwd_weight_split": ("bwd_weight", (2, 6, 5, 6), 1, (3, 3), dict(stride=(1, 2), padding=1),
+                         DepthwiseConfig(2, 2, 2, 4, 2, 1, 1, 0, 3), False),
+    "bwd_weight_3d": ("bwd_weight", (1, 3, 4, 5, 3), 1, (2, 3, 3), dict(padding=(0, 1, 1)),
+                      DepthwiseConfig(2, 2, 2, 2, 2, 1, 1), False),
+}
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name", list(SIM_CASES))
+def test_simulator(name, rng):
+    direction, x_shape, m, filt, kw, config, bias = SIM_CASES[name]
+    p = depthwise_problem(direction, x_shape, m, filt, kw, bias, "relu" if bias else None)
+    launcher = check(p, kw, config, "cuda", rng)
+    assert launcher.zero_output == (config.split_k > 1)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_simulator_float16_storage(direction, rng):
+    kw = dict(stride=1, padding=1)
+    p = depthwise_problem(direction, (1, 4, 5, 8), 1, (3, 3), kw, dtype="float16")
+    check(p, kw, DepthwiseConfig(2, 2, 2, 4, 2, 1, 1), "cuda", rng, "fp16")
