@@ -39,12 +39,16 @@ NO_HALO_TRAFFIC = 1.3
 ATOMIC_BYTES = 16
 SATURATING_THREADS = 1024
 THREADS_PER_SM = 2048
+# the most filter taps x multiplier a thread holds (at VC = 1): 3x3 up to m = 14, 5x5 m = 5, 7x7 m = 2, 3x3x3 m = 4
+MAX_FILTER_WORDS = 128
 SECTOR = 32
 DEFAULT_THREADS = (256,)  # the default's block size, the window in shared memory (the tuner tries 64..512, both)
 
 
 def applies(p: ConvProblem) -> bool:
-    return p.groups == p.C and p.K % p.C == 0
+    """Depthwise (groups = C), with the m filters of a channel's taps few enough for a thread's registers (a C = 1
+    layer of 64 filters is a GEMM, better served by the GEMM variants)."""
+    return p.groups == p.C and math.prod(p.filter_size) * (p.K // p.C) <= MAX_FILTER_WORDS
 
 
 def _rounding(p, precision):

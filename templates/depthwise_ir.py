@@ -11,7 +11,7 @@ thread `tid` -> (tc, tw, th) channel-fastest; cg: the first channel group of the
 """
 from __future__ import annotations
 
-from kernelgen.ir import Assign, Buffer, Call, Const, For, If, Load, Store, Var, VectorLoad, all_of, select
+from kernelgen.ir import Assign, Buffer, Call, Const, For, If, Load, Var, VectorLoad, all_of, select
 from kernelgen.templates.depthwise_geometry import STAGE_REGISTERS, Geometry, TapRun, cdiv
 
 ZERO = Const(0.0)
