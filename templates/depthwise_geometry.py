@@ -25,7 +25,8 @@ from kernelgen.templates.depthwise_config import DepthwiseConfig
 
 # copy chunks a thread stages per unrolled batch of the window copy (its staging registers: at most 32)
 STAGE_REGISTERS = 32
-REGISTER_OVERHEAD = 32  # addresses, coordinates, loop state: a guess beside the counted arrays
+REGISTER_OVERHEAD = 32
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y: the channel blocks of a gather, the splits of backward-weight  # addresses, coordinates, loop state: a guess beside the counted arrays
 
 
 def cdiv(a, b):
@@ -267,8 +268,10 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
     if cfg.split_k > 1 and p.dtype == "float16":
         why.append("split_k=1 for float16 tensors (atomic adds need a float32 dw)")
     g = geometry(p, cfg)
-    if cfg.split_k > max(1, g.spatial_tiles):
-        why.append(f"split_k <= the {g.spatial_tiles} spatial tiles, got {cfg.split_k}")
+    if cfg.split_k > max(1, min(g.spatial_tiles, MAX_GRID_Y)):
+        why.append(f"split_k <= the {g.spatial_tiles} spatial tiles and {MAX_GRID_Y}, got {cfg.split_k}")
+    if g.channel_blocks > MAX_GRID_Y:
+        why.append(f"at most {MAX_GRID_Y} channel blocks (the grid's y), got {g.channel_blocks}")
     return why
 
 

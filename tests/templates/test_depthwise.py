@@ -181,6 +181,8 @@ def test_variant_protocol_and_applies():
     dense = make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 8), groups=2)
     assert v.applies(dw, "fp32") and v.applies(dw, "tf32") and not v.applies(dense, "fp32")
     assert not v.applies(make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 1), groups=16, dtype="float16"), "fp32")
+    wide = make_problem("fwd", (1, 8, 8, 1), (64, 7, 7, 1))  # C = 1, 64 filters of 49 taps: a GEMM, not depthwise
+    assert not v.applies(wide, "fp32") and v.applies(make_problem("fwd", (1, 8, 8, 1), (8, 3, 3, 1)), "fp32")
     assert v.key_extra(dw) is None and not v.accepts(dw, TileConfig())
     with pytest.raises(TypeError, match="DepthwiseConfig"):
         v.build(dw, TileConfig())
