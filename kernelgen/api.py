@@ -18,7 +18,11 @@ from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher,
                       make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
 from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
+from .runtime.cuda_call import bound_call, run_cuda
+from .runtime.driver import as_numba_stream, fill_device, quiet_launches
+from .runtime.elementwise import add_channel_bias
 from .storage import PRECISIONS  # noqa: F401 (re-exported)
+from .tuning import database
 
 
 def set_precision(precision):
@@ -81,7 +85,6 @@ _PREPARED: dict = {}
 def clear_caches():
     """Forget prepared calls and loaded tuning databases (after tuning in this process, say)."""
     _PREPARED.clear()
-    from .tuning import database
     database.entries_for.cache_clear()
 
 
@@ -135,7 +138,6 @@ def _run(call: Call):
         result = _empty_output(call)
     elif prep.backend == "cuda":
         _check_cuda_available()
-        from .runtime.cuda_call import run_cuda
         result = run_cuda(prep, call.inputs, call.template, call.stream, call.out)
     else:
         result = _run_cpu(call)
@@ -175,7 +177,6 @@ def _empty_output(call: Call):
             return out
         return arrays.like_input(np.zeros(shape, dtype), call.template)
     _check_cuda_available()
-    from .runtime.driver import as_numba_stream, fill_device
     nstream = as_numba_stream(call.stream)
     if out is not None:
         arrays.check_out(out, shape, dtype, True)
@@ -309,8 +310,7 @@ def _zero_extend(a, shape):
     if not arrays.is_cuda_array(a):
         a = arrays.host_view(a)
         return np.pad(a, [(0, n - m) for n, m in zip(shape, a.shape)])
-    from numba import cuda
-    from .runtime.driver import fill_device, quiet_launches
+    from numba import cuda  # numba.cuda only where a CUDA array is in hand (its import is slow)
     d = arrays.to_device_view(a, "x")
     out = cuda.device_array(shape, d.dtype)
     fill_device(out.reshape(out.size), 0)
@@ -321,7 +321,6 @@ def _zero_extend(a, shape):
 
 def _add_bias(y, bias, stream=None):
     if arrays.is_cuda_array(y):
-        from .runtime.elementwise import add_channel_bias
         add_channel_bias(y, bias, stream)
         return y
     view = arrays.host_view(y)
@@ -370,7 +369,6 @@ def bind(op, *args, **kwargs):
         result = _run(call)
         return lambda: _run(Call(call.prep, call.inputs, call.template, call.stream, result))
     _check_cuda_available()
-    from .runtime.cuda_call import bound_call
     return bound_call(call.prep, call.inputs, call.template, call.stream, call.out)
 
 

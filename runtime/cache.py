@@ -37,17 +37,17 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import kernelgen
 import kernelgen.templates
-from kernelgen import __version__, settings
+import kernelgen.version
+from kernelgen import settings
+from kernelgen.version import __version__
 
 _HEADER = "# kernelgen-cache {version} {digest} {checksum}\n"
 
 
 def _code_version() -> str:
     h = hashlib.sha256()
-    for pkg in (kernelgen, kernelgen.templates):
-        root = Path(pkg.__file__).parent
+    for root in (Path(kernelgen.version.__file__).parent, Path(kernelgen.templates.__file__).parent):
         for path in sorted(root.glob("*.py")):
             h.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"{__version__}+{h.hexdigest()[:12]}"
