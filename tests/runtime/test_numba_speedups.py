@@ -1,6 +1,7 @@
-"""kernelgen.numba_speedups: the linear Lower._find_singly_assigned_variable gives exactly numba-cuda's set, on
-random IR and on generated kernels, compiled kernels' LLVM IR is the same with and without it, and install() patches
-only the numba-cuda it was written against (thread-safe, idempotent, silent otherwise).
+"""kernelgen.numba_speedups: its Lower._find_singly_assigned_variable and ssa._FixSSAVars._stmt_index give exactly
+numba-cuda's results, on random IR and on generated kernels, compiled kernels' LLVM IR is the same with and without
+them, and install() patches only the numba-cuda methods they were written against (thread-safe, idempotent, silent
+otherwise).
 
 The generated kernels are compiled for real (numba.cuda.compiler.compile_cuda: typing and lowering to LLVM, no GPU
 needed) in two child processes, one with the patch and one without, since this session may run numba's simulator.
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,15 +29,23 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "scripts" / "compile_time.py"
 
 lowering = pytest.importorskip("numba.cuda.lowering")
-from numba.cuda.core import ir  # noqa: E402  (numba-cuda present: importorskip above)
+from numba.cuda.core import ir, ssa  # noqa: E402  (numba-cuda present: importorskip above)
+
+SAV = "_find_singly_assigned_variable"
+OWNERS = {SAV: lowering.Lower, "_stmt_index": ssa._FixSSAVars}
+
+
+def _current(name):
+    return OWNERS[name].__dict__[name]
 
 
 @pytest.fixture
 def restored():
-    """numba-cuda's own method back after the test, whatever the test installed."""
+    """numba-cuda's own methods back after the test, whatever the test installed."""
     yield
     numba_speedups.uninstall()
-    assert lowering.Lower.__dict__["_find_singly_assigned_variable"] is numba_speedups.original()
+    for name in OWNERS:
+        assert _current(name) is numba_speedups.original(name)
 
 
 # --- the set, on random IR ----------------------------------------------------------------------------------------
@@ -66,7 +76,7 @@ def _random_function(rng, blocks=4, statements=12, names=6):
 
 
 def _sets(fake):
-    numba_speedups.original()(fake)
+    numba_speedups.original(SAV)(fake)
     want, fake._singly_assigned_vars = fake._singly_assigned_vars, None
     numba_speedups._find_singly_assigned_variable(fake)
     return want, fake._singly_assigned_vars
@@ -98,6 +108,24 @@ def test_generator_has_none():
     assert _sets(fake) == (set(), set())
 
 
+def test_stmt_index_as_numba(rng):
+    """Positions of statements in a block (each object once; one twice, as the original tolerates), of phis that
+    are not in it, below every stop the SSA pass passes (-1: all but the last, 0..n), and in other blocks."""
+    scope, loc = ir.Scope(None, ir.Loc("f.py", 1)), ir.Loc("f.py", 2)
+    handler = ssa._FixSSAVars(None)
+    for n in (0, 1, 2, 7):
+        block, other = ir.Block(scope, loc), ir.Block(scope, loc)
+        stmts = [ir.Assign(ir.Const(i, loc), ir.Var(scope, f"v{i}", loc), loc) for i in range(n)]
+        block.body = stmts + stmts[:1]  # the first statement again at the end
+        other.body = list(reversed(stmts))
+        phi = ir.Assign(ir.Expr.phi(loc), ir.Var(scope, "phi", loc), loc)
+        for stmt in stmts + [phi]:
+            for stop in (-1, *range(n + 2)):
+                for where in (block, other):
+                    want = numba_speedups.original("_stmt_index")(handler, stmt, where, stop)
+                    assert numba_speedups._stmt_index(handler, stmt, where, stop) == want, (n, stop)
+
+
 # --- install() ----------------------------------------------------------------------------------------------------
 
 def test_install_is_idempotent_and_thread_safe(restored):
@@ -108,31 +136,35 @@ def test_install_is_idempotent_and_thread_safe(restored):
         t.start()
     for t in threads:
         t.join()
-    assert results == [True] * 8 and numba_speedups.install()
-    assert lowering.Lower._find_singly_assigned_variable is numba_speedups._find_singly_assigned_variable
-    original = numba_speedups.original()
-    assert original is not numba_speedups._find_singly_assigned_variable and original.__module__ == lowering.__name__
-    assert numba_speedups.uninstall() and not numba_speedups.uninstall()
-    assert lowering.Lower.__dict__["_find_singly_assigned_variable"] is original
+    assert results == [True] * 8 and numba_speedups.install() and numba_speedups.installed()
+    for name, owner in OWNERS.items():
+        assert _current(name) is getattr(numba_speedups, name)
+        assert numba_speedups.original(name).__module__ == owner.__module__
+    assert numba_speedups.uninstall() and not numba_speedups.uninstall() and not numba_speedups.installed()
+    for name in OWNERS:
+        assert _current(name) is numba_speedups.original(name) is not getattr(numba_speedups, name)
 
 
-@pytest.mark.parametrize("change", ["version", "signature", "source"])
-def test_other_numba_cuda_left_alone_quietly(monkeypatch, caplog, restored, change):
+@pytest.mark.parametrize("change", ["version", "signature", "source", "missing"])
+def test_other_numba_cuda_left_alone_quietly(restored, monkeypatch, caplog, change):  # restored: torn down last
+    """Another numba-cuda: nothing patched.  Another method (signature, source, absent): that one left alone, the
+    other installed.  Never a warning, a debug log each time."""
     numba_speedups.uninstall()
-    original = lowering.Lower.__dict__["_find_singly_assigned_variable"]
+    originals = {name: _current(name) for name in OWNERS}
     if change == "version":
         monkeypatch.setattr(numba_speedups, "NUMBA_CUDA_VERSIONS", ("0.0.1",))
-    elif change == "signature":
-        monkeypatch.setattr(numba_speedups, "_SIGNATURE", "(self, extra)")
     else:
-        monkeypatch.setattr(numba_speedups, "_SOURCE_SHA256", "0" * 64)
+        first, second = numba_speedups.PATCHES
+        edit = {"signature": {"signature": "(self, extra)"}, "source": {"source_sha256": "0" * 64},
+                "missing": {"name": "_no_such_method"}}[change]
+        monkeypatch.setattr(numba_speedups, "PATCHES", (replace(first, **edit), second))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # never a user-visible warning
         with caplog.at_level(logging.DEBUG, logger=numba_speedups.__name__):
-            assert numba_speedups.install() is False
-    assert lowering.Lower.__dict__["_find_singly_assigned_variable"] is original
-    assert not numba_speedups.installed()
-    assert [r.levelno for r in caplog.records] == [logging.DEBUG] and "not installed" in caplog.text
+            assert numba_speedups.install() is False and numba_speedups.install() is False
+    assert _current(SAV) is originals[SAV] and not numba_speedups.installed()
+    assert (_current("_stmt_index") is originals["_stmt_index"]) == (change == "version")
+    assert "not installed" in caplog.text and {r.levelno for r in caplog.records} == {logging.DEBUG}
 
 
 # --- generated kernels, compiled for real ---------------------------------------------------------------------------
@@ -160,25 +192,32 @@ def _worker(out_dir: Path, patched: bool):
     spec = importlib.util.spec_from_file_location("compile_time", HARNESS)
     harness = sys.modules["compile_time"] = importlib.util.module_from_spec(spec)  # (its dataclasses need it there)
     spec.loader.exec_module(harness)
-    checked = {"lowerings": 0, "different": 0, "variables": 0}
+    checked = {"lowerings": 0, "different": 0, "variables": 0, "positions": 0, "different positions": 0}
     if patched:
         assert numba_speedups.install()
-        original = numba_speedups.original()
+        sav, stmt_index = numba_speedups.original(SAV), numba_speedups.original("_stmt_index")
 
-        def both(self):  # numba's set first, then ours (which lowering then uses)
-            original(self)
+        def both_sav(self):  # numba's set first, then ours (which lowering then uses)
+            sav(self)
             want = self._singly_assigned_vars
             numba_speedups._find_singly_assigned_variable(self)
             checked["lowerings"] += 1
             checked["variables"] += len(want)
             checked["different"] += list(want) != list(self._singly_assigned_vars)
-        lowering.Lower._find_singly_assigned_variable = both
+
+        def both_stmt_index(self, defstmt, block, stop=-1):
+            got = numba_speedups._stmt_index(self, defstmt, block, stop)
+            checked["positions"] += 1
+            checked["different positions"] += got != stmt_index(self, defstmt, block, stop)
+            return got
+        lowering.Lower._find_singly_assigned_variable = both_sav
+        ssa._FixSSAVars._stmt_index = both_stmt_index
     for i, (variant, direction, x, w, kw, precision, tile, extra) in enumerate(KERNELS):
         problem = make_problem(direction, x, w, **kw)
         config = TileConfig(*tile, **extra) if tile else None
         plan = planner.make_plan(problem, "cuda", algo=variant, config=config, precision=precision)
         ir_kernel = plan.kernel_ir()
-        module = harness.load_function(render_cuda(ir_kernel, cache=False), out_dir, f"kernel_{i}")
+        module = harness.load_module(render_cuda(ir_kernel, cache=False), out_dir, f"kernel_{i}")
         argtypes = harness.argtypes_of(module, {b.name: b.dtype for b in ir_kernel.params})
         cres = harness.compile_kernel(module.KERNEL.py_func, argtypes)
         (out_dir / f"kernel_{i}.ll").write_text(cres.library.get_llvm_str())
@@ -203,8 +242,8 @@ def _run_workers(tmp_path):
 def test_generated_kernels_same_sets_and_llvm_ir(tmp_path):
     original, patched = _run_workers(tmp_path)
     checked = json.loads((patched / "checked.json").read_text())
-    assert checked["lowerings"] >= len(KERNELS) and checked["variables"] > 0
-    assert checked["different"] == 0, checked
+    assert checked["lowerings"] >= len(KERNELS) and checked["variables"] > 0 and checked["positions"] > 0
+    assert checked["different"] == 0 and checked["different positions"] == 0, checked
     for i in range(len(KERNELS)):
         want = (original / f"kernel_{i}.ll").read_text()
         got = (patched / f"kernel_{i}.ll").read_text()
