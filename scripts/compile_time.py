@@ -9,19 +9,19 @@
     python scripts/compile_time.py --experiment call_type_memo   # prototype a numba-internal change
 
 The kernels are the conv problems of tuning/tables/resnet18_cifar.json in fwd, bwd_data and bwd_weight, fp32,
-planned as on an H100 (kernelgen.planner.make_plan(problem, "cuda") reading the shipped H100 database), every
-code setting at its default.  Each plan's CUDA module is rendered (uncached), imported from a temporary file and
-its KERNEL's Python function compiled by numba.cuda.compiler.compile_cuda for sm_90, as numba's dispatcher does
-on a kernel's first launch: typing, SSA, lowering to LLVM.  NVVM, ptxas and the module load (~10% of a cold step
-on the H200) need the GPU machine and are not timed here.
+planned as on an H100 (kernelgen.planner.make_plan(problem, "cuda") reading the shipped H100 database; --untuned:
+the cost model's configs, as on the H200, which has no database), every code setting at its default.  Each plan's
+CUDA module is rendered (uncached), imported from a temporary file and its KERNEL's Python function compiled by
+numba.cuda.compiler.compile_cuda for sm_90, as numba's dispatcher does on a kernel's first launch: typing, SSA,
+lowering to LLVM.  --ptx also runs NVVM (needs libnvvm: the GPU machine); ptxas and the module load are not timed.
 
 Stages (seconds, per kernel; with --repeat, each stage's min over the repeats, as the machine may be shared):
 frontend (bytecode to IR, the untyped rewrites), ssa (ReconstructSSA), typing (type inference), post_typing
 (the typed rewrites), lower_sav (Lower._find_singly_assigned_variable), lower_body (Lower.lower_function_body),
-lower_rest (the rest of NativeLowering), total (the whole compile_cuda call); with --ptx, nvvm (LLVM IR to PTX,
-not in the total).  --json writes every kernel's
-stages, numba's own per-pass times and the sha256 of its LLVM IR (which runs under PYTHONHASHSEED=0, so that the
-digests of two runs compare: numba orders allocas by sets of names).
+lower_rest (the rest of NativeLowering), total (the whole compile_cuda call), nvvm (--ptx; not in the total).
+--json writes every kernel's stages, numba's own per-pass times and digests of its LLVM IR and PTX, with numba's
+counters in names renumbered; it runs under PYTHONHASHSEED=0 (numba orders allocas by sets of names), so digests
+of two runs compare.
 """
 from __future__ import annotations
 
