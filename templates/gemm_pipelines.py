@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from kernelgen.ir import (AsyncCommit, AsyncProxyFence, AsyncWait, Barrier, Comment, For, If, Var)
+from kernelgen.ir import AsyncCommit, AsyncProxyFence, AsyncWait, Barrier, Comment, For, If, Var
 from kernelgen.templates.gemm_staging import commit, fetch, issue, round_landed
 from kernelgen.templates.tma_schedule import tma_pipeline, tma_specialised_pipeline
 
