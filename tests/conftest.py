@@ -27,8 +27,10 @@ Environment, decided here once, before anything imports numba or compiles a kern
   seconds).  Example counts stay per test (settings(max_examples=...)), kept small for the same
   reason.  Examples are not derandomized: every run draws fresh shapes and data.
 
-Helpers for tests: the `rng` fixture (a Generator with a fresh seed, reported on failure) and the
-session fixtures `random_array` and `assert_close`, usable from hypothesis tests too.
+Helpers for tests: the `rng` fixture (a Generator with a fresh seed, reported on failure), and the float64
+reference harness (harness.py: fresh inputs, NaN-poisoned outputs, kernelgen.reference, tolerances per
+precision), whose common pieces are also session fixtures here (`random_array`, `assert_close`,
+`run_poisoned`, `run_direction`), usable from hypothesis tests too.
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ if not os.environ.get("KERNELGEN_CACHE_DIR"):
     os.environ["KERNELGEN_CACHE_DIR"] = _session_cache
     atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
 
+# harness imports kernelgen, and so numba: only once the environment above is decided
+import harness  # noqa: E402
+
 
 def pytest_sessionstart(session):
     """The recursion limit every kernelgen process has once it loads a kernel (runtime.driver), set before any
@@ -71,10 +76,6 @@ def pytest_sessionstart(session):
 
 settings.register_profile("kernelgen", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("kernelgen")
-
-# Relative error bounds (max |got - want| / max |want|) against the float64 reference.
-TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
-
 
 def _slow_selected(config):
     """Tests marked `slow` (whole networks trained on the CPU, the largest CUDA tiles rendered for the
@@ -135,83 +136,24 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def _random_array(rng, shape, dtype="float32"):
-    """Standard-normal data: never zeros, signs mixed, so a missed term or a dropped store shows."""
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def _assert_close(got, want, dtype=None, what="result", tol=None):
-    """Relative error of `got` (any array with a host copy) against a float64 reference."""
-    if hasattr(got, "copy_to_host"):
-        got = got.copy_to_host()
-    got = np.asarray(got)
-    dtype = np.dtype(dtype or got.dtype).name
-    assert got.shape == tuple(want.shape), f"{what}: shape {got.shape}, expected {tuple(want.shape)}"
-    assert got.dtype == np.dtype(dtype), f"{what}: dtype {got.dtype}, expected {dtype}"
-    assert np.isfinite(got).all(), f"{what}: {np.count_nonzero(~np.isfinite(got))} non-finite elements"
-    scale = max(float(np.abs(want).max()), 1e-30)
-    err = float(np.abs(got.astype(np.float64) - want).max()) / scale
-    tol = tol or TOLERANCE[dtype]
-    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:g} ({dtype})"
-
-
 @pytest.fixture(scope="session")
 def random_array():
-    return _random_array
+    return harness.random_array
 
 
 @pytest.fixture(scope="session")
 def assert_close():
-    return _assert_close
-
-
-def _run_poisoned(problem, inputs, backend, algo=None, config=None):
-    """Launch the kernel kernelgen picks (or `algo`/`config`) on host inputs, into an output filled
-    with NaN beforehand, so that an element the kernel never writes shows up."""
-    from kernelgen.api import get_launcher, make_plan
-    plan = make_plan(problem, backend, algo, config)
-    launcher = get_launcher(plan)
-    args = {k: np.ascontiguousarray(v).reshape(-1) for k, v in inputs.items()}
-    out = np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype)
-    if backend == "cuda":
-        from numba import cuda
-        args = {k: cuda.to_device(v) for k, v in args.items()}
-        args[launcher.outputs[0]] = dev = cuda.to_device(out)
-        launcher(args)
-        out = dev.copy_to_host()
-    else:
-        args[launcher.outputs[0]] = out
-        launcher(args)
-    return plan, out.reshape(problem.output_shape)
+    return harness.assert_close
 
 
 @pytest.fixture(scope="session")
 def run_poisoned():
-    return _run_poisoned
-
-def _run_direction(problem, kw, backend, algo=None, config=None, rng=None):
-    """Fresh random x, w, dy for `problem`; its direction's kernel run poisoned (as run_poisoned) and
-    the float64 reference of the same direction.  kw: the conv arguments the problem was made with.
-    Returns (plan, got, want)."""
-    from kernelgen import reference as ref
-    rng = np.random.default_rng() if rng is None else rng
-    dtype = problem.dtype
-    x = rng.standard_normal(problem.x_shape).astype(dtype)
-    w = rng.standard_normal(problem.w_shape).astype(dtype)
-    dy = rng.standard_normal(problem.y_shape).astype(dtype)
-    inputs, want = {
-        "fwd": ({"x": x, "w": w}, lambda: ref.conv_forward(x, w, **kw)),
-        "bwd_data": ({"dy": dy, "w": w}, lambda: ref.conv_backward_data(dy, w, x.shape, **kw)),
-        "bwd_weight": ({"x": x, "dy": dy}, lambda: ref.conv_backward_weight(x, dy, w.shape, **kw)),
-    }[problem.direction]
-    plan, got = _run_poisoned(problem, inputs, backend, algo, config)
-    return plan, got, want()
+    return harness.run_poisoned
 
 
 @pytest.fixture(scope="session")
 def run_direction():
-    return _run_direction
-
+    return harness.run_direction
 
 
 @pytest.fixture(scope="module")

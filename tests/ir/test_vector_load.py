@@ -12,6 +12,7 @@ import pytest
 
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
+from harness import poisoned
 from vector_copy import THREADS, copy_kernel, module
 
 
@@ -25,7 +26,7 @@ def test_vector_load_renders_and_runs_on_the_cpu(rng):
     src = render_cpu(copy_kernel(), cache=False)
     assert "load4" not in src
     x = rng.standard_normal(4 * THREADS).astype(np.float32)
-    y = np.full_like(x, np.nan)
+    y = poisoned(x.shape)
     module(src)["vector_copy"](x, y)
     np.testing.assert_array_equal(y, expected(x))
 
@@ -49,7 +50,7 @@ def _run_cuda(rng, offset, route="launcher"):
     ns = module(render_cuda(copy_kernel(), cache=False))
     x = rng.standard_normal(4 * THREADS + offset).astype(np.float32)
     xd = cuda.to_device(x)[offset:]  # offset 1: a 4-byte-aligned view, not 16-byte aligned
-    yd = cuda.to_device(np.full(4 * THREADS, np.nan, np.float32))
+    yd = cuda.to_device(poisoned(4 * THREADS))
     if route == "launcher":
         Launcher.from_module(SimpleNamespace(**ns), "cuda")({"x": xd, "y": yd})
     else:

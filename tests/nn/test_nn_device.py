@@ -20,13 +20,10 @@ from kernelgen.nn import (
     Tensor,
 )
 from kernelgen.nn import functional as F
+from harness import rel_err
 
 pytestmark = pytest.mark.sim
 TOL = 2e-5  # float32 device results against float64 host ones, relative to the largest reference value
-
-
-def rel_err(got, want):
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def compare(op, arrays, rng, tol=TOL, host_dtype=np.float64):

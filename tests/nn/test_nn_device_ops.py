@@ -3,10 +3,12 @@ simulator against the host implementation run in float64 on the same fresh rando
 checked against finite differences in test_nn_ops.py).  Every device buffer an op allocates starts as NaN
 (the `poisoned` fixture), so an element a kernel never writes fails the comparison.  Tiny shapes: the
 simulator runs one Python thread per CUDA thread."""
+import harness
 import numpy as np
 import pytest
+from harness import rel_err
 from nn_reference import dropout_keep, dropout_seed
-from test_nn_device import TOL, compare, rel_err
+from test_nn_device import TOL, compare
 
 from kernelgen.nn import Tensor
 from kernelgen.nn import functional as F
@@ -25,7 +27,7 @@ def poisoned(monkeypatch):
         def empty(shape, dtype=np.float32):
             a = real(shape, dtype)
             if np.dtype(dtype).kind == "f":
-                a.copy_to_device(np.full(a.shape, np.nan, dtype))
+                a.copy_to_device(harness.poisoned(a.shape, dtype))
             return a
         monkeypatch.setattr(module, "empty", empty)
     poison(cuda_elementwise)

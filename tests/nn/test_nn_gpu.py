@@ -8,7 +8,8 @@ from kernelgen.nn import SGD, Adam, ResNet, Tensor
 from kernelgen.nn import functional as F
 
 from nn_reference import dropout_keep, dropout_seed
-from torch_compare import compare_with_torch, nchw, nhwc, rel_err
+from harness import rel_err
+from torch_compare import compare_with_torch, nchw, nhwc
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-4

@@ -13,15 +13,10 @@ import kernelgen
 from kernelgen import reference as ref
 from kernelgen.nn import SGD, Conv2d, ConvTranspose2d, GlobalAvgPool, Linear, ReLU, Sequential, Tensor, precision
 from kernelgen.nn import functional as F
+from harness import TOLERANCE, norm_err
 
 X_SHAPE, C_IN, C_OUT = (2, 8, 8, 8), 8, 16
-TOLERANCE = {"tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}  # the issue's bounds against float64
 FP32_ERROR_CEILING = 1e-5  # 50x the fp32 kernels' error on this problem, 1/20 of the tensor cores'
-
-
-def rel_err(got, want):
-    """Norm-wise relative error."""
-    return float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))
 
 
 def random_layer(kind, rng, layer_precision):
@@ -67,10 +62,10 @@ def test_layer_and_gradients_within_the_bounds_and_not_fp32(kind, prec, rng, spy
     assert spy == [prec] * 3  # forward, backward-data, backward-weight
     for name, a, want in zip(("y", "dx", "dw"), got, float64_reference(kind, layer, x, g)):
         assert a.dtype == np.float32, name
-        assert rel_err(a, want) <= TOLERANCE[prec], f"{name}: {rel_err(a, want):.3g} from float64"
+        assert norm_err(a, want) <= TOLERANCE[prec], f"{name}: {norm_err(a, want):.3g} from float64"
         # fp32 kernels are ~2e-7 from float64 here, these ~2e-4 (tf32, fp16) and ~2e-3 (bf16): the operands
         # were rounded, so the precision reached the kernel (a fp32 twin run would cost three compiles)
-        assert rel_err(a, want) > FP32_ERROR_CEILING, f"{name}: {rel_err(a, want):.3g}, as if in fp32"
+        assert norm_err(a, want) > FP32_ERROR_CEILING, f"{name}: {norm_err(a, want):.3g}, as if in fp32"
 
 
 @pytest.fixture

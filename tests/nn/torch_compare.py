@@ -1,13 +1,8 @@
 """Helpers for the tests that compare kernelgen.nn with PyTorch on the GPU (test_nn_gpu.py,
-test_nn_torch_parity.py): relative error, layout permutes, and a
-forward + gradient comparison on fresh random data."""
+test_nn_torch_parity.py): layout permutes, and a forward + gradient comparison on fresh random data (errors
+measured by harness.rel_err)."""
 import numpy as np
-
-
-def rel_err(got, want):
-    """max |got - want| / max |want|."""
-    want = np.asarray(want, np.float64)
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+from harness import rel_err
 
 
 def nchw(t):

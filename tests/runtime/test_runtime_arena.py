@@ -4,6 +4,7 @@ import random
 import pytest
 
 from kernelgen.runtime.arena import Pool, size_class
+from harness import poisoned
 
 
 class FakeBacking:
@@ -119,7 +120,7 @@ def test_launcher_reuses_configured_kernel_per_stream(rng, assert_close):
     launcher = get_launcher(make_plan(make_problem("fwd", x.shape, w.shape), "cuda"))
     stream = cuda.stream()
     for s in (None, stream, None, stream):
-        out = cuda.to_device(np.full(2 * 9, np.nan, np.float32))
+        out = cuda.to_device(poisoned(2 * 9))
         launcher({"x": cuda.to_device(x.ravel()), "w": cuda.to_device(w.ravel()), launcher.outputs[0]: out},
                  stream=s)
         if s is not None:

@@ -11,6 +11,7 @@ import pytest
 import kernelgen
 from kernelgen import api
 from kernelgen import reference as ref
+from harness import poisoned
 
 
 def _case(rng):
@@ -56,7 +57,7 @@ def test_memo_does_not_skip_validation_of_a_new_signature(rng):
 
 def test_out_argument_cpu(rng, assert_close):
     x, w = _case(rng)
-    out = np.full((2, 5, 6, 3), np.nan, np.float32)
+    out = poisoned((2, 5, 6, 3))
     got = kernelgen.conv(x, w, padding=1, backend="cpu", out=out)
     assert got is out
     assert_close(out, ref.conv_forward(x, w, padding=(1, 1)))
@@ -89,7 +90,7 @@ def test_stream_and_out_in_simulator(rng, assert_close):
     want = ref.conv_forward(x, w, padding=(1, 1))
     stream = cuda.stream()
     dx, dw = cuda.to_device(x), cuda.to_device(w)
-    out = cuda.to_device(np.full((1, 3, 3, 2), np.nan, np.float32))
+    out = cuda.to_device(poisoned((1, 3, 3, 2)))
     got = kernelgen.conv(dx, dw, padding=1, backend="cuda", stream=stream, out=out)
     stream.synchronize()
     assert got is out
@@ -160,7 +161,7 @@ def test_fast_route_matches_reference(op, rng, assert_close):
     fn(*args, **kw)                                            # compiles; later calls take the fast route
     stream = cuda.stream()
     for s in (None, stream):
-        out = cuda.to_device(np.full(want.shape, np.nan, np.float32))
+        out = cuda.to_device(poisoned(want.shape))
         fn(*args, **kw, out=out, stream=s)
         if s is not None:
             s.synchronize()
@@ -195,8 +196,8 @@ def test_two_streams_ordered_by_an_event(rng, assert_close):
     w1, w2 = (rng.standard_normal((16, 3, 3, 16)).astype(np.float32) for _ in range(2))
     s1, s2 = cuda.stream(), cuda.stream()
     dx, dw1, dw2 = cuda.to_device(x), cuda.to_device(w1), cuda.to_device(w2)
-    y1 = cuda.to_device(np.full(x.shape, np.nan, np.float32))
-    y2 = cuda.to_device(np.full(x.shape, np.nan, np.float32))
+    y1 = cuda.to_device(poisoned(x.shape))
+    y2 = cuda.to_device(poisoned(x.shape))
     kernelgen.conv(dx, dw1, padding=1, stream=s1, out=y1)
     kernelgen.conv(dx, dw2, padding=1, stream=s2, out=y2)
     y1_done = cuda.event(timing=False)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kernelgen.runtime.tensor_map import channels_last, copy_kernel, encode_im2col, encode_tiled, unswizzle128
+from harness import poisoned
 
 DIMS, STRIDES = channels_last((2, 6, 10, 32))  # x[N=2, H=6, W=10, C=32]
 
@@ -137,7 +138,7 @@ def test_tensor_copy_ir_runs_on_the_cpu(swizzle, rng):
     x, w2d = operands(rng)
     placeholder = np.zeros(16, np.uint64)  # the CPU reads x and w themselves
     for case in CASES:
-        out = np.full(80 * 32, np.nan, np.float32)
+        out = poisoned(80 * 32)
         module(src)["tma_copy"](x.ravel(), placeholder, w2d.ravel(), placeholder, coords(*case), out)
         np.testing.assert_array_equal(landed(out, swizzle), expected(x, w2d, *case))
 
@@ -176,7 +177,7 @@ def test_gpu_im2col_and_tiled_copies(swizzle, rng):
     ir_kernel = module(render_cuda(copy_ir(swizzle), cache=False))["KERNEL"]
     for case in CASES:
         for run in ("intrinsics", "ir"):
-            out = cuda.to_device(np.full(80 * 32, np.nan, np.float32))
+            out = cuda.to_device(poisoned(80 * 32))
             c = cuda.to_device(coords(*case))
             if run == "intrinsics":
                 copy_kernel()[1, 128, 0, 80 * 32 * 4](xmap, wmap, out, c, 64 * 32, 16 * 32)
@@ -219,7 +220,7 @@ def test_cpu_tma_forward(x_shape, w_shape, kw, tile, rng):
     p = make_problem("fwd", x_shape, w_shape, **kw)
     launcher = get_launcher(make_plan(p, "cpu", config=tma_config(**tile), precision="tf32"))
     assert [m[0] for m in launcher.tensor_maps] == ["x_map", "w_map"]
-    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float32)
+    y = poisoned(int(np.prod(p.y_shape)))
     launcher({"x": x.ravel(), "w": w.ravel(), "y": y})
     y = y.reshape(p.y_shape).astype(np.float64)
     rounded = ref.conv_forward(tf32_round(x).astype(np.float64), tf32_round(w).astype(np.float64), **kw)
@@ -265,7 +266,7 @@ def check_cpu_tma_backward_data(x_shape, w_shape, kw, tile, rng):
     launcher = get_launcher(make_plan(p, "cpu", config=tma_config(**tile), precision="tf32"))
     assert [(m[0], m[1], m[10]) for m in launcher.tensor_maps] == [
         ("dy_map", "dy", ()), ("w_map", "w", (w_shape[0], w_shape[1] * w_shape[2], w_shape[3]))]
-    dx = np.full(int(np.prod(x_shape)), np.nan, np.float32)
+    dx = poisoned(int(np.prod(x_shape)))
     w_flat = w.ravel().copy()
     launcher({"dy": dy.ravel(), "w": w_flat, "dx": dx})
     dx = dx.reshape(x_shape).astype(np.float64)

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import kernelgen
 from kernelgen.problem import deconv_output_shape
 from kernelgen import reference as ref
-from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
+from harness import direction_inputs, poisoned, run_poisoned
 
 
 @dataclass(frozen=True)
@@ -170,44 +170,26 @@ def gemm_dims(p):
             "bwd_weight": (p.Kg, taps * p.Cg, p.N * out)}[p.direction]
 
 
-def launch_poisoned(problem, inputs, backend="cpu", config=None):
-    plan = make_plan(problem, backend, algo="implicit_gemm", config=config)
-    launcher = get_launcher(plan)
-    out = np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype)
-    args = {k: np.ascontiguousarray(v).reshape(-1) for k, v in inputs.items()}
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    return plan, out.reshape(problem.output_shape)
-
-
 @pytest.mark.parametrize("direction", DIRECTIONS)
 def test_every_output_written(direction, rng, assert_close):
     case = CASES["2d_groups_ragged"]
     p = case.problem(direction, has_bias=direction == "fwd")
-    x, w = rng.standard_normal(p.x_shape).astype("float32"), rng.standard_normal(p.w_shape).astype("float32")
-    dy, b = rng.standard_normal(p.y_shape).astype("float32"), rng.standard_normal(p.K).astype("float32")
-    inputs, want = {
-        "fwd": ({"x": x, "w": w, "bias": b}, lambda: ref.conv_forward(x, w, b, **case.kw)),
-        "bwd_data": ({"dy": dy, "w": w}, lambda: ref.conv_backward_data(dy, w, p.x_shape, **case.kw)),
-        "bwd_weight": ({"x": x, "dy": dy}, lambda: ref.conv_backward_weight(x, dy, p.w_shape, **case.kw)),
-    }[direction]
-    plan, got = launch_poisoned(p, inputs)
+    inputs, want = direction_inputs(p, case.kw, rng)
+    plan, got = run_poisoned(p, inputs, "cpu", "implicit_gemm")
     cfg = plan.config
     M, N, K = gemm_dims(p)
     assert M % cfg.BM and N % cfg.BN and K % cfg.BK, "this case must leave partial tiles in every GEMM dim"
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} of {got.size} outputs never written"
-    assert_close(got, want(), "float32", direction)
+    assert_close(got, want, "float32", direction)
 
 
 def test_relu_epilogue_poisoned(rng, assert_close):
     """The fused bias + relu epilogue at the plan level (kernelgen.conv(activation="relu") below)."""
     case = CASES["2d_groups_ragged"]
     p = case.problem("fwd", has_bias=True, activation="relu")
-    x, w = rng.standard_normal(p.x_shape).astype("float32"), rng.standard_normal(p.w_shape).astype("float32")
-    b = rng.standard_normal(p.K).astype("float32")
-    _, got = launch_poisoned(p, {"x": x, "w": w, "bias": b})
-    want = np.maximum(ref.conv_forward(x, w, b, **case.kw), 0.0)
-    assert (want == 0).any() and (want > 0).any()
+    inputs, want = direction_inputs(p, case.kw, rng)  # want: relu(conv + bias)
+    _, got = run_poisoned(p, inputs, "cpu", "implicit_gemm")
+    assert set(inputs) == {"x", "w", "bias"} and (want == 0).any() and (want > 0).any()
     assert_close(got, want, "float32", "relu(conv + bias)")
 
 
@@ -293,7 +275,7 @@ def test_conv_activation_argument(rng, assert_close, with_bias):
     x = rng.standard_normal((2, 7, 6, 5)).astype(np.float32)
     w = rng.standard_normal((6, 3, 3, 5)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32) if with_bias else None
-    out = np.full((2, 7, 6, 6), np.nan, np.float32)  # poisoned: every output must be written
+    out = poisoned((2, 7, 6, 6))  # every output must be written
     got = kernelgen.conv(x, w, b, padding=1, activation="relu", backend="cpu", out=out)
     want = np.maximum(ref.conv_forward(x, w, b, padding=1), 0.0)
     assert got is out and (want == 0).any() and (want > 0).any()

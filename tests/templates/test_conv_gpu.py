@@ -11,7 +11,6 @@ import pytest
 
 import kernelgen
 from kernelgen import reference as ref
-from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 
 pytestmark = pytest.mark.gpu
@@ -91,22 +90,10 @@ def test_deconv(kw, rng, assert_close):
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-def test_every_output_written(direction, rng, assert_close):
-    """NaN-poisoned output allocated here; GEMM dims ragged against the default tiles."""
-    from numba import cuda
+def test_every_output_written(direction, rng, assert_close, run_direction):
+    """NaN-poisoned output (harness.run_direction); GEMM dims ragged against the default tiles."""
     x_shape, w_shape, kw = (3, 13, 11, 20), (36, 3, 3, 20), dict(stride=(1, 2), padding=1)
     p = make_problem(direction, x_shape, w_shape, **kw)
-    x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
-    dy = rng.standard_normal(p.y_shape).astype("float32")
-    inputs, want = {"fwd": ({"x": x, "w": w}, lambda: ref.conv_forward(x, w, **kw)),
-                    "bwd_data": ({"dy": dy, "w": w}, lambda: ref.conv_backward_data(dy, w, x_shape, **kw)),
-                    "bwd_weight": ({"x": x, "dy": dy}, lambda: ref.conv_backward_weight(x, dy, w_shape, **kw))}[direction]
-    launcher = get_launcher(make_plan(p, "cuda"))
-    args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
-    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    cuda.synchronize()
-    got = out.copy_to_host().reshape(p.output_shape)
+    _, got, want = run_direction(p, kw, "cuda", rng=rng)
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} of {got.size} outputs never written"
-    assert_close(got, want(), "float32", direction, tol=GPU_TOL)
+    assert_close(got, want, "float32", direction, tol=GPU_TOL)

@@ -15,6 +15,7 @@ from kernelgen import reference as ref
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates.config import TileConfig
+from harness import direction_inputs, launch_poisoned
 
 pytestmark = pytest.mark.sim
 
@@ -32,26 +33,16 @@ CASES = {
 
 
 def host_inputs(direction, x_shape, w_shape, kw, rng, bias):
+    """The problem (with a bias in the forward when `bias`), fresh inputs and the float64 reference."""
     p = make_problem(direction, x_shape, w_shape, has_bias=bias and direction == "fwd", **kw)
-    x, w = rng.standard_normal(p.x_shape).astype("float32"), rng.standard_normal(p.w_shape).astype("float32")
-    dy, b = rng.standard_normal(p.y_shape).astype("float32"), rng.standard_normal(p.K).astype("float32")
-    if direction == "fwd":
-        inputs = {"x": x, "w": w, "bias": b} if p.has_bias else {"x": x, "w": w}
-        return p, inputs, ref.conv_forward(x, w, inputs.get("bias"), **kw)
-    if direction == "bwd_data":
-        return p, {"dy": dy, "w": w}, ref.conv_backward_data(dy, w, p.x_shape, **kw)
-    return p, {"x": x, "dy": dy}, ref.conv_backward_weight(x, dy, p.w_shape, **kw)
+    return (p, *direction_inputs(p, kw, rng))
 
 
-def launch_poisoned(problem, inputs, config):
-    """Launch with a NaN-filled device output allocated here, so an unwritten element shows."""
-    from numba import cuda
+def launch_with_config(problem, inputs, config):
+    """The implicit GEMM under `config`, run into a NaN-filled device output, so an unwritten element shows.
+    Returns (launcher, output)."""
     launcher = get_launcher(make_plan(problem, "cuda", algo="implicit_gemm", config=config))
-    args = {k: cuda.to_device(np.ascontiguousarray(v).reshape(-1)) for k, v in inputs.items()}
-    out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype))
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    return launcher, out.copy_to_host().reshape(problem.output_shape)
+    return launcher, launch_poisoned(launcher, problem, inputs, "cuda")
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -59,7 +50,7 @@ def launch_poisoned(problem, inputs, config):
 def test_launcher_poisoned(name, direction, rng, assert_close):
     p, inputs, want = host_inputs(direction, *CASES[name], rng, bias=True)
     config = SMALL_2STAGE if name.startswith("2d") else SMALL
-    _, got = launch_poisoned(p, inputs, config)
+    _, got = launch_with_config(p, inputs, config)
     assert not np.isnan(got).any(), f"{np.isnan(got).sum()} of {got.size} outputs never written"
     assert_close(got, want, "float32", f"{direction} {name} {config}")
 
@@ -70,7 +61,7 @@ def test_schedules(direction, config, rng, assert_close):
     """One problem under single- and double-buffered pipelines and a thread count that does not
     divide the tile loads (guarded staging)."""
     p, inputs, want = host_inputs(direction, *CASES["2d_groups_stride2"], rng, bias=True)
-    _, got = launch_poisoned(p, inputs, config)
+    _, got = launch_with_config(p, inputs, config)
     assert_close(got, want, "float32", f"{direction} {config}")
 
 
@@ -84,7 +75,7 @@ def test_backward_weight_split_k_atomics(split_k, stages, rng, assert_close):
     config = TileConfig(BM=8, BN=16, BK=4, TM=2, TN=2, split_k=split_k, stages=stages)
     nkt = -(-(p.N * int(np.prod(p.out_size))) // config.BK)
     assert nkt >= 2 * split_k and (split_k == 2 or nkt % split_k), "the case must exercise uneven splits"
-    launcher, got = launch_poisoned(p, inputs, config)
+    launcher, got = launch_with_config(p, inputs, config)
     assert launcher.zero_output and launcher.grid[2] == p.groups * split_k
     assert_close(got, want, "float32", f"split_k={split_k} stages={stages}")
 
@@ -92,7 +83,7 @@ def test_backward_weight_split_k_atomics(split_k, stages, rng, assert_close):
 def test_forward_split_k_adds_the_bias_once(rng, assert_close):
     """Every split adds its partial sum into y; the bias belongs to one of them (split 0) only."""
     p, inputs, want = host_inputs("fwd", *CASES["2d_bias_stride"], rng, bias=True)
-    launcher, got = launch_poisoned(p, inputs, TileConfig(BM=8, BN=16, BK=4, TM=2, TN=2, split_k=2))
+    launcher, got = launch_with_config(p, inputs, TileConfig(BM=8, BN=16, BK=4, TM=2, TN=2, split_k=2))
     assert launcher.zero_output and p.has_bias
     assert_close(got, want, "float32", "split_k=2 with bias")
     relu = make_problem("fwd", *CASES["2d_bias_stride"][:2], has_bias=True, activation="relu",
@@ -106,7 +97,7 @@ def test_relu_epilogue(rng, assert_close):
     p = make_problem("fwd", x_shape, w_shape, has_bias=True, activation="relu", **kw)
     x, w = rng.standard_normal(x_shape).astype("float32"), rng.standard_normal(w_shape).astype("float32")
     b = rng.standard_normal(p.K).astype("float32")
-    _, got = launch_poisoned(p, {"x": x, "w": w, "bias": b}, SMALL)
+    _, got = launch_with_config(p, {"x": x, "w": w, "bias": b}, SMALL)
     assert_close(got, np.maximum(ref.conv_forward(x, w, b, **kw), 0.0), "float32", "relu(conv + bias)")
 
 

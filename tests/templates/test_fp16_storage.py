@@ -28,22 +28,15 @@ from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates import implicit_gemm_tc
 from kernelgen.templates.config import TileConfig
+from harness import conv_tensors, norm_err, poisoned, random_array, reference, tolerance
 from vector_copy import THREADS, copy_kernel, module
 
-HALF_TOL = 1e-2  # issue 9: relative error, norm-wise, against float64
+HALF_TOL = tolerance("float16", "fp16")  # issue 9's 1e-2 against float64, applied norm-wise here
 
 
 def half(rng, shape):
-    return rng.standard_normal(shape).astype(np.float16)
-
-
-def poisoned(shape):
-    return np.full(shape, np.nan, np.float16)
-
-
-def norm_err(got, want):
-    got = np.asarray(got, np.float64)
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    """Fresh float16 data (harness.random_array)."""
+    return random_array(rng, shape, np.float16)
 
 
 def check_half(got, want, what, accumulation=1e-5):
@@ -106,7 +99,7 @@ def test_cpu_kernel_args_are_views():
 
 def test_cpu_forward_bias_relu(rng):
     x, w, b = half(rng, (2, 6, 6, 8)), half(rng, (12, 3, 3, 8)), half(rng, 12)
-    out = poisoned((2, 6, 6, 12))
+    out = poisoned((2, 6, 6, 12), np.float16)
     y = kernelgen.conv(x, w, b, padding=1, activation="relu", backend="cpu", precision="fp16", out=out)
     assert y is out
     want = np.maximum(ref.conv_forward(x, w, b, padding=1), 0.0)
@@ -128,23 +121,20 @@ RAGGED = ((2, 6, 7, 6), (10, 3, 3, 3), dict(stride=(2, 1), padding=(1, 2), group
 @pytest.mark.parametrize("direction", ["bwd_data", "bwd_weight"])
 def test_cpu_backward(direction, rng):
     x_shape, w_shape, kw = RAGGED
-    p = make_problem("fwd", x_shape, w_shape, **kw)
-    x, w, dy = half(rng, x_shape), half(rng, w_shape), half(rng, p.y_shape)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw, np.float16)
     if direction == "bwd_data":
-        got = kernelgen.conv_backward_data(dy, w, x_shape, backend="cpu", precision="fp16", out=poisoned(x_shape),
-                                           **kw)
-        want = ref.conv_backward_data(dy, w, x_shape, **kw)
+        got = kernelgen.conv_backward_data(dy, w, x_shape, backend="cpu", precision="fp16",
+                                           out=poisoned(x_shape, np.float16), **kw)
     else:
         got = kernelgen.conv_backward_weight(x, dy, w_shape, backend="cpu", precision="fp16",
-                                             out=poisoned(w_shape), **kw)
-        want = ref.conv_backward_weight(x, dy, w_shape, **kw)
-    check_half(got, want, direction)
+                                             out=poisoned(w_shape, np.float16), **kw)
+    check_half(got, reference(direction, x, w, dy, kw), direction)
 
 
 def test_cpu_deconv_bias(rng):
     x, w, b = half(rng, (2, 5, 5, 8)), half(rng, (8, 3, 3, 6)), half(rng, 6)
     kw = dict(stride=2, padding=1, output_padding=1)
-    y = kernelgen.deconv(x, w, b, backend="cpu", precision="fp16", out=poisoned((2, 10, 10, 6)), **kw)
+    y = kernelgen.deconv(x, w, b, backend="cpu", precision="fp16", out=poisoned((2, 10, 10, 6), np.float16), **kw)
     want = ref.deconv(x, w, b, **kw)
     assert y.dtype == np.float16 and not np.isnan(y).any()
     assert norm_err(y, want) <= HALF_TOL  # (the bias is added to the float16 result: rounded twice)
@@ -158,7 +148,7 @@ def test_cpu_vector_staging(rng):
     plan = make_plan(p, "cpu", config=TileConfig(32, 16, 16, WM=16, WN=8, swizzle=1), precision="fp16")
     assert any(isinstance(s, VectorLoad) for s in walk_stmts(plan.kernel_ir().body))
     x, w = half(rng, x_shape), half(rng, w_shape)
-    out = poisoned(p.output_shape)
+    out = poisoned(p.output_shape, np.float16)
     get_launcher(plan)({"x": x.reshape(-1), "w": w.reshape(-1), "y": out.reshape(-1)})
     check_half(out, ref.conv_forward(x, w, **kw), "fwd swizzled")
 
@@ -297,7 +287,7 @@ def test_register_buffers_are_never_float16():
 def test_scale_kernel_on_the_cpu(rng):
     src = render_cpu(scale_kernel(), cache=False)
     x = half(rng, 4 * THREADS)
-    y = poisoned(4 * THREADS)
+    y = poisoned(4 * THREADS, np.float16)
     module(src)["scale16"](x.view(np.uint16), y.view(np.uint16))
     np.testing.assert_array_equal(y.view(np.uint16), scale_expected(x).view(np.uint16))
 
@@ -308,7 +298,7 @@ def test_scale_kernel_in_the_simulator(rng):
     src = render_cuda(scale_kernel(), cache=False)
     assert "load4" not in src and "float32(x[" in src
     x = half(rng, 4 * THREADS)
-    yd = cuda.to_device(poisoned(4 * THREADS))
+    yd = cuda.to_device(poisoned(4 * THREADS, np.float16))
     module(src)["scale16"][1, THREADS](cuda.to_device(x), yd)
     np.testing.assert_array_equal(yd.copy_to_host().view(np.uint16), scale_expected(x).view(np.uint16))
 
@@ -330,11 +320,9 @@ def _gpu_op(direction, x, w, dy, b, kw, out):
 
 
 def _gpu_reference(direction, x, w, dy, b, kw):
-    if direction == "fwd":
-        return np.maximum(ref.conv_forward(x, w, b, **kw), 0.0)
-    if direction == "bwd_data":
-        return ref.conv_backward_data(dy, w, x.shape, **kw)
-    return ref.conv_backward_weight(x, dy, w.shape, **kw)
+    """The float64 reference of _gpu_op (its forward adds the bias and applies relu)."""
+    want = reference(direction, x, w, dy, kw, b)
+    return np.maximum(want, 0.0) if direction == "fwd" else want
 
 
 @pytest.mark.gpu
@@ -352,7 +340,7 @@ def test_gpu_float16_device_arrays(name, direction, rng):
     got = _gpu_op(direction, xd, wd, dyd, bd, kw, None)
     assert arrays.is_cuda_array(got) and got.dtype == np.float16
     check_half(got.copy_to_host(), want, f"{direction} {name}", accumulation=1e-4)
-    out = cuda.to_device(poisoned(want.shape))
+    out = cuda.to_device(poisoned(want.shape, np.float16))
     assert _gpu_op(direction, xd, wd, dyd, bd, kw, out) is out
     check_half(out.copy_to_host(), want, f"{direction} {name} out=", accumulation=1e-4)
 

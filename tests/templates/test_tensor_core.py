@@ -21,8 +21,9 @@ from kernelgen.mma_layout import a_coord, a_owner, b_coord, b_owner, d_coord, tf
 from kernelgen.problem import make_problem
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates.config import CUDA_TC_DEFAULT, TileConfig
+from harness import conv_tensors, launch_poisoned, poisoned, reference_fn, rel_err, tolerance
 
-TF32_TOL = 1e-3        # issue 9: TF32 against float64, relative
+TF32_TOL = tolerance("float32", "tf32")  # issue 9: TF32 against float64, relative
 EMULATED_TOL = 2e-5    # CPU emulation against the float64 GEMM of TF32-rounded inputs (fp32 accumulation)
 
 CASES = {
@@ -33,36 +34,14 @@ CASES = {
 }
 
 
-def rel_err(got, want):
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
-
-
-def tensors(rng, x_shape, w_shape, kw):
-    p = make_problem("fwd", x_shape, w_shape, **kw)
-    f = lambda s: rng.standard_normal(s).astype(np.float32)
-    return f(x_shape), f(w_shape), f(p.y_shape)
-
-
-def reference_fn(direction, x_shape, w_shape, kw):
-    """(x, w, dy) -> the float64 reference of a direction."""
-    if direction == "fwd":
-        return lambda x, w, dy: ref.conv_forward(x, w, **kw)
-    if direction == "bwd_data":
-        return lambda x, w, dy: ref.conv_backward_data(dy, w, x_shape, **kw)
-    return lambda x, w, dy: ref.conv_backward_weight(x, dy, w_shape, **kw)
-
-
 def run(direction, x, w, dy, kw, **opts):
     """The public op for a direction, writing into a NaN-poisoned `out`; and its reference."""
-    reference = reference_fn(direction, x.shape, w.shape, kw)
+    reference = reference_fn(direction, kw)
     if direction == "fwd":
-        out = np.full(dy.shape, np.nan, np.float32)
-        return kernelgen.conv(x, w, out=out, **kw, **opts), reference
+        return kernelgen.conv(x, w, out=poisoned(dy.shape), **kw, **opts), reference
     if direction == "bwd_data":
-        out = np.full(x.shape, np.nan, np.float32)
-        return kernelgen.conv_backward_data(dy, w, x.shape, out=out, **kw, **opts), reference
-    out = np.full(w.shape, np.nan, np.float32)
-    return kernelgen.conv_backward_weight(x, dy, w.shape, out=out, **kw, **opts), reference
+        return kernelgen.conv_backward_data(dy, w, x.shape, out=poisoned(x.shape), **kw, **opts), reference
+    return kernelgen.conv_backward_weight(x, dy, w.shape, out=poisoned(w.shape), **kw, **opts), reference
 
 
 def check_tf32(got, reference, x, w, dy, what, operands=tf32_round):
@@ -203,16 +182,12 @@ def run_cpu_tile(config, direction, rng, operands=tf32_round):
     """One tensor-core config on the CPU backend, fresh data, poisoned output: its error against the GEMM of
     the operands as the MMA reads them (check_tf32 also bounds it against float64)."""
     x_shape, w_shape, kw = CASES["ragged_groups"] if config.BK == 8 else CASES["c16_dilated"]
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
     launcher = get_launcher(make_plan(p, "cpu", config=config, precision="tf32"))
     inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-    args = {k: v.reshape(-1) for k, v in inputs.items()}
-    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    return check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction,
-                      operands)
+    out = launch_poisoned(launcher, p, inputs, "cpu")
+    return check_tf32(out, reference_fn(direction, kw), x, w, dy, direction, operands)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -308,7 +283,7 @@ def test_vector_staging_only_where_channels_come_in_fours():
 @pytest.mark.parametrize("name", list(CASES))
 def test_cpu_tf32_directions(name, direction, rng):
     x_shape, w_shape, kw = CASES[name]
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     got, reference = run(direction, x, w, dy, kw, backend="cpu", precision="tf32")
     err = check_tf32(got, reference, x, w, dy, f"{direction} {name}")
     assert err <= EMULATED_TOL, f"{direction} {name}: {err:.3g} from the TF32-rounded reference"
@@ -326,16 +301,12 @@ def test_cpu_runs_the_gpu_schedule(direction, config, rng):
     """The CUDA tiles (default: 4 x 4 MMA tiles per warp, two k-steps per slice, 2-stage pipeline) through
     the CPU renderer, on a problem ragged against them."""
     x_shape, w_shape, kw = (2, 13, 11, 20), (72, 3, 3, 20), dict(padding=1, stride=(1, 2))
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
     plan = make_plan(p, "cpu", config=config, precision="tf32")
     inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
-    launcher = get_launcher(plan)
-    args = {k: v.reshape(-1) for k, v in inputs.items()}
-    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float32)
-    args[launcher.outputs[0]] = out
-    launcher(args)
-    err = check_tf32(out.reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    out = launch_poisoned(get_launcher(plan), p, inputs, "cpu")
+    err = check_tf32(out, reference_fn(direction, kw), x, w, dy, direction)
     assert err <= EMULATED_TOL
 
 
@@ -367,7 +338,7 @@ def test_deconv_tf32(rng):
 
 def test_default_is_fp32_and_global_setting_applies(rng, assert_close):
     x_shape, w_shape, kw = CASES["c16_dilated"]
-    x, w, _ = tensors(rng, x_shape, w_shape, kw)
+    x, w, _ = conv_tensors(rng, x_shape, w_shape, kw)
     assert kernelgen.get_precision() == "fp32"
     e = kernelgen.explain(kernelgen.conv, x, w, backend="cpu", **kw)
     assert e.precision == "fp32" and e.variant != "implicit_gemm_tc" and "tf32" not in e.source

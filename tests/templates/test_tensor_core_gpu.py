@@ -12,7 +12,8 @@ import kernelgen
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates.config import TileConfig
-from test_tensor_core import check_tf32, reference_fn, tensors
+from harness import conv_tensors, poisoned, reference_fn
+from test_tensor_core import check_tf32
 
 # --- the real tensor-core kernels (H100) -----------------------------------------------------------
 
@@ -34,7 +35,7 @@ def _gpu_run(direction, x, w, dy, kw, **opts):
         got = kernelgen.conv_backward_data(dy_d, w_d, x.shape, **kw, **opts)
     else:
         got = kernelgen.conv_backward_weight(x_d, dy_d, w.shape, **kw, **opts)
-    return got.copy_to_host(), reference_fn(direction, x.shape, w.shape, kw)
+    return got.copy_to_host(), reference_fn(direction, kw)
 
 
 @pytest.mark.gpu
@@ -42,7 +43,7 @@ def _gpu_run(direction, x, w, dy, kw, **opts):
 @pytest.mark.parametrize("name", list(GPU_CASES))
 def test_gpu_tf32(name, direction, rng):
     x_shape, w_shape, kw = GPU_CASES[name]
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     got, reference = _gpu_run(direction, x, w, dy, kw, precision="tf32")
     err = check_tf32(got, reference, x, w, dy, f"{direction} {name}")
     # the hardware's fp32 accumulation order and rounding are its own: a looser bound than the CPU's,
@@ -130,16 +131,16 @@ def gpu_run_plan(shape, direction, config, precision, rng):
 
     from kernelgen.tuning.bench import kernel_resources
     x_shape, w_shape, kw = shape
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
     launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
     inputs = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}[direction]
     args = {k: cuda.to_device(v.reshape(-1)) for k, v in inputs.items()}
-    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    out = cuda.to_device(poisoned(int(np.prod(p.output_shape))))
     args[launcher.outputs[0]] = out
     launcher(args)
     cuda.synchronize()
-    return (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, x_shape, w_shape, kw), x, w, dy,
+    return (out.copy_to_host().reshape(p.output_shape), reference_fn(direction, kw), x, w, dy,
             kernel_resources(launcher, launcher.threads), launcher.threads)
 
 
@@ -194,13 +195,13 @@ def test_gpu_tma_reads_an_unaligned_array(rng):
     caller's arrays are; the caller's x is left as it was."""
     from numba import cuda
     x_shape, w_shape, kw = TMA_SHAPES[0]
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     p = make_problem("fwd", x_shape, w_shape, **kw)
     launcher = get_launcher(make_plan(p, "cuda", config=TMA_GPU_CONFIGS[0], precision="tf32"))
     shifted = cuda.to_device(np.concatenate([np.float32([7.0]), x.ravel()]))[1:]
-    out = cuda.to_device(np.full(dy.size, np.nan, np.float32))
+    out = cuda.to_device(poisoned(dy.size))
     launcher({"x": shifted, "w": cuda.to_device(w.ravel()), "y": out})
-    err = check_tf32(out.copy_to_host().reshape(dy.shape), reference_fn("fwd", x_shape, w_shape, kw), x, w, dy, "fwd")
+    err = check_tf32(out.copy_to_host().reshape(dy.shape), reference_fn("fwd", kw), x, w, dy, "fwd")
     assert err <= 1e-4, f"{err:.3g} from the TF32-rounded reference"
     assert np.array_equal(shifted.copy_to_host(), x.ravel())
 
@@ -217,14 +218,14 @@ def test_gpu_tma_calls_after_the_first(config, direction, rng):
     p = make_problem(direction, x_shape, w_shape, **kw)
     launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
     for call in range(3):
-        x, w, dy = tensors(rng, x_shape, w_shape, kw)
+        x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
         inputs = {"x": x, "w": w} if direction == "fwd" else {"dy": dy, "w": w}
         args = {k: cuda.to_device(v.ravel()) for k, v in inputs.items()}
-        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+        out = cuda.to_device(poisoned(int(np.prod(p.output_shape))))
         launcher({**args, launcher.outputs[0]: out})
         assert launcher.fast, "the first call compiles; the later ones take the fast route"
         got = out.copy_to_host().reshape(p.output_shape)
-        err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, f"call {call}")
+        err = check_tf32(got, reference_fn(direction, kw), x, w, dy, f"call {call}")
         assert err <= 1e-4, f"call {call}: {err:.3g} from the TF32-rounded reference"
         for k, v in inputs.items():
             assert np.array_equal(args[k].copy_to_host(), v.ravel())
@@ -242,15 +243,15 @@ def test_gpu_tf32_inputs_not_16_byte_aligned(direction, config, rng):
     def shifted(a):
         return cuda.to_device(np.concatenate([np.float32([7.0]), a.ravel()]))[1:]
     x_shape, w_shape, kw = (4, 12, 12, 32), (64, 3, 3, 32), dict(padding=1)
-    x, w, dy = tensors(rng, x_shape, w_shape, kw)
+    x, w, dy = conv_tensors(rng, x_shape, w_shape, kw)
     p = make_problem(direction, x_shape, w_shape, y_shape=dy.shape, **kw)
     launcher = get_launcher(make_plan(p, "cuda", config=config, precision="tf32"))
     args = {"x": shifted(x), "w": shifted(w)} if direction == "fwd" else {"dy": shifted(dy), "w": shifted(w)}
-    out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float32))
+    out = cuda.to_device(poisoned(int(np.prod(p.output_shape))))
     args[launcher.outputs[0]] = out
     launcher(args)
     got = out.copy_to_host().reshape(p.output_shape)
-    err = check_tf32(got, reference_fn(direction, x_shape, w_shape, kw), x, w, dy, direction)
+    err = check_tf32(got, reference_fn(direction, kw), x, w, dy, direction)
     assert err <= 1e-4, f"{direction}: {err:.3g} from the reference of the operands as the MMA reads them"
 
 

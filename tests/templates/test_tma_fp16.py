@@ -14,6 +14,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from harness import norm_err, poisoned, random_array, rel_err
+
 
 def fp16_tma_config(**kw):
     from kernelgen.templates.config import TileConfig
@@ -21,16 +23,15 @@ def fp16_tma_config(**kw):
 
 
 def fp16_inputs(rng, *shapes):
-    return [rng.standard_normal(s).astype(np.float16) for s in shapes]
+    return [random_array(rng, s, np.float16) for s in shapes]
 
 
 def close_to_float64(got, want):
     """fp16 operands are exact, products exact in float32, float32 sums, one rounding to float16 at the store:
     within a few float16 units of the largest output."""
-    got = got.astype(np.float64)
-    assert np.isfinite(got).all()
-    assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max()
-    assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
+    assert np.isfinite(got.astype(np.float64)).all()
+    assert rel_err(got, want) <= 2e-3
+    assert norm_err(got, want) <= 1e-3
 
 
 FWD_CASES = [((2, 5, 7, 64), (40, 3, 3, 64), dict(padding=1), dict(BM=64, BN=40, WN=40, stages=2)),
@@ -52,7 +53,7 @@ def test_cpu_fp16_tma_forward(x_shape, w_shape, kw, tile, rng):
     p = make_problem("fwd", x_shape, w_shape, dtype="float16", **kw)
     launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
     assert [(m[0], m[9], m[11]) for m in launcher.tensor_maps] == [("x_map", "", "float16"), ("w_map", "", "float16")]
-    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float16)
+    y = poisoned(int(np.prod(p.y_shape)), np.float16)
     launcher({"x": x.ravel(), "w": w.ravel(), "y": y})
     close_to_float64(y.reshape(p.y_shape), ref.conv_forward(x.astype(np.float64), w.astype(np.float64), **kw))
 
@@ -69,7 +70,7 @@ def test_cpu_fp16_tma_forward_bias_relu_pairs(rng):
     p = make_problem("fwd", x.shape, w.shape, dtype="float16", padding=1, has_bias=True, activation="relu")
     plan = make_plan(p, "cpu", config=fp16_tma_config(BM=64, BN=40, WN=40, stages=2), precision="fp16")
     assert all(s.pair is not None for s in walk_stmts(plan.kernel_ir().body) if isinstance(s, Store) and s.buf == "y")
-    y = np.full(int(np.prod(p.y_shape)), np.nan, np.float16)
+    y = poisoned(int(np.prod(p.y_shape)), np.float16)
     get_launcher(plan)({"x": x.ravel(), "w": w.ravel(), "bias": bias, "y": y})
     want = np.maximum(ref.conv_forward(x.astype(np.float64), w.astype(np.float64), padding=1) + bias, 0.0)
     close_to_float64(y.reshape(p.y_shape), want)
@@ -95,7 +96,7 @@ def test_cpu_fp16_tma_backward_data(x_shape, w_shape, kw, tile, rng):
     launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
     assert [(m[0], m[10]) for m in launcher.tensor_maps] == [
         ("dy_map", ()), ("w_map", (w_shape[0], w_shape[1] * w_shape[2], w_shape[3]))]
-    dx = np.full(int(np.prod(x_shape)), np.nan, np.float16)
+    dx = poisoned(int(np.prod(x_shape)), np.float16)
     w_flat = w.ravel().copy()
     launcher({"dy": dy.ravel(), "w": w_flat, "dx": dx})
     close_to_float64(dx.reshape(x_shape), ref.conv_backward_data(dy.astype(np.float64), w.astype(np.float64),
@@ -135,7 +136,7 @@ def test_cpu_fp16_tma_strided_matches_float64(case):
     p = make_problem(direction, x_shape, w_shape, dtype="float16", **kw)
     x, w, dy = fp16_inputs(rng, x_shape, w_shape, p.y_shape)
     launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile), precision="fp16"))
-    out = np.full(int(np.prod(p.output_shape)), np.nan, np.float16)
+    out = poisoned(int(np.prod(p.output_shape)), np.float16)
     f64 = lambda a: a.astype(np.float64)
     if direction == "fwd":
         launcher({"x": x.ravel(), "w": w.ravel(), "y": out})
@@ -167,7 +168,7 @@ def test_cpu_fp16_tma_backward_data_reads_w_as_stored(x_shape, w_shape, kw, tile
     launcher = get_launcher(make_plan(p, "cpu", config=fp16_tma_config(**tile, b_mn=1), precision="fp16"))
     assert [(m[0], m[1], m[2], m[10]) for m in launcher.tensor_maps] == [("dy_map", "dy", "im2col", ()),
                                                                          ("w_map", "w", "tiled", ())]
-    dx = np.full(int(np.prod(x_shape)), np.nan, np.float16)
+    dx = poisoned(int(np.prod(x_shape)), np.float16)
     launcher({"dy": dy.ravel(), "w": w.ravel(), "dx": dx})
     close_to_float64(dx.reshape(x_shape), ref.conv_backward_data(dy.astype(np.float64), w.astype(np.float64),
                                                                   x_shape, **kw))
@@ -249,8 +250,8 @@ def test_flip16_device_matches_the_host(rng):
 
 
 def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
-    """fp16 without a tuned entry on an sm_90 GPU: tuner.UNTUNED_TMA_TILE_FP16 (backward-data reading w as stored
-    where its rows allow); mma.sync's default where that tile does not apply (C = 3: no im2col map forward, a GEMM
+    """fp16 without a tuned entry on an sm_90 GPU: implicit_gemm_tc.UNTUNED_TMA_TILE_FP16 (backward-data reading w as
+    stored where its rows allow); mma.sync's default where that tile does not apply (C = 3: no im2col map forward, a GEMM
     of 3 columns backward), on other GPUs, and for TF32; a tuned entry still wins."""
     from kernelgen import api, planner
     from kernelgen.problem import make_problem
@@ -317,7 +318,7 @@ def gpu_fp16_calls(direction, shape, config, rng, calls=1):
         x, w, dy = fp16_inputs(rng, x_shape, w_shape, p.y_shape)
         inputs = {"x": x, "w": w} if direction == "fwd" else {"dy": dy, "w": w}
         args = {k: cuda.to_device(v.ravel()) for k, v in inputs.items()}
-        out = cuda.to_device(np.full(int(np.prod(p.output_shape)), np.nan, np.float16))
+        out = cuda.to_device(poisoned(int(np.prod(p.output_shape)), np.float16))
         launcher({**args, launcher.outputs[0]: out})
         f64 = lambda a: a.astype(np.float64)
         want = (ref.conv_forward(f64(x), f64(w), **kw) if direction == "fwd" else

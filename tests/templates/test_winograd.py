@@ -65,6 +65,7 @@ from kernelgen import reference as R  # noqa: E402
 from kernelgen.problem import make_problem  # noqa: E402
 from kernelgen.templates import winograd  # noqa: E402
 from kernelgen.templates.config import TileConfig  # noqa: E402
+from harness import launch_poisoned  # noqa: E402
 
 CPU_CFG = TileConfig(*winograd.CPU_TILE)
 TINY = TileConfig(BM=4, BN=4, BK=2, TM=2, TN=2, smem_pad=4)  # 4 threads: the simulator's cost is per thread
@@ -83,21 +84,10 @@ def _run_alpha(direction, alpha, src, w, x_shape, padding, groups, backend="cpu"
     render = render_cuda if backend == "cuda" else render_cpu
     launcher = KERNELS.get(("winograd-test", p.key(), alpha, str(cfg), backend), lambda: render(kernel),
                            lambda m: Launcher.from_module(m, backend))
-    src_name = "x" if direction == "fwd" else "dy"
-    args = {src_name: src.reshape(-1).copy(), "w": w.reshape(-1).copy()}
+    inputs = {"x" if direction == "fwd" else "dy": src, "w": w}
     if bias is not None:
-        args["bias"] = bias.copy()
-    out = np.full(int(np.prod(p.output_shape)), np.nan, dtype=src.dtype)
-    if backend == "cuda":
-        from numba import cuda
-        dev = {k: cuda.to_device(v) for k, v in args.items()}
-        dev[launcher.outputs[0]] = cuda.to_device(out)
-        launcher(dev)
-        out = dev[launcher.outputs[0]].copy_to_host()
-    else:
-        args[launcher.outputs[0]] = out
-        launcher(args)
-    return out.reshape(p.output_shape)
+        inputs["bias"] = bias
+    return launch_poisoned(launcher, p, inputs, backend)
 
 
 def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C=5, K=6, bias=False,
