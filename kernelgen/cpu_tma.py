@@ -7,7 +7,7 @@ The im2col walk is the reading that scripts/tma_check.py checks on the H100: `pi
 (w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw); a map's
 traversal steps (a strided convolution's) take w and h that many apart, back to the lower corner when they pass
 the upper one (as TileLang's Hopper im2col convolution reads it; the H100 agrees: the strided shapes of
-tests/test_tma_fp16.py pass there, BENCHMARKS.md 2026-11-25)."""
+tests/templates/test_tma_fp16.py pass there, BENCHMARKS.md 2026-11-25)."""
 from __future__ import annotations
 
 from numba import njit

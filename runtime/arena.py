@@ -7,7 +7,7 @@ its CUDA context.
 
 Out of memory: a failed backing allocation releases the pool's cache (and flushes numba's deferred frees),
 retries once, then raises MemoryError naming the request and what the pool held.  Tests reach that path
-with `inject_alloc_failures`, which makes chosen raw allocations fail (tests/test_arena_faults.py).
+with `inject_alloc_failures`, which makes chosen raw allocations fail (tests/runtime/test_arena_faults.py).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Golden rendered sources: the sha256 of the CUDA and CPU source of every variant x direction x precision over a
-representative set of configs, against tests/golden/rendered_sources.json ({case id: sha256}).
+representative set of configs, against tests/ir/golden/rendered_sources.json ({case id: sha256}).
 
     python scripts/golden_source.py            # check every case, print the ids that changed (exit 1 if any)
-    python scripts/golden_source.py --fast     # the fast subset only (what tests/test_golden_source.py runs)
+    python scripts/golden_source.py --fast     # the fast subset only (what tests/ir/test_golden_source.py runs)
     python scripts/golden_source.py --update   # rewrite the digest file and the fast subset, print what changed
     python scripts/golden_source.py --times    # per-case render times, slowest first
     python scripts/golden_source.py --match winograd16 --times   # the cases whose id contains a text
@@ -22,7 +22,7 @@ what kernelgen.api.Plan.render does), never compiles, and needs no GPU.  Cases:
 
 Every other case renders with every code setting at its default, whatever the environment says.  Both backends
 are rendered where the backend applies (the CPU has no split-K).  A case id reads
-backend:variant:precision:problem key:config[+switch...].  The fast subset (tests/golden/fast_cases.json, chosen
+backend:variant:precision:problem key:config[+switch...].  The fast subset (tests/ir/golden/fast_cases.json, chosen
 by --update) covers every facet of the whole set (Case.facets: each backend x variant x direction x precision, each
 pipeline kind - TMA, warp-specialised TMA, cp.async, cp.async + wgmma, register double buffer, single stage - per
 backend, direction and precision, each switch and schedule feature) with cases of short sources.
