@@ -2,20 +2,25 @@
 
 One resolution chain, in this order: an explicit `config=` -> the tuned database's entry for exactly this
 problem (or its nearest tuned neighbour, for fp32) -> the untuned tile measured best on average (fp16 on
-sm_90) -> the variant's cost-model default.  A Plan knows everything that affects the generated source, so
+sm_90) -> the variant's cost-model default.  Every choice is made for the Target in effect (kernelgen.target:
+the GPU's own facts, or the `target` setting's table entry offline), passed to the variants through the Variant
+protocol (templates/variant.py).  A Plan knows everything that affects the generated source, so
 `Plan.key()` is the kernel cache's key (tinygrad's realize.py keeps one such key the same way).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-from . import settings
-from .problem import ConvProblem
-from .render_cpu import render_cpu
-from .render_cuda import render_cuda
-from .storage import PRECISIONS, check_dtype_precision, check_split_k
-from .templates import candidates, computes, default_config, get_variant, implicit_gemm, implicit_gemm_tc
+from kernelgen import settings
+from kernelgen.problem import ConvProblem
+from kernelgen.render_cpu import render_cpu
+from kernelgen.render_cuda import render_cuda
+from kernelgen.runtime.cache import KERNELS
+from kernelgen.runtime.launch import Launcher
+from kernelgen.storage import PRECISIONS, check_dtype_precision, check_split_k
+from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
+from kernelgen.templates import candidates, get_variant, implicit_gemm, implicit_gemm_tc
+from kernelgen.tuning import database
 
 BACKENDS = ("cuda", "cpu")
 
@@ -31,39 +36,23 @@ def resolve_precision(precision):
     return settings.get("precision") if precision is None else check_precision(precision)
 
 
-@functools.lru_cache(maxsize=None)
-def gpu_present() -> bool:
-    """A real GPU (the simulator does not count: it is a debugging tool, ~ms per thread)."""
-    if settings.get("cuda_simulator"):
-        return False
-    from .runtime.arena import install_from_env
-    install_from_env()  # KERNELGEN_ARENA=1: numba accepts a memory manager only before its context exists
-    try:
-        from numba import cuda
-        return cuda.is_available()
-    except Exception:
-        return False
-
-
-def device_key(backend):
+def device_key(backend, target: Target | None = None):
+    """What a kernel's key holds of the device: "cpu", or the CUDA Target itself (every fact of it: a device-read
+    target keys its own facts, an offline one its table entry), marked "cudasim" under numba's simulator."""
     if backend != "cuda":
         return "cpu"
-    if settings.get("cuda_simulator"):
-        return "cudasim"
-    from numba import cuda
-    return "sm_%d%d" % cuda.get_current_device().compute_capability
+    target = target or target_for(backend)
+    return ("cudasim", target) if settings.get("cuda_simulator") else target
 
 
-@functools.lru_cache(maxsize=None)
 def tuned_device():
-    from .tuning.tuner import device_name
-    return device_name()
+    """The tuned databases' name of the GPU planned for ("sm_90_NVIDIA H100 80GB HBM3")."""
+    return target_for("cuda").device_name
 
 
 def _tuned_db():
     if not gpu_present() or settings.get("no_tuned"):
         return None  # databases are per GPU: rendering for CUDA on a GPU-less machine uses the heuristics
-    from .tuning import database
     return database
 
 
@@ -94,92 +83,95 @@ class Plan:
     config: object
     backend: str
     precision: str | None = None  # None: the variant's own (fp32, or tf32 for a tensor-core variant)
+    target: Target | None = None  # None: the target in effect for the backend (target_for)
 
     def __post_init__(self):
-        own = getattr(get_variant(self.variant), "PRECISIONS", ("fp32",))
+        own = get_variant(self.variant).precisions
         if self.precision is None:
             object.__setattr__(self, "precision", own[0])
         elif self.precision not in own:
             raise ValueError(f"variant {self.variant!r} computes in {own}, not precision={self.precision!r}")
+        if self.target is None:
+            object.__setattr__(self, "target", target_for(self.backend))
 
     def key(self):
-        """Everything the rendered source depends on: the problem, variant, config, backend and device, the
-        variant's own extra (Winograd's state count), the precision and every code-changing setting."""
-        extra = getattr(get_variant(self.variant), "key_extra", None)
-        return (self.problem, self.variant, self.config, self.backend, device_key(self.backend),
-                extra(self.problem) if extra else None, self.precision, settings.code_token())
+        """Everything the rendered source depends on: the problem, variant, config, backend and device (the
+        Target), the variant's own extra (Winograd's state count), the precision and every code-changing setting."""
+        return (self.problem, self.variant, self.config, self.backend, device_key(self.backend, self.target),
+                get_variant(self.variant).key_extra(self.problem), self.precision, settings.code_token())
 
     def kernel_ir(self):
-        if self.precision != "fp32":  # a tensor-core variant: the operand format is a build argument
-            return get_variant(self.variant).build(self.problem, self.config, self.precision)
-        return get_variant(self.variant).build(self.problem, self.config)
+        return get_variant(self.variant).build(self.problem, self.config, self.precision)
 
     def render(self):
         k = self.kernel_ir()
-        return render_cuda(k) if self.backend == "cuda" else render_cpu(k)
+        return render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
 
 
-def _hopper_untuned_config(problem, precision):
-    """fp16 on an sm_90 GPU with no tuned entry: the TMA tile measured best on average there
-    (tuner.untuned_tma_config; the template's mma.sync default is 2-3x slower on those problems), or None."""
+def _hopper_untuned_config(problem, precision, target: Target):
+    """fp16 on a GPU with TMA and warpgroup MMAs (sm_90) and no tuned entry: the TMA tile measured best on average
+    there (implicit_gemm_tc.untuned_tma_config; the template's mma.sync default is 2-3x slower on those problems),
+    or None."""
     if precision != "fp16" or not gpu_present():
         return None
-    from .tuning.tuner import untuned_tma_config
-    config = untuned_tma_config(problem, precision)
-    return config if config is not None and device_key("cuda") == "sm_90" else None
+    return implicit_gemm_tc.untuned_tma_config(problem, precision, target)
 
 
-def _tensor_core_plan(problem, backend, algo, config, precision) -> Plan:
+def _tensor_core_plan(problem, backend, algo, config, precision, target: Target) -> Plan:
     """The tensor-core implicit GEMM at `precision`: the given config, else (CUDA, a GPU present, tuned
     databases not turned off) the tuned entry for exactly (problem, precision), else (fp16 on sm_90) the untuned
     TMA tile, else the template's default."""
-    if algo not in (None, implicit_gemm.NAME, implicit_gemm_tc.NAME):
+    variant = implicit_gemm_tc.VARIANT
+    if algo not in (None, implicit_gemm.NAME, variant.name):
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
     if config is None and backend == "cuda":
-        config = tuned_tensor_core_config(problem, precision) or _hopper_untuned_config(problem, precision)
+        config = tuned_tensor_core_config(problem, precision) or _hopper_untuned_config(problem, precision, target)
     if config is None:
-        config = implicit_gemm_tc.default_config(problem, backend, precision)
+        config = variant.default_config(problem, target, precision)
     if not config.tensor_core:
         raise ValueError(f"config must be a tensor-core TileConfig (WM, WN > 0) for precision={precision!r}, "
                          f"got {config}")
     config.validate()
     implicit_gemm_tc.check_config(config, precision)
     check_split_k(problem.dtype, config)
+    missing = [kind for kind, used in (("wgmma", config.wgmma), ("tma", config.tma)) if used and not target.has(kind)]
+    if backend == "cuda" and missing:  # (the CPU backend emulates both)
+        raise ValueError(f"config: {' and '.join(missing)} tiles need a GPU that has them (sm_90), and the target is "
+                         f"{target.name} ({target.arch}); got {config}")
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
-    return Plan(problem, implicit_gemm_tc.NAME, config, backend, precision)
+    return Plan(problem, variant.name, config, backend, precision, target)
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
     """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
     check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
+    target = target_for(backend)
     if precision != "fp32":
-        return _tensor_core_plan(problem, backend, algo, config, precision)
+        return _tensor_core_plan(problem, backend, algo, config, precision, target)
     if algo is not None:
         variant = get_variant(algo)
-        if not computes(variant, problem):
+        if not variant.applies(problem, variant.precisions[0]):
             raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
-        if getattr(variant, "PRECISIONS", ("fp32",)) != ("fp32",):
-            raise ValueError(f"algo {algo!r} computes in {variant.PRECISIONS[0]}: ask for it with "
-                             f"precision={variant.PRECISIONS[0]!r}")
+        if variant.precisions != ("fp32",):
+            raise ValueError(f"algo {algo!r} computes in {variant.precisions[0]}: ask for it with "
+                             f"precision={variant.precisions[0]!r}")
         if config is None and backend == "cuda":
-            config = tuned_variant_config(problem, variant.NAME)
+            config = tuned_variant_config(problem, variant.name)
     else:
         variant = candidates(problem)[0]
         if config is None and backend == "cuda":
-            tuned = tuned_choice(problem, variant.NAME)
+            tuned = tuned_choice(problem, variant.name)
             if tuned is not None:
                 variant, config = get_variant(tuned[0]), tuned[1]
     if config is None:
-        config = default_config(problem, backend, variant)
+        config = variant.default_config(problem, target, "fp32")
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
-    return Plan(problem, variant.NAME, config, backend)
+    return Plan(problem, variant.name, config, backend, target=target)
 
 
 def get_launcher(plan: Plan):
-    from .runtime.cache import KERNELS
-    from .runtime.launch import Launcher
     return KERNELS.get(plan.key(), plan.render, lambda module: Launcher.from_module(module, plan.backend))

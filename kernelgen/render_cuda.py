@@ -7,6 +7,7 @@ from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Con
 from .ir_walk import walk_stmts
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
+from .target import STATIC_SHARED_BYTES, Target
 
 _AXES = "xyz"
 # an MN-major B operand's descriptor (ir.WarpgroupMma.b_mn): which stride goes in the leading and which in the stride
@@ -28,11 +29,14 @@ def index32_safe(kernel: Kernel) -> bool:
 
 
 class CudaPrinter(SourcePrinter):
-    def __init__(self, kernel: Kernel, index32: bool = False, aligned: bool = False, name: str | None = None):
+    def __init__(self, kernel: Kernel, index32: bool = False, aligned: bool = False, name: str | None = None,
+                 static_shared: int = STATIC_SHARED_BYTES):
         """aligned: every array argument starts 16-byte aligned (the launcher checks; see render_cuda), so
         16-byte loads and copies need no run-time alignment test and no 4-byte fallback.  name: the function's
-        name (default: the kernel's)."""
+        name (default: the kernel's).  static_shared: the most bytes of static shared arrays a block may have
+        (Target.static_shared_per_block); past it the tiles become one dynamic array."""
         super().__init__(kernel)
+        self.static_shared = static_shared
         self.index32 = index32
         self.aligned = aligned
         self.name = name or kernel.name
@@ -282,7 +286,7 @@ class CudaPrinter(SourcePrinter):
         tiles = max({b.dtype for b in shared}, key=lambda d: sum(b.size for b in shared if b.dtype == d), default=None)
         pooled = [b for b in shared if b.dtype == tiles]
         dynamic = 0
-        if sum(b.size * _BYTES[b.dtype] for b in shared) > STATIC_SHARED_LIMIT:
+        if sum(b.size * _BYTES[b.dtype] for b in shared) > self.static_shared:
             # past 48 KiB a block's shared memory must be dynamic (the launcher opts in): one extern array, each
             # buffer of its dtype a slice of it at an aligned offset (others, e.g. int64 mbarriers, stay static)
             base = max([16] + [align.get(b.name, 16) for b in pooled])
@@ -306,7 +310,6 @@ class CudaPrinter(SourcePrinter):
 
 
 ALIGNED_HELPERS = {"load4_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
-STATIC_SHARED_LIMIT = 48 * 1024  # bytes; more must be dynamic shared memory (runtime.driver opts the kernel in)
 _BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2}
 
 HEADER = """\
@@ -321,9 +324,12 @@ MMA_INTRINSICS = {("m16n8k8", "tf32"): "mma_m16n8k8_tf32", ("m16n8k16", "fp16"):
 _INDEX32_IMPORT = "from kernelgen.cuda_index import add32, sub32, mul32, floordiv32, mod32, udiv32, umod32, uidx\n"
 
 
-def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = None) -> str:
+def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = None,
+                target: Target | None = None) -> str:
     """Lower a kernel for CUDA and print it as a module defining `kernel.name`.  index32: 32-bit
-    index arithmetic (default: index32_enabled(), where index32_safe for the kernel)."""
+    index arithmetic (default: index32_enabled(), where index32_safe for the kernel).  target: the device's limits
+    (default: those of every CUDA GPU)."""
+    static_shared = STATIC_SHARED_BYTES if target is None else target.static_shared_per_block
     lowered = lower(kernel, "cuda")
     if index32 is None:
         index32 = index32_enabled() and index32_safe(lowered)
@@ -332,12 +338,12 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
     # load/store queue); a module whose kernel has 16-byte accesses also defines KERNEL_ANY_ALIGNMENT, which
     # tests each array and falls back, and which the launcher runs (compiling it on first use) when a caller's
     # array is not aligned (a slice starting one float in, say).
-    printer = CudaPrinter(lowered, index32, aligned=True)
+    printer = CudaPrinter(lowered, index32, aligned=True, static_shared=static_shared)
     body = printer.render()
     printers = [printer]
     constants = launch_constants(lowered)
     if printer.memory_helpers & ALIGNED_HELPERS:
-        anywhere = CudaPrinter(lowered, index32, name=f"{lowered.name}_any_alignment")
+        anywhere = CudaPrinter(lowered, index32, name=f"{lowered.name}_any_alignment", static_shared=static_shared)
         body += "\n\n" + anywhere.render()
         printers.append(anywhere)
         constants += f"KERNEL_ANY_ALIGNMENT = {anywhere.name}\n"

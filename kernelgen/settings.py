@@ -23,6 +23,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kernelgen.storage import PRECISIONS
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
@@ -90,10 +92,17 @@ class Setting:
 
 
 def _precision(text):
-    from .storage import PRECISIONS
     if text not in PRECISIONS:
         raise ValueError(f"expected one of {PRECISIONS}, got {text!r}")
     return text
+
+
+def _target_name(text):
+    """A KNOWN_TARGETS name (kernelgen.target checks it is one where the target is used: the table imports this
+    module, so this module does not import the table)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"expected a known GPU's name such as 'h100' or 'a100', got {text!r}")
+    return text.strip().lower()
 
 
 _ALL = (
@@ -115,6 +124,9 @@ _ALL = (
     # --- planning -----------------------------------------------------------------------------------
     Setting("no_tuned", "KERNELGEN_NO_TUNED", False, parse_bool,
             "ignore the tuned databases: plan from the cost model only"),
+    Setting("target", "KERNELGEN_TARGET", "h100", _target_name,
+            "the GPU planned for where none is present (kernelgen.target.KNOWN_TARGETS: h100, h200, a100, l40s)",
+            affects_code=True, check=_target_name),
     # --- runtime ------------------------------------------------------------------------------------
     Setting("cache_dir", "KERNELGEN_CACHE_DIR", None, str,
             "compiled-kernel cache directory (default: the user cache directory)", check=lambda v: os.fspath(v)),
@@ -220,6 +232,16 @@ def export_default(name: str, value: str):
     """Put `value` in setting `name`'s environment variable unless it is already there, so that worker
     processes started later (the tuner's and the benchmark's compile pools) inherit it."""
     os.environ.setdefault(_setting(name).env, str(value))
+
+
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cap_worker_blas_threads(threads: int = 1):
+    """Give worker processes started later (the tuner's compile and reference pool) `threads` BLAS threads each,
+    unless the environment already says how many: a pool of N workers x N BLAS threads oversubscribes the CPUs."""
+    for var in BLAS_THREAD_VARIABLES:
+        os.environ.setdefault(var, str(threads))
 
 
 def code_token() -> tuple:

@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from kernelgen import settings
+from kernelgen import arrays, settings
 
 _fill_kernel = None
 
@@ -198,7 +198,6 @@ def pointer_size(a, name):
         if not a._dummy.is_c_contig:
             raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
         return a.device_ctypes_pointer.value or 0, a.size
-    from kernelgen import arrays
     return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
 
 
@@ -229,19 +228,17 @@ def allow_deep_cfg_walks():
         sys.setrecursionlimit(CFG_RECURSION_LIMIT)
 
 
-STATIC_SHARED_LIMIT = 48 * 1024  # bytes of shared memory a block may use without opting in
-
-
 def needs_opt_in(dynamic_bytes) -> bool:
     """Must a kernel with this much dynamic shared memory opt in?  render_cuda makes shared memory dynamic only
-    when the block's total passes STATIC_SHARED_LIMIT, and the static rest (mbarriers) counts toward that total:
-    exactly 48 KiB of tiles beside an mbarrier measured CUDA_ERROR_INVALID_VALUE without the opt-in."""
+    when the block's total passes the target's static limit (Target.static_shared_per_block), and the static rest
+    (mbarriers) counts toward that total: exactly 48 KiB of tiles beside an mbarrier measured
+    CUDA_ERROR_INVALID_VALUE without the opt-in."""
     return dynamic_bytes > 0
 
 
 def allow_dynamic_shared(dispatcher, ordered, nbytes):
-    """Compile the kernel for these arguments and let it launch with `nbytes` of dynamic shared memory:
-    past STATIC_SHARED_LIMIT a CUDA function must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+    """Compile the kernel for these arguments and let it launch with `nbytes` of dynamic shared memory: past
+    Target.static_shared_per_block a CUDA function must opt in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
     from cuda.bindings import driver as binding
     from numba import cuda
 

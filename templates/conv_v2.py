@@ -36,6 +36,7 @@ from ..ir import Buffer, Call, Const, Load, Store, all_of
 
 from .config import TileConfig
 from .implicit_gemm import _flatten, _prod, _unflatten, epilogue_value
+from .tile_space import TiledGemmVariant
 from .tiled_gemm import GemmView, Operand, tiled_gemm
 
 NAME = "conv_v2"
@@ -301,3 +302,6 @@ def build(p, cfg: TileConfig):
     k = tiled_gemm(f"conv_{p.direction}_v2", v2_view(p, cfg), cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})
+
+
+VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build, config_ok)

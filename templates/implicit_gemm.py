@@ -12,10 +12,14 @@ per element.  Bounds tests are emitted only for dims that can leave the tensor (
 """
 from __future__ import annotations
 
-from ..ir import Buffer, Const, Load, Store, all_of, maximum, select
+from dataclasses import replace
+
+from ..ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, select
 
 from .config import TileConfig
+from .tile_space import TiledGemmVariant
 from .tiled_gemm import GemmView, Operand, tiled_gemm
+from .tma_schedule import TmaOperands, swizzled_row
 
 NAME = "implicit_gemm"
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
@@ -117,7 +121,6 @@ def tma_forward_problem(p):
     """The forward convolution whose TMA boxes compute p: p itself, or for a stride-1 backward-data (groups 1) the
     forward convolution of dy with the filter transposed (k <-> c) and its taps reversed, padded dil * (T - 1) -
     pad (>= 0); None for anything else."""
-    from dataclasses import replace
     if p.direction == "fwd":
         return p
     if p.direction != "bwd_data" or p.stride != (1, 1, 1) or p.groups != 1:
@@ -132,7 +135,6 @@ def tma_unmet(p):
     """What this module's TMA boxes need that problem p lacks (an empty list: forward_tma builds).  A strided
     backward-data runs as KS-deconv's classes instead, with their own boxes: implicit_gemm_tc.tma_unmet asks
     the module that builds each problem."""
-    from .tma_schedule import swizzled_row
     f = tma_forward_problem(p)
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
@@ -154,9 +156,6 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     once per call, where rounding the landed boxes would round each pixel of x once per filter tap, in the compute
     threads' time.  A stride-1 backward-data is the forward convolution tma_forward_problem names: its maps read
     dy, and the launcher's copy of w flipped (TensorMap.flip), or with b_mn w itself, MN-major."""
-    from dataclasses import replace
-    from .tma_schedule import TmaOperands, swizzled_row
-    from ..ir import TensorMap
     why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
@@ -198,8 +197,6 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
 def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
     """TmaOperands whose B reads w as stored (TileConfig.b_mn), seen as (c, s, r, k): b_box(kt) -> the slice's
     (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile."""
-    from .tma_schedule import TmaOperands
-    from ..ir import TensorMap
     if p.C * 2 % 16:  # a tensor map's rows are multiples of 16 bytes
         raise ValueError(f"config: b_mn=1 reads w as stored, whose rows of C channels must be a multiple of 16 bytes "
                          f"(C a multiple of 8 at float16), got C={p.C}")
@@ -316,3 +313,6 @@ def build(p, cfg: TileConfig):
     k = tiled_gemm(f"conv_{p.direction}", view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})
+
+
+VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build)

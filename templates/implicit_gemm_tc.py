@@ -11,13 +11,20 @@ arrays are not accepted: NumPy has no bfloat16, and torch does not export bfloat
 __cuda_array_interface__.)
 On CUDA a plan without a config= runs the tuned database's config for (problem, precision) when
 `python -m kernelgen tune TABLE --precision ...` measured one (kernelgen.api._tensor_core_plan), else
-default_config.
+default_config.  The configs a tune tries (config_space: CUDA_TC_TILES with split-K and swizzles, the TMA tiles) and
+the cost model that orders them are here too, every wave count and gate the Target's.
 """
 from __future__ import annotations
 
-from . import implicit_gemm, ks_deconv
+from kernelgen.ir import Kernel
+from kernelgen.storage import check_split_k
+from kernelgen.target import Target, as_target
+
+from . import config as tile_configs, implicit_gemm, ks_deconv
 from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
+from .tile_space import gemm_shape, split_choices
 from .tiled_gemm import _cdiv, shared_bytes, shared_limit, tiled_gemm
+from .tma_schedule import swizzled_row
 
 
 def tma_unmet(p):
@@ -34,7 +41,6 @@ PRECISIONS = ("tf32", "fp16", "bf16")
 
 # (BM, BN, WM, WN) of the CUDA tiles tried by default_config, widest first
 CUDA_TC_TILES = ((128, 64, 64, 32), (64, 64, 32, 32), (128, 32, 32, 32), (64, 32, 32, 16), (128, 16, 32, 16))
-SM_COUNT = 132
 # SASS instructions per HMMA of each tile relative to 128 x 64 (bwd-weight kernels of r18_c64_32 / r50_3x3_28,
 # scripts/ptx_check.py: 29.5-31.0, 37.5-45.5, 41.6-42.5, 44.3-62.9; 128 x 16 not measured, assumed worst).  The
 # first H100 run delivered TFLOP/s ~ 1350 / (instructions per HMMA) (PERF_NOTES #20).
@@ -94,17 +100,19 @@ def build(p, cfg: TileConfig, precision="tf32"):
                        {**k.meta, "problem": p.key(), "template": NAME})
 
 
-def default_config(p, backend, precision="tf32") -> TileConfig:
+def default_config(p, target: Target | str, precision="tf32") -> TileConfig:
     """The CPU default (BK 16 for the 16-bit MMAs), or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
-    few columns); backward-weight splits its long reduction until the grid fills two waves (float32 outputs only)."""
-    if backend != "cuda":
+    few columns); backward-weight splits its long reduction until the grid fills two waves (float32 outputs only).
+    target: a Target, or a backend name for the target in effect on it."""
+    target = as_target(target)
+    if target.backend != "cuda":
         return CPU_TC_DEFAULT if precision == "tf32" else CPU_TC16_DEFAULT
-    from . import gemm_shape
     M, N, K, G = gemm_shape(p)
+    sms = target.sm_count
 
     def cost(t):
         blocks = _cdiv(M, t[0]) * _cdiv(N, t[1]) * G
-        return _cdiv(blocks, SM_COUNT) * t[0] * t[1] * (1.0 if t[0] * t[1] >= 128 * 64 else 1.25)
+        return _cdiv(blocks, sms) * t[0] * t[1] * (1.0 if t[0] * t[1] >= 128 * 64 else 1.25)
     bm, bn, wm, wn = min(CUDA_TC_TILES, key=cost)
     split = 1
     # a float16 output takes no atomic adds, so no split-K: its backward-weight tile is picked by waves as above
@@ -115,5 +123,172 @@ def default_config(p, backend, precision="tf32") -> TileConfig:
         bm, bn, wm, wn = min(CUDA_TC_TILES, key=lambda t: _cdiv(M, t[0]) * t[0] * _cdiv(N, t[1]) * t[1]
                              * ISSUE_COST[t[:2]])
         blocks = _cdiv(M, bm) * _cdiv(N, bn) * G
-        split = max(1, min(64, _cdiv(K, CUDA_TC_DEFAULT.BK) // 8, _cdiv(2 * SM_COUNT, blocks)))
+        split = max(1, min(64, _cdiv(K, CUDA_TC_DEFAULT.BK) // 8, _cdiv(2 * sms, blocks)))
     return TileConfig(bm, bn, CUDA_TC_DEFAULT.BK, split_k=split, stages=2, WM=wm, WN=wn, swizzle=1)
+
+
+# --- the configs a tune tries -------------------------------------------------------------------------------------
+
+def tc_cost(problem, cfg, target: Target):
+    """Model time of a tensor-core config: waves of blocks x padded MMA work per block x the tile's SASS
+    issue cost per MMA (ISSUE_COST) - the terms default_config weighs, split-K included."""
+    M, N, K, G = gemm_shape(problem)
+    blocks = _cdiv(M, cfg.BM) * _cdiv(N, cfg.BN) * G * cfg.split_k
+    depth = _cdiv(_cdiv(K, cfg.split_k), cfg.BK) * cfg.BK
+    issue = ISSUE_COST.get((cfg.BM, cfg.BN), max(ISSUE_COST.values()))  # a tile not yet measured: assumed the worst
+    return _cdiv(blocks, target.sm_count) * cfg.BM * cfg.BN * depth * issue
+
+
+def tc_gemm_shape(problem):
+    """(M, N, K, groups) of this template's GEMM: a strided backward-data runs as KS-deconv's classes."""
+    return ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
+
+
+def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(1, 2)):
+    """split-K factors of a tensor-core tile: backward-weight's (tile_space.split_choices); for the other directions
+    1, and where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that
+    fill about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA
+    boxes must not run past the filter), the nearest such to each target.  A float16 output: 1 only (split-K adds
+    partial sums into the output atomically, which needs float32: kernelgen.storage.check_split_k)."""
+    if problem.dtype == "float16":
+        return [1]
+    if problem.direction == "bwd_weight":
+        return split_choices(problem, bm, bn, bk, target)
+    M, N, K, G = tc_gemm_shape(problem)
+    blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
+    if blocks >= target.sm_count:
+        return [1]
+    usable = [s for s in range(2, k_tiles // 4 + 1) if not divides or k_tiles % s == 0]
+    goals = [_cdiv(w * target.sm_count, blocks) for w in waves]
+    return sorted({1} | {min(usable, key=lambda s: abs(s - t)) for t in goals if usable})
+
+
+# TMA-fed warpgroup tiles (TileConfig.tma; forward at stride 1 and backward-data, channels a multiple of 32):
+# (BM, BN, WM, WN, stages, tma).  The two measured best on the H100 (PERF_NOTES #38: 128 x 128 with 6 stages,
+# 256 x 128 warp-specialised), and a 64-wide one for grids with few blocks.
+TMA_TILES = ((128, 128, 64, 128, 6, 1), (128, 64, 64, 64, 8, 1), (256, 128, 128, 128, 4, 2))
+# fp16 (float16 arrays, BK 64: the same 128-byte rows) adds a 128 x 256 tile (its MMAs take half the time of
+# TF32's, so wider tiles, fewer bytes of shared memory read per MMA, may pay) and the 128 x 64 tile warp-specialised
+# (the first fp16 tune picked 128 x 64 x 8 stages on 9 of 15 forward rows), and the 128 x 128 one too (no drain per
+# round there: PERF_NOTES #44)
+TMA_TILES_FP16 = TMA_TILES + ((128, 256, 64, 256, 4, 2), (128, 64, 64, 64, 8, 2), (128, 128, 64, 128, 6, 2))
+# fp16 takes no split-K (float16 outputs): where 128 x 128 tiles leave SMs idle (r50_3x3_7: 52 blocks), one-warpgroup
+# tiles of 64 rows give the grid twice or four times the blocks
+TMA_TILES_SMALL_GRID = ((64, 128, 64, 128, 6, 2), (64, 64, 64, 64, 8, 2))
+# a reduction of a few slices (the 1x1 layers: r50_1x1_56 forward is one 64-deep fp16 slice) has nothing to keep in
+# flight: 2 stages leave shared memory for 2-3 blocks per SM, whose loads and stores overlap, where the 6-8 stage
+# tiles run one block per SM, load, multiply and store in turn
+TMA_TILES_SHORT = ((128, 128, 64, 128, 2, 1), (128, 64, 64, 64, 2, 1))
+# fp16 backward-data TMA tiles read w as stored (TileConfig.b_mn, PERF_NOTES #49) wherever its rows allow, in place
+# of the flipped copy: on the H100 the MN-major descriptor reading matched float64 and every gpu_md row ran faster
+# with it (geo-mean 0.778 -> 0.941 of cuDNN, BENCHMARKS.md 2026-11-25).  False tunes the flipped-copy tiles instead.
+B_MN_WHERE_ALLOWED = True
+
+
+def tma_candidate_configs(problem, precision, target: Target):
+    """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
+    tc_split_choices; never for float16 outputs), where the target has TMA and warpgroup MMAs and the TMA boxes
+    build (tma_unmet): TF32 on float32 arrays, fp16 on float16 arrays."""
+    if not (target.has("tma") and target.has("wgmma")):
+        return []
+    if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or tma_unmet(problem):
+        return []
+    bk = swizzled_row(problem.dtype)
+    tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
+    m, n, k, groups = tc_gemm_shape(problem)
+    if precision == "fp16" and -(-m // 128) * -(-n // 128) * groups < target.sm_count:
+        tiles = tiles + TMA_TILES_SMALL_GRID
+    if -(-k // bk) <= 4:
+        tiles = tiles + TMA_TILES_SHORT
+    if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
+        bn = -(-n // 8) * 8
+        tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
+    b_mn = B_MN_WHERE_ALLOWED and precision == "fp16" and problem.direction == "bwd_data" \
+        and problem.C % 8 == 0  # rows of w as stored: a multiple of 16 bytes
+    return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,
+                       b_mn=int(b_mn and bn % 64 == 0 and wn % 64 == 0))
+            for bm, bn, wm, wn, st, tma in tiles
+            for sk in tc_split_choices(problem, bm, bn, bk, target, divides=True, waves=(1,))]
+
+
+# fp16 without a tuned entry on an sm_90 GPU (kernelgen.planner): over the 30 fp16 forward / backward-data problems of
+# the shipped H100 database whose tunes tried TMA tiles, this one reached 0.89 of the tuned kernel's speed
+# (geo-mean, worst 0.68), mma.sync's cost-model default (default_config) 0.375
+UNTUNED_TMA_TILE_FP16 = (128, 64, 64, 64, 8, 2)
+
+
+def untuned_tma_config(problem, precision, target: Target | str = "cuda"):
+    """The TMA tile for an fp16 problem no tune has seen: UNTUNED_TMA_TILE_FP16, with w read as stored where
+    tma_candidate_configs would, or None where that tile does not take the problem (no TMA view, or a GEMM of
+    32 columns or fewer, whose narrow tiles only a tune picks) or the target has no TMA.  target: a Target, or a
+    backend name for the target in effect on it."""
+    if precision != "fp16":
+        return None
+    shape = lambda c: (c.BM, c.BN, c.WM, c.WN, c.stages, c.tma)
+    return next((c for c in tma_candidate_configs(problem, precision, as_target(target))
+                 if shape(c) == UNTUNED_TMA_TILE_FP16), None)
+
+
+def fits_storage(problem, cfg):
+    """Can a tensor-core config compute the problem's storage dtype (float16: no split-K, no float32 async
+    copies), as the planner checks?"""
+    try:
+        check_split_k(problem.dtype, cfg)
+    except ValueError:
+        return False
+    return config_ok(problem, cfg)
+
+
+def candidate_configs(problem, precision, target: Target, keep=None):
+    """Tensor-core configs to try at `precision`: the default first, then BK of the CUDA default (16) and twice it x
+    CUDA_TC_TILES x split-K (tc_split_choices) x swizzle 1 and 2, two stages, each kept only where the template
+    accepts it (swizzle 2 needs BK 8 or 16; fp16/bf16 need BK % 16 == 0).  With `keep`, the default and the
+    keep - 1 cheapest others under tc_cost (a tune never loses to the default).  Then, where the TMA tiles take
+    the problem, every tma_candidate_configs (tc_cost does not model them)."""
+    default = default_config(problem, target, precision)
+    out = [default]
+    # twice the default depth too: half the barriers per MMA and twice the math to hide each slice's loads
+    # behind (the H100 runs after #26 point at latency), for twice the staging registers.  (The depth is read
+    # from the config module when asked: a test swaps it.)
+    depth = tile_configs.CUDA_TC_DEFAULT.BK
+    for bk in (depth, 2 * depth):
+        for bm, bn, wm, wn in CUDA_TC_TILES:
+            for sk in tc_split_choices(problem, bm, bn, bk, target):
+                for swizzle in (1, 2):
+                    cfg = TileConfig(bm, bn, bk, split_k=sk, stages=2, WM=wm, WN=wn, swizzle=swizzle)
+                    if cfg not in out and accepts(cfg, precision):
+                        out.append(cfg)
+    if keep:
+        out = out[:1] + sorted(out[1:], key=lambda c: tc_cost(problem, c, target))[:keep - 1]
+    return out + [c for c in tma_candidate_configs(problem, precision, target) if accepts(c, precision)]
+
+
+class TensorCoreGemm:
+    """The Variant (templates.variant) of this module: never a candidate of an fp32 plan, planned for the
+    precisions it computes in."""
+    name = NAME
+    directions = DIRECTIONS
+    precisions = PRECISIONS
+    PRECISIONS = PRECISIONS  # the name scripts/golden_source.py reads
+
+    def applies(self, problem, precision="tf32") -> bool:
+        return precision in PRECISIONS and problem.direction in DIRECTIONS and applies(problem)
+
+    def accepts(self, problem, config, precision="tf32") -> bool:
+        return precision in PRECISIONS and accepts(config, precision) and fits_storage(problem, config)
+
+    def build(self, problem, config, precision="tf32") -> Kernel:
+        return build(problem, config, precision)
+
+    def config_space(self, problem, target: Target, precision="tf32", *, keep=None, tiles=None) -> list:
+        """candidate_configs that the problem's storage takes (tiles: the fp32 variants' option, not used here)."""
+        return [c for c in candidate_configs(problem, precision, target, keep) if fits_storage(problem, c)]
+
+    def default_config(self, problem, target: Target, precision="tf32") -> TileConfig:
+        return default_config(problem, target, precision)
+
+    def key_extra(self, problem):
+        return None
+
+
+VARIANT = TensorCoreGemm()

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from kernelgen import settings
 
-from ..ir import Buffer, Call, Const, If, Load, Store, all_of, select
+from ..ir import Buffer, Call, Const, If, Load, Store, TensorMap, all_of, select
 
 from .config import TileConfig
 from .implicit_gemm import _flatten, _prod, _unflatten, b_mn_operands, reduction_split
+from .tile_space import TiledGemmVariant
 from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
+from .tma_schedule import TmaOperands, swizzled_row
 
 NAME = "ks_deconv"
 DIRECTIONS = ("bwd_data",)
@@ -129,7 +131,6 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
 
 def tma_unmet(p):
     """What KS-deconv's TMA boxes (ks_tma) need that problem p lacks (an empty list: they build)."""
-    from .tma_schedule import swizzled_row
     if not applies(p):
         return ["a backward-data with stride > 1 and dilation 1"]
     if p.dtype not in ("float32", "float16"):
@@ -176,8 +177,6 @@ def ks_tma(p, cfg: TileConfig, ctx):
     backward-data does: TensorMap.flip) through a 4-D tiled map (k, w, h, c) at tap T - 1 - (a + j s) per dim, so
     a tap the class's sub-filter lacks (a + j s >= T) is a coordinate below 0: zeros.  Classes smaller than the
     largest compute extra rows that the store drops."""
-    from ..ir import TensorMap
-    from .tma_schedule import TmaOperands, swizzled_row
     why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
@@ -310,3 +309,6 @@ def build(p, cfg: TileConfig):
     k = tiled_gemm(name, view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME, "trimmed": trimmed(p, cfg)})
+
+
+VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build)

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from . import conv_v2, implicit_gemm
 from .config import TileConfig
+from .tile_space import TiledGemmVariant
 from .tiled_gemm import tiled_gemm
 
 NAME = "sk_dilated"
@@ -48,3 +49,6 @@ def build(p, cfg: TileConfig):
     k = tiled_gemm(name, view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME, "trimmed": _trimmed(p, cfg)})
+
+
+VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build, config_ok)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kernelgen.ir import Barrier, For, Kernel
+from kernelgen.target import KNOWN_TARGETS, Target
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.gemm_layout import shared_bytes
 from kernelgen.templates.gemm_pipelines import PIPELINES, require_float32_copies
@@ -66,11 +67,12 @@ class GemmView:
     pairs: bool = False
 
 
-def shared_limit(cfg):
-    """Bytes of shared memory a block of this config may use: 48 KiB of static shared arrays, or, for the
-    warpgroup-MMA tiles (sm_90 only), 227 KiB of dynamic shared memory (render_cuda switches to a dynamic
-    array past 48 KiB and the launcher opts the kernel in)."""
-    return 227 * 1024 if cfg.wgmma else 48 * 1024
+def shared_limit(cfg, target: Target = KNOWN_TARGETS["h100"]):
+    """Bytes of shared memory a block of this config may use on the target: its static shared arrays' limit (48 KiB),
+    or, for the warpgroup-MMA tiles (sm_90 only: the H100's figures by default), its opt-in limit of dynamic shared
+    memory (227 KiB; render_cuda switches to a dynamic array past the static limit and the launcher opts the kernel
+    in)."""
+    return target.optin_shared_per_block if cfg.wgmma else target.static_shared_per_block
 
 
 def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf32") -> Kernel:

@@ -10,6 +10,8 @@ with the 180-degree rotated, channel-transposed filter, read in place (padding S
 from __future__ import annotations
 
 from kernelgen import settings
+from kernelgen.ir import Kernel
+from kernelgen.target import STATIC_SHARED_BYTES, Target, as_target
 
 from .config import TileConfig
 from .winograd_tiled import build_tiled, conv_geometry, reduction_error, shared_bytes
@@ -61,15 +63,16 @@ def states_for(p, cfg):
     return choose_states(S)
 
 
-MAX_SHARED = 48 * 1024  # numba's static shared arrays
-
-
-def config_ok(p, cfg):
+def config_ok(p, cfg, target: Target | None = None):
+    """Does the tiled schedule build this config, its shared arrays static (numba's), within the target's limits
+    (without one, those of every CUDA GPU)?"""
     alpha = states_for(p, cfg)
     itemsize = 8 if p.dtype == "float64" else 4
+    max_threads, max_shared = (1024, STATIC_SHARED_BYTES) if target is None else \
+        (target.max_threads_per_block, target.static_shared_per_block)
     return (alpha is not None and reduction_error(p, cfg, alpha) is None and cfg.BM % cfg.TM == 0
-            and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= 1024
-            and shared_bytes(cfg, alpha, itemsize) <= MAX_SHARED)
+            and cfg.BN % cfg.TN == 0 and 1 <= cfg.threads <= max_threads
+            and shared_bytes(cfg, alpha, itemsize) <= max_shared)
 
 
 # CUDA tiles per state count (BM tiles, BN channels, BK, TM, TN): 256 threads, alpha*TM*TN = 64
@@ -94,7 +97,6 @@ CUDA_TILES = {  # tile: (guessed efficiency relative to the first, resident bloc
          # tile on the 7x7 and 9x9 layers (H100, tuning/results/2026-11-23_h100_winograd_state_groups.json)
          (32, 32, 8, 4, 4): (1.2, 2)},
 }
-SM_COUNT = 132
 CPU_TILE = (8, 8, 4, 2, 2)  # small: CPU compile time, and channel counts of tests
 # The 2-stage pipeline (stages=2) holds a step's raw gathers (EV alpha + EU S values) across the
 # products.  ptxas (sm_90, 128-register cap of 2 blocks/SM) spills 8-208 B with it on most table layers
@@ -127,7 +129,7 @@ def grid_blocks(p, alpha, bm, bn):
     return -(-tiles // bm) * -(-kout // bn) * p.groups
 
 
-def model_time(p, alpha, tile):
+def model_time(p, alpha, tile, target: Target):
     """Modeled time: blocks per SM x work per block (BM x BN x alpha products per channel step) x
     STATE_OVERHEAD / (efficiency x latency hiding of the blocks resident together).  A small grid
     wants a smaller tile (128 blocks of 64 x 64: one per SM, none to hide latency); the last width
@@ -135,31 +137,33 @@ def model_time(p, alpha, tile):
     bm, bn = tile[0], tile[1]
     eff, per_sm = CUDA_TILES[alpha][tile]
     blocks = grid_blocks(p, alpha, bm, bn)
-    per_sm_run = -(-blocks // SM_COUNT)  # blocks one SM works through (as templates.estimated_cost)
+    per_sm_run = -(-blocks // target.sm_count)  # blocks one SM works through (as tile_space.estimated_cost)
     hiding = {1: 0.8, 2: 1.0}.get(min(per_sm_run, per_sm), 1.05)
     return per_sm_run * bm * bn * alpha * STATE_OVERHEAD[alpha] / (eff * hiding)
 
 
-def default_config(p, backend):
+def default_config(p, target: Target | str):
     """CPU: a small tile, states by choose_states.  CUDA: the (state count, tile) of least
     model_time, shared rows padded (the transposed V/U stores from channel-fastest threads would
-    otherwise hit one bank 8 ways), pipelined where preferred_stages says the registers allow."""
+    otherwise hit one bank 8 ways), pipelined where preferred_stages says the registers allow.
+    target: a Target, or a backend name for the target in effect on it."""
     if choose_states(p.filter_size[2]) is None:
         raise ValueError(f"winograd: no enabled state count for {p.key()}")
-    if backend != "cuda":
+    target = as_target(target)
+    if target.backend != "cuda":
         return TileConfig(*CPU_TILE)
-    cands = candidate_configs(p, auto_states(p.filter_size[2]))
+    cands = candidate_configs(p, target, auto_states(p.filter_size[2]))
     if not cands:
         raise ValueError(f"winograd: no CUDA tile fits {p.key()}")
     return cands[0]
 
 
-def candidate_configs(p, states=None):
+def candidate_configs(p, target: Target | str = "cuda", states=None):
     """What the tuner tries, cheapest under model_time first: every enabled state count for the width
     x its tiles x pipeline stages (the preferred_stages variant of a tile first).  Shared rows are
     always padded: unpadded rows lost on all four layers of the first sweep (0.84-0.92x of padded,
     tuning/results/2026-11-23_h100_winograd_sweep.json)."""
-    out = []
+    target, out = as_target(target), []
     for alpha in states or STATES:
         if not enabled(alpha, p.filter_size[2]):
             continue
@@ -167,20 +171,20 @@ def candidate_configs(p, states=None):
             for stages in (1, 2):
                 cfg = TileConfig(*t, smem_pad=4, stages=stages, states=alpha,
                                  state_groups=state_groups_of(alpha, t))
-                if config_ok(p, cfg):
+                if config_ok(p, cfg, target):
                     out.append(cfg)
-                    out += [c for c in split_variants(p, cfg) if config_ok(p, c)]
-    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN)), c.stages != preferred_stages(c),
-                     c.split_k)
+                    out += [c for c in split_variants(p, cfg, target) if config_ok(p, c, target)]
+    key = lambda c: (model_time(p, c.states, (c.BM, c.BN, c.BK, c.TM, c.TN), target),
+                     c.stages != preferred_stages(c), c.split_k)
     return sorted(out, key=key)
 
 
-def split_variants(p, cfg):
+def split_variants(p, cfg, target: Target):
     """split_k 2 and 4 of a tile whose grid leaves SMs idle (fewer blocks than fit at once): on the H100 that
     won 5-6 % on the 7x7 layer's 168 blocks and r50_3x3_7 backward-data, and lost 5-25 % on fuller grids
     (atomics into a zeroed y; tuning/results/2026-11-23_h100_winograd_split_k.json), so only the tuner tries it."""
     per_sm = CUDA_TILES[cfg.states][(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN)][1]
-    if grid_blocks(p, cfg.states, cfg.BM, cfg.BN) >= SM_COUNT * per_sm:
+    if grid_blocks(p, cfg.states, cfg.BM, cfg.BN) >= target.sm_count * per_sm:
         return []
     return [TileConfig(**{**cfg.as_dict(), "split_k": k}) for k in (2, 4)]
 
@@ -199,3 +203,36 @@ def build(p, cfg: TileConfig, alpha=None):
     k = build_tiled(p, cfg, alpha)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})
+
+
+class Winograd:
+    """The Variant (templates.variant) of this module: its own schedule space (state counts, tiles sized by
+    alpha) and cost model (model_time)."""
+    name = NAME
+    directions = DIRECTIONS
+    precisions = ("fp32",)
+
+    def applies(self, problem, precision="fp32") -> bool:
+        return precision == "fp32" and problem.direction in DIRECTIONS and applies(problem)
+
+    def accepts(self, problem, config, precision="fp32") -> bool:
+        return precision == "fp32" and config_ok(problem, config)
+
+    def build(self, problem, config, precision="fp32") -> Kernel:
+        if precision != "fp32":
+            raise ValueError(f"precision: {NAME} computes in fp32, got {precision!r}")
+        return build(problem, config)
+
+    def config_space(self, problem, target: Target, precision="fp32", *, keep=None, tiles=None) -> list:
+        """candidate_configs, cheapest under model_time first: the first `keep` of them (tiles: the fp32 GEMM
+        variants' option, not used here)."""
+        return candidate_configs(problem, target)[:keep or None]
+
+    def default_config(self, problem, target: Target, precision="fp32") -> TileConfig:
+        return default_config(problem, target)
+
+    def key_extra(self, problem):
+        return key_extra(problem)
+
+
+VARIANT = Winograd()

@@ -13,13 +13,22 @@ answer exact problems only (tuned_config), like a forced variant.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import re
+import sys
 import tempfile
 from dataclasses import asdict, fields
 from functools import lru_cache
 from pathlib import Path
+
+from kernelgen.problem import ConvProblem
+from kernelgen.runtime.cache import cache_dir
+from kernelgen.storage import PRECISIONS
+from kernelgen.templates import get_variant
+from kernelgen.templates.config import TileConfig
 
 SHIPPED = Path(__file__).parent / "db"
 FORMAT = 1
@@ -27,11 +36,11 @@ NEAREST_MAX_DISTANCE = 0.75  # sum of |log size ratios| (N, C, K, spatial) to tr
 
 
 def user_db_dir() -> Path:
-    from kernelgen.runtime.cache import cache_dir
     return cache_dir() / "tuned"
 
 
 def db_name(device_key: str) -> str:
+    """The file of a device's entries; device_key: kernelgen.target's device name ("sm_90_NVIDIA H100 80GB HBM3")."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", device_key) + ".json"
 
 
@@ -66,8 +75,9 @@ def entries_for(device_key: str) -> dict:
 def entry_key(problem, precision="fp32"):
     """The key of a problem's entry at `precision`: the bare problem key for fp32 (the shipped databases'
     keys, unchanged), key + "_" + precision for a tensor-core precision, so that the two never collide."""
-    from kernelgen.planner import check_precision
-    return problem.key() if check_precision(precision) == "fp32" else f"{problem.key()}_{precision}"
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return problem.key() if precision == "fp32" else f"{problem.key()}_{precision}"
 
 
 def precision_of(entry):
@@ -76,14 +86,12 @@ def precision_of(entry):
 
 
 def config_from(entry):
-    from kernelgen.templates.config import TileConfig
     names = {f.name for f in fields(TileConfig)}
     return TileConfig(**{k: v for k, v in entry["config"].items() if k in names})
 
 
 def _distance(a, b):
     """How unlike two problems are (same direction and filter required); log-scale over sizes."""
-    import math
     if a.direction != b.direction or a.filter_size != b.filter_size or a.stride != b.stride:
         return None
     pairs = [(a.N, b.N), (a.C, b.C), (a.K, b.K)] + list(zip(a.in_size, b.in_size))
@@ -99,7 +107,6 @@ def _considered(entry, variant):
 def _ranked(entry):
     """(variant, TileConfig) of every candidate the entry's tune measured, the winner first, then the
     rest fastest first."""
-    from kernelgen.templates.config import TileConfig
     yield entry["variant"], config_from(entry)
     for t in sorted((t for t in entry.get("tried", ()) if "ms" in t), key=lambda t: t["ms"]):
         try:
@@ -111,17 +118,13 @@ def _ranked(entry):
 def _usable(problem, variant, cfg, precision="fp32"):
     """Can this measured candidate run now, at `precision`?  Settings change what a variant may run
     (Winograd's 16-state kernels are off unless the caller allows them), so a tune's winner may not be;
-    and a variant that computes in other precisions (a tensor-core one, for an fp32 request) never may."""
-    from kernelgen.templates import computes, config_ok, get_variant
+    and a variant that computes in other precisions (a tensor-core one, for an fp32 request) never may; nor a
+    hand-edited or older entry's config that the variant no longer builds."""
     try:
         v = get_variant(variant)
     except ValueError:
         return False
-    if precision not in getattr(v, "PRECISIONS", ("fp32",)):
-        return False
-    if precision != "fp32" and not v.accepts(cfg, precision):  # a hand-edited or older entry's config
-        return False
-    return computes(v, problem) and config_ok(v, problem, cfg)
+    return v.applies(problem, precision) and v.accepts(problem, cfg, precision)
 
 
 def _pick(problem, entry, variant=None, precision="fp32"):
@@ -136,7 +139,6 @@ def _pick(problem, entry, variant=None, precision="fp32"):
 
 
 def _problem_of(entry):
-    from kernelgen.problem import ConvProblem
     p = entry["problem"]
     return ConvProblem(**{**p, **{k: tuple(v) for k, v in p.items() if isinstance(v, list)}})
 
@@ -224,8 +226,6 @@ def merge(tuned: Path, into: Path, precision=None) -> int:
 
 def main(argv=None):
     """`python -m kernelgen db merge TUNED --into SHIPPED [--precision P]`."""
-    import argparse
-    import sys
     ap = argparse.ArgumentParser(prog="python -m kernelgen db", description="tuned-database files")
     sub = ap.add_subparsers(dest="action", required=True)
     m = sub.add_parser("merge", help="write a tune's entries into another database file (e.g. the shipped one)")

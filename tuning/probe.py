@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from kernelgen.planner import Plan, get_launcher
 from kernelgen.templates.config import TileConfig
 
 from .shapes import load_table
@@ -22,7 +23,7 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 
 
 def sass_histogram(launcher):
-    from numba import float32
+    from numba import float32  # numba-cuda's signatures; imported where a GPU is used
     sig = tuple(float32[::1] for _ in launcher.params)
     sass = launcher.kernel.inspect_sass(sig)
     counts = collections.Counter(m.group(1) for m in _OPCODE.finditer(sass))
@@ -32,7 +33,6 @@ def sass_histogram(launcher):
 
 
 def main(argv=None):
-    from kernelgen.planner import Plan, get_launcher
     ap = argparse.ArgumentParser(prog="python -m kernelgen.tuning.probe")
     ap.add_argument("--table", default="gpu_md")
     ap.add_argument("--layers", default="r18_c64_32,r50_3x3_28,c5x5_28")

@@ -6,6 +6,7 @@ rotating over several input sets so that a working set that fits in L2 does not 
 from __future__ import annotations
 
 import statistics
+import time
 
 from kernelgen import settings
 
@@ -44,7 +45,6 @@ def time_side_by_side(fns, *, rounds=3, repeat=20, timer=None):
 
 def time_host(fn, *, warmup=1, repeat=5):
     """Median milliseconds of a synchronous (CPU) call."""
-    import time
     for _ in range(warmup):
         fn()
     times = []

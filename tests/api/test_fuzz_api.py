@@ -464,7 +464,7 @@ def cases(draw, ops=OPS, out=True, dtypes=DTYPE_PRECISIONS):
     case = Case(op, geo, dtype, precision, precision_how, seed, originals, ordered, forms, kwargs, keyword_names)
     # a forced variant: any that computes this problem (fp32), or the tensor-core implicit GEMM's names
     if precision == "fp32":
-        names = [v.NAME for v in candidates(case.problem())]
+        names = [v.name for v in candidates(case.problem())]
     else:
         names = ["implicit_gemm", "implicit_gemm_tc"]
     algo = draw(st.sampled_from(["omit", "omit", None] + names))

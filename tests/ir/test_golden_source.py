@@ -64,8 +64,8 @@ def test_fast_subset_covers_every_variant_direction_precision_and_pipeline(cases
     seen = {(c.backend, c.variant, c.problem.direction, c.precision) for c in fast}
     for backend in ("cuda", "cpu"):
         for name, variant in {**VARIANTS, **TENSOR_CORE_VARIANTS}.items():
-            for direction in variant.DIRECTIONS:
-                for precision in getattr(variant, "PRECISIONS", ("fp32",)):
+            for direction in variant.directions:
+                for precision in variant.precisions:
                     assert (backend, name, direction, precision) in seen, (backend, name, direction, precision)
     for backend in ("cuda", "cpu"):
         assert {c.pipeline for c in fast if c.backend == backend} >= PIPELINES

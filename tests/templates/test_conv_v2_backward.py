@@ -103,7 +103,7 @@ def test_conv_v2_backward_applicability_and_never_automatic():
     assert conv_v2.applies(make_problem("bwd_data", (2, 6, 6, 4), (4, 3, 3, 4), padding=1, dilation=2))
     assert not conv_v2.applies(make_problem("bwd_weight", (2, 6, 6, 4), (4, 3, 3, 4)))  # no padding
     for q in (p, p.with_direction("bwd_weight")):
-        assert candidates(q)[0].NAME != "conv_v2"
+        assert candidates(q)[0].name != "conv_v2"
         assert make_plan(q, "cpu").variant != "conv_v2"
 
 
@@ -128,9 +128,9 @@ def test_conv_v2_backward_default_configs_and_cuda_source(direction):
     """Every problem the variant applies to gets a CPU schedule; the CUDA loads carry no bounds tests."""
     for n, c in [(1, 3), (5, 6), (32, 64)]:
         p = make_problem(direction, (n, 7, 7, c), (8, 3, 3, c), padding=1)
-        assert conv_v2.config_ok(p, default_config(p, "cpu", conv_v2))
+        assert conv_v2.config_ok(p, default_config(p, "cpu", conv_v2.VARIANT))
     p = make_problem(direction, (32, 8, 8, 64), (64, 3, 3, 64), padding=1)
-    assert conv_v2.config_ok(p, default_config(p, "cuda", conv_v2))
+    assert conv_v2.config_ok(p, default_config(p, "cuda", conv_v2.VARIANT))
     src = make_plan(p, "cuda", algo="conv_v2").render()
     assert f"def conv_{direction}_v2(" in src
     assert ">= 0" not in src and "cuda.local.array" not in src

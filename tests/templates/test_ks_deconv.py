@@ -57,11 +57,11 @@ def test_ks_deconv_cpu_matches_reference(case, dtype, assert_close, run_poisoned
 
 def test_ks_deconv_is_the_automatic_choice_only_where_it_applies():
     strided = make_problem("bwd_data", (2, 8, 8, 4), (4, 3, 3, 4), stride=2, padding=1)
-    assert candidates(strided)[0].NAME == "ks_deconv"
-    assert candidates(strided.with_direction("fwd"))[0].NAME != "ks_deconv"
+    assert candidates(strided)[0].name == "ks_deconv"
+    assert candidates(strided.with_direction("fwd"))[0].name != "ks_deconv"
     unit = make_problem("bwd_data", (2, 8, 8, 4), (4, 3, 3, 4), padding=1)
     dilated = make_problem("bwd_data", (2, 9, 9, 4), (4, 3, 3, 4), stride=2, dilation=2, padding=2)
-    assert all(v.NAME != "ks_deconv" for v in candidates(unit) + candidates(dilated))
+    assert all(v.name != "ks_deconv" for v in candidates(unit) + candidates(dilated))
 
 
 def test_ks_deconv_reads_no_inserted_zeros():

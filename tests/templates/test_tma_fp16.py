@@ -256,10 +256,11 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
     from kernelgen import api, planner
     from kernelgen.problem import make_problem
     from kernelgen.templates import implicit_gemm_tc
+    from kernelgen.target import KNOWN_TARGETS
     from kernelgen.templates.config import TileConfig
     monkeypatch.setattr(planner, "gpu_present", lambda: True)
     monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: None)
-    monkeypatch.setattr(planner, "device_key", lambda backend: "sm_90")
+    monkeypatch.setattr(planner, "target_for", lambda backend: KNOWN_TARGETS["h100"])
     plan = lambda d, x, w, prec="fp16", **kw: api.make_plan(
         make_problem(d, x, w, dtype="float16" if prec == "fp16" else "float32", **kw), "cuda", precision=prec)
     tile = TileConfig(128, 64, 64, WM=64, WN=64, stages=8, wgmma=1, tma=2)
@@ -274,7 +275,7 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
     monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: tuned)
     assert plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config == tuned
     monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: None)
-    monkeypatch.setattr(planner, "device_key", lambda backend: "sm_80")
+    monkeypatch.setattr(planner, "target_for", lambda backend: KNOWN_TARGETS["a100"])
     assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config.tma
 
 

@@ -63,6 +63,7 @@ def test_transform_equals_direct_correlation(alpha, r):
 import kernelgen  # noqa: E402
 from kernelgen import reference as R  # noqa: E402
 from kernelgen.problem import make_problem  # noqa: E402
+from kernelgen.target import STATIC_SHARED_BYTES  # noqa: E402
 from kernelgen.templates import winograd  # noqa: E402
 from kernelgen.templates.config import TileConfig  # noqa: E402
 from harness import launch_poisoned  # noqa: E402
@@ -206,7 +207,7 @@ def test_accuracy_switch_and_applicability(monkeypatch, set_setting):
     from kernelgen.templates import candidates
     p3 = make_problem("fwd", (1, 4, 12, 2), (2, 3, 3, 2), stride=1, padding=1, dilation=1, groups=1,
                       dtype="float32", has_bias=False)
-    assert candidates(p3)[0].NAME != "winograd"  # never the automatic choice until measured
+    assert candidates(p3)[0].name != "winograd"  # never the automatic choice until measured
 
 
 def test_configs(monkeypatch, set_setting):
@@ -216,10 +217,10 @@ def test_configs(monkeypatch, set_setting):
     from kernelgen.tuning.tuner import candidates as tune_candidates
     for S, width, alphas in ((3, 7, {4}), (3, 28, {4, 8}), (5, 28, {8}), (7, 28, {8})):  # F(6,3) wastes 5 of 12 at 7
         p = make_problem("fwd", (32, width, width, 64), (64, S, S, 64), padding=S // 2)
-        cfg = default_config(p, "cuda", winograd)
+        cfg = default_config(p, "cuda", winograd.VARIANT)
         assert cfg.states in alphas and cfg.states * cfg.TM * cfg.TN <= 64 and cfg.threads <= 512, cfg
-        assert cfg == winograd.candidate_configs(p, [4, 8])[0]  # the modeled cheapest
-        assert default_config(p, "cpu", winograd) == CPU_CFG
+        assert cfg == winograd.candidate_configs(p, "cuda", [4, 8])[0]  # the modeled cheapest
+        assert default_config(p, "cpu", winograd.VARIANT) == CPU_CFG
         cands = tune_candidates(p, ["winograd"])
         assert cands and all(v == "winograd" and winograd.config_ok(p, c) for v, c in cands)
         assert {c.states for _, c in cands} == ({4, 8} if S == 3 else {8})  # 3x3 tries F(2,3) and F(6,3)
@@ -436,7 +437,7 @@ def test_gpu_every_output_written_ragged(states, stages, split_k, rng):
     3 filter rows = 15 steps (odd: the 2-stage tail step runs; 3 splits of 5 steps, bias added once)."""
     cfg = TileConfig(*next(iter(winograd.CUDA_TILES[states])), smem_pad=4, stages=stages, states=states,
                      split_k=split_k)
-    if winograd.shared_bytes(cfg, states) > winograd.MAX_SHARED:  # 8 states, 2 stages: unpadded rows
+    if winograd.shared_bytes(cfg, states) > STATIC_SHARED_BYTES:  # 8 states, 2 stages: unpadded rows
         cfg = TileConfig(**{**cfg.as_dict(), "smem_pad": 0})
     got, want = _case(rng, states, 3, "fwd", dtype=np.float32, H=9, C=37, K=45, bias=True, cfg=cfg, backend="cuda",
                       fh=3)

@@ -10,6 +10,8 @@ import json
 import pytest
 
 from kernelgen.problem import make_problem
+from kernelgen.target import KNOWN_TARGETS
+from kernelgen.templates import tile_space
 from kernelgen.templates.config import TileConfig
 from kernelgen.tuning import database, shapes, tuner
 
@@ -35,10 +37,11 @@ def test_unknown_table_names_the_argument():
 
 def test_candidates_respect_resource_limits():
     p = make_problem("bwd_weight", (128, 32, 32, 64), (64, 3, 3, 64), padding=1)
-    cands = tuner.candidate_configs(p)
-    assert cands and all(tuner.fits(c) for c in cands)
+    h100 = KNOWN_TARGETS["h100"]
+    cands = tile_space.candidate_configs(p, h100)
+    assert cands and all(tile_space.fits(c, h100) for c in cands)
     assert any(c.split_k > 1 for c in cands)  # backward-weight gets split-K candidates
-    assert not tuner.fits(TileConfig(256, 256, 16, 8, 8, stages=2))  # 64 KiB of shared memory
+    assert not tile_space.fits(TileConfig(256, 256, 16, 8, 8, stages=2), h100)  # 64 KiB of shared memory
 
 
 def test_database_roundtrip_and_nearest_fallback(tmp_path, monkeypatch):

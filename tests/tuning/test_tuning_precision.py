@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 from kernelgen.problem import make_problem
+from kernelgen.target import KNOWN_TARGETS
+from kernelgen.templates import implicit_gemm_tc
 from kernelgen.templates.config import TileConfig
 from kernelgen.tuning import database, shapes, tuner
 
 TC_PRECISIONS = ("tf32", "fp16", "bf16")
+H100 = KNOWN_TARGETS["h100"]
 
 
 @pytest.mark.parametrize("precision", TC_PRECISIONS)
@@ -36,7 +39,7 @@ def test_tensor_core_candidates_are_valid_configs(precision):
             assert c.tensor_core and c.stages == 2 and (c.BM, c.BN, c.WM, c.WN) in implicit_gemm_tc.CUDA_TC_TILES
         # TMA tiles: TF32 forward only (this problem: stride 1, 128 channels); 98 blocks of 256 x 128 also split
         tma = [(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in cfgs if c.tma]
-        assert set(tma) == (set(tuner.TMA_TILES) if (p, precision) == (fwd, "tf32") else set())
+        assert set(tma) == (set(implicit_gemm_tc.TMA_TILES) if (p, precision) == (fwd, "tf32") else set())
         assert len(tma) == (4 if (p, precision) == (fwd, "tf32") else 0)
         assert {c.swizzle for c in mma} == {1, 2}
         assert {(c.BM, c.BN, c.WM, c.WN) for c in mma} == set(implicit_gemm_tc.CUDA_TC_TILES)
@@ -56,10 +59,10 @@ def test_tensor_core_split_k_where_blocks_are_fewer_than_sms():
     """Forward and backward-data split the reduction only where a tile leaves SMs idle (deep layers' small maps),
     to about one and two waves; TMA splits divide the slices (a box never runs past the filter)."""
     small = make_problem("fwd", (32, 7, 7, 512), (512, 3, 3, 512), padding=1)  # M = 1568: 13 x 8 blocks of 128 x 64
-    assert tuner.tc_split_choices(small, 128, 64, 16) == [1, 2, 3]
-    assert tuner.tc_split_choices(small, 64, 32, 16) == [1]  # 25 x 16 = 400 blocks
+    assert implicit_gemm_tc.tc_split_choices(small, 128, 64, 16, H100) == [1, 2, 3]
+    assert implicit_gemm_tc.tc_split_choices(small, 64, 32, 16, H100) == [1]  # 25 x 16 = 400 blocks
     k_tiles = 9 * 512 // 32
-    for s in tuner.tc_split_choices(small, 128, 128, 32, divides=True):
+    for s in implicit_gemm_tc.tc_split_choices(small, 128, 128, 32, H100, divides=True):
         assert k_tiles % s == 0
     for _, c in tuner.tc_candidates(small, "tf32"):
         assert not c.tma or (9 * 512 // 32) % c.split_k == 0
@@ -81,31 +84,33 @@ def test_fp16_tma_candidates_fit_the_grid():
     tiles."""
     from kernelgen.problem import make_problem
     from kernelgen.tuning import tuner
-    bm64 = lambda p: {(c.BM, c.BN) for c in tuner.tma_candidate_configs(p, "fp16") if c.BM == 64}
+    bm64 = lambda p: {(c.BM, c.BN) for c in implicit_gemm_tc.tma_candidate_configs(p, "fp16", H100)
+                      if c.BM == 64}
     small = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")  # 13 x 4 blocks
     large = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
     assert bm64(small) == {(64, 128), (64, 64)} and not bm64(large)
     short = make_problem("fwd", (32, 56, 56, 64), (256, 1, 1, 64), dtype="float16")  # one 64-deep slice
-    two_stage = {(c.BM, c.BN) for c in tuner.tma_candidate_configs(short, "fp16") if c.stages == 2}
+    two_stage = {(c.BM, c.BN) for c in implicit_gemm_tc.tma_candidate_configs(short, "fp16", H100) if c.stages == 2}
     assert two_stage == {(128, 128), (128, 64)}
-    assert not any(c.stages == 2 for c in tuner.tma_candidate_configs(large, "fp16"))  # 18 slices
+    assert not any(c.stages == 2 for c in implicit_gemm_tc.tma_candidate_configs(large, "fp16", H100))  # 18 slices
     stem = make_problem("bwd_data", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
-    assert {(c.BN, c.WN, c.tma) for c in tuner.tma_candidate_configs(stem, "fp16")} == {(8, 8, 1), (8, 8, 2)}
+    assert {(c.BN, c.WN, c.tma) for c in implicit_gemm_tc.tma_candidate_configs(stem, "fp16", H100)} == \
+        {(8, 8, 1), (8, 8, 2)}
 
 
 def test_b_mn_candidates_where_w_allows(monkeypatch):
-    """tuner.B_MN_WHERE_ALLOWED: every fp16 backward-data TMA tile a multiple of 64 wide reads w as stored where
-    w's rows are 16-byte multiples (C % 8 == 0); the others, forward, and the switch off keep the flipped copy."""
+    """implicit_gemm_tc.B_MN_WHERE_ALLOWED: every fp16 backward-data TMA tile a multiple of 64 wide reads w as stored
+    where w's rows are 16-byte multiples (C % 8 == 0); the others, forward, and the switch off keep the flipped copy."""
     from kernelgen.problem import make_problem
     from kernelgen.tuning import tuner
     p = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
-    cfgs = tuner.tma_candidate_configs(p, "fp16")
+    cfgs = implicit_gemm_tc.tma_candidate_configs(p, "fp16", H100)
     assert cfgs and all(c.b_mn == (c.BN % 64 == 0 and c.WN % 64 == 0) for c in cfgs)
     ragged = make_problem("bwd_data", (32, 28, 28, 20), (128, 3, 3, 20), padding=1, dtype="float16")
     fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
-    assert not any(c.b_mn for q in (ragged, fwd) for c in tuner.tma_candidate_configs(q, "fp16"))
-    monkeypatch.setattr(tuner, "B_MN_WHERE_ALLOWED", False)
-    assert {replace(c, b_mn=0) for c in cfgs} == set(tuner.tma_candidate_configs(p, "fp16"))
+    assert not any(c.b_mn for q in (ragged, fwd) for c in implicit_gemm_tc.tma_candidate_configs(q, "fp16", H100))
+    monkeypatch.setattr(implicit_gemm_tc, "B_MN_WHERE_ALLOWED", False)
+    assert {replace(c, b_mn=0) for c in cfgs} == set(implicit_gemm_tc.tma_candidate_configs(p, "fp16", H100))
 
 
 def test_tensor_core_candidates_keep_only_what_the_template_accepts(monkeypatch):
@@ -263,7 +268,8 @@ def test_tensor_core_tune_records_per_precision_entries(tiny_table, tiny_tiles, 
     assert [(v, prec) for v, _, prec in timed] == [("implicit_gemm_tc", "fp16")] * 2
     e = entries[p.key() + "_fp16"]
     assert e["precision"] == "fp16" and e["variant"] == "implicit_gemm_tc"
-    assert database.config_from(e) == timed[-1][1] and timed[0][1] == tuner.tc_candidate_configs(p, "fp16")[0]
+    assert database.config_from(e) == timed[-1][1]
+    assert timed[0][1] == implicit_gemm_tc.candidate_configs(p, "fp16", H100)[0]
     # an fp32 tune of the same database does not take the fp16 entry for its own, and keeps it
     timed.clear()
     _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=1, limit=1, keep=1, tiles=tiny_tiles,
@@ -336,7 +342,7 @@ def test_fp16_tune_candidates_fit_float16_storage():
     assert any(c.split_k > 1 for _, c in tuner.tc_candidates(bwd_w.__class__(**{**bwd_w.__dict__, "dtype": "float32"}),
                                                              "fp16"))
     small = make_problem("fwd", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")
-    assert tuner.tc_split_choices(small, 128, 64, 16) == [1]
+    assert implicit_gemm_tc.tc_split_choices(small, 128, 64, 16, H100) == [1]
 
 
 def test_fp16_tune_works_on_float16_problems(tiny_table, tmp_path, monkeypatch):
@@ -485,7 +491,7 @@ def test_fp16_tma_candidates_on_float16_arrays():
     bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
     for p in (fwd, bwd, bwd_w):
         tma = [c for _, c in tuner.tc_candidates(p, "fp16") if c.tma]
-        want = set(tuner.TMA_TILES_FP16) if p is not bwd_w else set()
+        want = set(implicit_gemm_tc.TMA_TILES_FP16) if p is not bwd_w else set()
         assert {(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in tma} == want
         for c in tma:
             assert c.BK == 64 and c.split_k == 1
