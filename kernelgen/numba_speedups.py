@@ -145,7 +145,7 @@ def install() -> bool:
     place; False, with a debug log saying why, for each one left out: numba-cuda absent, another version, or a
     method not the one its replacement was written against (numba's own then stays)."""
     global _tried
-    if _tried:  # (runtime.driver.configure calls this before every kernel's first launch)
+    if _tried:  # (Launcher.from_module calls this before every CUDA kernel is compiled)
         return len(_originals) == len(PATCHES)
     with _lock:
         if _tried:

@@ -19,7 +19,7 @@ from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_split_k
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
-from kernelgen.templates import candidates, get_variant, implicit_gemm, implicit_gemm_tc
+from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
 from kernelgen.tuning import database
 
 BACKENDS = ("cuda", "cpu")
@@ -144,18 +144,35 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
     return Plan(problem, variant.name, config, backend, precision, target)
 
 
+def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan:
+    """The direct depthwise template (groups == C) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
+    tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The tuner does not tune it yet, so
+    no database entry (and no neighbour's GEMM entry) decides: the given config, else its cost model's."""
+    variant = depthwise.VARIANT
+    if config is None:
+        config = variant.default_config(problem, target, precision)
+    if not variant.accepts(problem, config, precision):
+        raise ValueError(f"config must be a DepthwiseConfig that fits {problem.key()} for algo='depthwise', "
+                         f"got {config}")
+    if backend != "cuda" and config.split_k > 1:
+        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
+    return Plan(problem, variant.name, config, backend, precision, target)
+
+
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
     """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
     check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
     target = target_for(backend)
+    if algo in (None, depthwise.NAME) and depthwise.VARIANT.applies(problem, precision):
+        return _depthwise_plan(problem, backend, config, precision, target)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)
     if algo is not None:
         variant = get_variant(algo)
         if not variant.applies(problem, variant.precisions[0]):
             raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
-        if variant.precisions != ("fp32",):
+        if variant.precisions[0] != "fp32":
             raise ValueError(f"algo {algo!r} computes in {variant.precisions[0]}: ask for it with "
                              f"precision={variant.precisions[0]!r}")
         if config is None and backend == "cuda":

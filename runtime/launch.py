@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kernelgen import numba_speedups, settings
 from kernelgen.arrays import cpu_kernel_arg, to_device_view
 from kernelgen.runtime.driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared,
                                       configure, fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle,
@@ -67,6 +68,8 @@ class Launcher:
     @classmethod
     def from_module(cls, module, backend):
         allow_deep_cfg_walks()
+        if backend == "cuda" and not settings.get("cuda_simulator"):
+            numba_speedups.install()  # numba-cuda's quadratic lowering and SSA steps, linear (same LLVM IR)
         return cls(module.KERNEL, module.PARAMS, module.OUTPUTS, module.GRID, module.THREADS,
                    module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""), getattr(module, "DYNAMIC_SHARED", 0),
                    getattr(module, "KERNEL_ANY_ALIGNMENT", None), getattr(module, "TENSOR_MAPS", ()))

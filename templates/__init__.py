@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from kernelgen.target import Target, as_target
 
-from . import conv_v2, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
+from . import conv_v2, depthwise, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (re-exported)
 from .variant import Variant
 
-# preference order for the automatic choice; conv_v2 runs where forced or where the tuner picked it
-VARIANTS: dict[str, Variant] = {v.name: v for v in (ks_deconv.VARIANT, implicit_gemm.VARIANT, conv_v2.VARIANT,
-                                                    sk_dilated.VARIANT, winograd.VARIANT)}
+# preference order for the automatic choice: depthwise first (it applies only where groups == C); conv_v2 runs where
+# forced or where the tuner picked it
+VARIANTS: dict[str, Variant] = {v.name: v for v in (depthwise.VARIANT, ks_deconv.VARIANT, implicit_gemm.VARIANT,
+                                                    conv_v2.VARIANT, sk_dilated.VARIANT, winograd.VARIANT)}
 
 
 # variants that compute in a reduced precision: never candidates, only planned for the precision they compute in

@@ -33,6 +33,8 @@ from kernelgen.planner import get_launcher, gpu_present, make_plan
 from kernelgen.runtime.cache import cache_dir
 from kernelgen.storage import PRECISIONS
 from kernelgen.templates import computes, get_variant
+
+from .compile_pool import compile_one
 from kernelgen.templates.config import TileConfig
 
 from kernelgen.tuning.shapes import load_table, storage_dtype
@@ -245,13 +247,12 @@ def precompile(plans, workers=None):
     compile error (None where it compiled): the timed loop skips those rather than compile them again."""
     # function-local on purpose: the tuner's measure() imports this module, and a module-level import of the tuner
     # here would make the two import each other at load time
-    from kernelgen.tuning.tuner import _compile_one
     settings.export_default("cache_dir", str(cache_dir()))
     with ProcessPoolExecutor(workers or min(16, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
         # the precision too: without it a tensor-core plan would precompile its variant's default (TF32) kernel;
         # the problem carries the storage dtype, so an fp16 plan's kernel is compiled for float16 arrays
         jobs = [(p.problem, p.variant, p.config, p.precision) for p in plans]
-        errors = [e for e, _ in pool.map(_compile_one, jobs)]
+        errors = [e for e, _ in pool.map(compile_one, jobs)]
     for plan, e in zip(plans, errors):
         if e:
             print(f"precompile: {plan.problem.key()} {plan.config}: {e}")

@@ -42,6 +42,7 @@ from kernelgen.templates.implicit_gemm_tc import untuned_tma_config  # noqa: F40
 from kernelgen.templates.tile_space import TILES
 
 from . import bench, database
+from .compile_pool import compile_launcher as _compile, compile_one as _compile_one
 from .shapes import load_table, storage_dtype
 from .timing import Rotation, time_cuda
 
@@ -80,30 +81,6 @@ def tc_candidates(problem, precision, keep=None, tuned=None, target: Target | No
                 cfgs.append(tuned)
             out += [(v.name, c) for c in cfgs]
     return out
-
-
-def _compile_one(args):
-    """Worker: render + compile one candidate into the shared disk cache (no launch)."""
-    problem, variant, cfg, *precision = args  # precision: a tensor-core plan's ("fp16", ...); else the variant's own
-    t = time.perf_counter()
-    try:
-        _compile(planner.get_launcher(planner.Plan(problem, variant, cfg, "cuda", *precision)), problem.dtype)
-        return None, time.perf_counter() - t
-    except Exception as e:  # recorded by the parent; the tune goes on
-        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
-                            for f in traceback.extract_tb(e.__traceback__)[:-4:-1])  # innermost frames
-        return f"compile: {type(e).__name__}: {str(e)[:200]} (at {where})", time.perf_counter() - t
-
-
-def _compile(launcher, dtype="float32"):
-    """Compile the launcher's kernel for its signature: 1D C-contiguous arrays of the problem's `dtype` (float16
-    for float16 storage), TMA tensor maps as uint64 words (the simulator's dispatcher compiles nothing); numba
-    reports registers and local memory only for a compiled overload."""
-    from numba import from_dtype, uint64
-    maps = {spec[0] for spec in launcher.tensor_maps}
-    arr = from_dtype(np.dtype(dtype))[::1]
-    if hasattr(launcher.kernel, "compile"):
-        launcher.kernel.compile(tuple(uint64[::1] if name in maps else arr for name in launcher.params))
 
 
 def _reference_job(args):

@@ -28,19 +28,6 @@ LOCAL_IMPORTS = {
         "the TMA intrinsics import numba.cuda; only the on-GPU map check (copy_kernel) needs them",
 }
 
-# PENDING (issue 29, temporary: the lead removes these entries once their owners are done): modules whose
-# function-local imports of kernelgen modules their owners are hoisting now.  Until then those imports are
-# neither reported nor counted as edges of the cycle check.
-PENDING_LOCAL_IMPORTS = {
-    "kernelgen.planner": "the planning helper",
-    "kernelgen.tuning.tuner": "the planning helper",
-    "kernelgen.tuning.database": "the planning helper",
-    "kernelgen.tuning.bench": "the bench's owner",
-    "kernelgen.tuning.probe": "its owner",
-    "kernelgen.settings": "its owner",
-    "kernelgen.runtime.driver": "its owner",
-}
-
 # Edges left out of the cycle check, as pyproject.toml's contracts ignore them: (importer, imported) -> the reason
 IGNORED_EDGES: dict = {}
 
@@ -160,9 +147,9 @@ def test_the_graph_covers_every_package(graph):
 
 
 def test_no_function_local_imports_of_kernelgen_modules(graph):
-    """Each left is in LOCAL_IMPORTS with its reason (or in a module PENDING_LOCAL_IMPORTS names)."""
+    """Each left is in LOCAL_IMPORTS with its reason."""
     _, edges = graph
-    found = {(a, b): line for a, b, line, local in edges if local and a not in PENDING_LOCAL_IMPORTS}
+    found = {(a, b): line for a, b, line, local in edges if local}
     unexplained = sorted(f"{a} (line {line}) imports {b} inside a function" for (a, b), line in found.items()
                          if (a, b) not in LOCAL_IMPORTS)
     assert not unexplained, "\n".join(unexplained)
@@ -172,8 +159,7 @@ def test_no_function_local_imports_of_kernelgen_modules(graph):
 
 def test_no_import_cycles(graph):
     _, edges = graph
-    counted = [(a, b) for a, b, _, local in edges
-               if (a, b) not in IGNORED_EDGES and not (local and a in PENDING_LOCAL_IMPORTS)]
+    counted = [(a, b) for a, b, _, _ in edges if (a, b) not in IGNORED_EDGES]
     cycles = find_cycles(counted)
     report = []
     for component in cycles:

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kernelgen
+from kernelgen import reference
 from kernelgen.problem import make_problem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
@@ -239,3 +241,27 @@ def test_simulator_float16_storage(direction, rng):
     kw = dict(stride=1, padding=1)
     p = depthwise_problem(direction, (1, 4, 5, 8), 1, (3, 3), kw, dtype="float16")
     check(p, kw, DepthwiseConfig(2, 2, 2, 4, 2, 1, 1), "cuda", rng, "fp16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_planner_picks_depthwise_for_groups_equal_channels(precision):
+    """kernelgen.conv and both backward ops with groups == C plan the depthwise template on their own (explain
+    says so) and match the float64 reference; a grouped layer with 2 channels a group does not take it."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 9, 9, 6)).astype(np.float32)
+    w = rng.standard_normal((12, 3, 3, 1)).astype(np.float32)
+    kw = dict(stride=2, padding=1, groups=6, backend="cpu", precision=precision)
+    y = kernelgen.conv(x, w, **kw)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    ref_kw = {k: kw[k] for k in ("stride", "padding", "groups")}
+    cases = [(kernelgen.conv, (x, w), y, reference.conv_forward(x.astype(np.float64), w.astype(np.float64), **ref_kw)),
+             (kernelgen.conv_backward_data, (dy, w, x.shape), None,
+              reference.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x.shape, **ref_kw)),
+             (kernelgen.conv_backward_weight, (x, dy, w.shape), None,
+              reference.conv_backward_weight(x.astype(np.float64), dy.astype(np.float64), w.shape, **ref_kw))]
+    for op, args, got, want in cases:
+        assert kernelgen.explain(op, *args, **kw).variant == "depthwise"
+        got = op(*args, **kw) if got is None else got
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    grouped = rng.standard_normal((6, 3, 3, 2)).astype(np.float32)
+    assert kernelgen.explain(kernelgen.conv, x, grouped, padding=1, groups=3, backend="cpu").variant != "depthwise"
