@@ -90,6 +90,8 @@ class Case:
     @property
     def pipeline(self):
         c = self.config
+        if not hasattr(c, "tma"):  # a DepthwiseConfig: the direct depthwise template has no GEMM pipeline
+            return "direct"
         if c.tma:
             return "tma_warp_specialised" if c.tma == 2 else "tma"
         if c.async_copy:
@@ -103,9 +105,10 @@ class Case:
         out = {("variant", be, self.variant, p.direction, self.precision),
                ("pipeline", be, p.direction, self.precision, self.pipeline)}
         out |= {("switch", be, s) for s in self.switches}
-        features = {"split_k": c.split_k > 1, "b_mn": bool(c.b_mn), "state_groups": c.state_groups > 1,
-                    f"states{c.states}": bool(c.states), f"swizzle{c.swizzle}": bool(c.swizzle),
-                    "min_blocks": c.min_blocks > 0, "epilogue": p.has_bias or bool(p.activation),
+        knob = lambda name, default=0: getattr(c, name, default)  # noqa: E731 (DepthwiseConfig has fewer knobs)
+        features = {"split_k": c.split_k > 1, "b_mn": bool(knob("b_mn")), "state_groups": knob("state_groups", 1) > 1,
+                    f"states{knob('states')}": bool(knob("states")), f"swizzle{knob('swizzle')}": bool(knob("swizzle")),
+                    "min_blocks": knob("min_blocks") > 0, "epilogue": p.has_bias or bool(p.activation),
                     "groups": p.groups > 1, f"ndim{p.ndim}": True, p.dtype: True}
         out |= {("feature", be, f) for f, on in features.items() if on}
         return out
@@ -166,6 +169,27 @@ def _extra_problems():
         yield make_problem(d, (4, 40, 24), (32, 5, 24), padding=2)                            # 1-D
         yield make_problem(d, (2, 6, 8, 8, 16), (32, 3, 3, 3, 16), padding=1, stride=(1, 2, 2))  # 3-D
         yield make_problem(d, (4, 10, 10, 16), (16, 3, 3, 16), padding=1, dtype="float64")
+
+
+def _depthwise_cases():
+    """The direct depthwise template (groups == C) at each of its precisions, both backends, its default configs:
+    a strided 3x3 layer with a channel multiplier of 2 in every direction, and a forward pass with bias and ReLU."""
+    from kernelgen.problem import make_problem
+    from kernelgen.target import as_target
+    from kernelgen.templates import depthwise
+    variant = depthwise.VARIANT
+    problems = [make_problem(d, (2, 10, 10, 24), (48, 3, 3, 1), padding=1, stride=2, groups=24, dtype=dtype)
+                for d in DIRECTIONS for dtype in ("float32", "float16")]
+    problems.append(make_problem("fwd", (2, 9, 9, 40), (40, 5, 5, 1), padding=2, groups=40, has_bias=True,
+                                 activation="relu"))
+    for problem in problems:
+        for precision in variant.precisions:
+            if (problem.dtype == "float16") != (precision == "fp16") or not variant.applies(problem, precision):
+                continue
+            for backend in ("cuda", "cpu"):
+                cfg = variant.default_config(problem, as_target(backend), precision)
+                if backend in _backends(cfg):
+                    yield Case(problem, variant.name, cfg, precision, backend, (), "depthwise")
 
 
 def _pipeline_cases():
@@ -248,7 +272,7 @@ def _all_cases():
         if tma is not None:
             for be in _backends(tma):
                 add(Case(problem, "implicit_gemm_tc", tma, "fp16", be, (), "untuned_tma"))
-    for case in (*_pipeline_cases(), *_switch_cases()):
+    for case in (*_depthwise_cases(), *_pipeline_cases(), *_switch_cases()):
         add(case)
     return list(out.values())
 
