@@ -152,7 +152,7 @@ def _defaults(problem, backends=("cuda", "cpu")):
     for name, variant in TENSOR_CORE_VARIANTS.items():
         if not computes(variant, problem):
             continue
-        for precision in variant.PRECISIONS:
+        for precision in variant.precisions:
             if (problem.dtype == "float16") != (precision == "fp16"):
                 continue  # float16 tensors compute at fp16 (and fp16 is run on them: storage_dtype)
             for backend in backends:
@@ -247,7 +247,7 @@ def all_cases():
 
 def _all_cases():
     from kernelgen.templates import default_config, get_variant
-    from kernelgen.tuning.tuner import untuned_tma_config
+    from kernelgen.templates.implicit_gemm_tc import untuned_tma_config
     out = {}
 
     def add(case):

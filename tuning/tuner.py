@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -38,12 +39,11 @@ from kernelgen import planner, reference, settings
 from kernelgen.storage import PRECISIONS
 from kernelgen.target import Target, device_name, target_for
 from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, implicit_gemm_tc
-from kernelgen.templates.implicit_gemm_tc import untuned_tma_config  # noqa: F401 (scripts/golden_source.py)
 from kernelgen.templates.tile_space import TILES
 
 from . import bench, database
 from .compile_pool import compile_launcher as _compile, compile_one as _compile_one
-from .shapes import load_table, storage_dtype
+from .shapes import check_tunable, load_table, storage_dtype
 from .timing import Rotation, time_cuda
 
 # Local memory a candidate may use and still be picked.  A few spilled words per thread stay in L1: the
@@ -152,6 +152,7 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
     tensor-core variant's tc_candidates; entries keyed per precision).  The problems are the table's on tensors
     of storage_dtype(precision): float16 for fp16, float32 otherwise."""
     planner.check_precision(precision)  # before any work: a typo must not cost a table's compile jobs
+    check_tunable(table)  # the held-out unseen table is benched, never tuned
     name, layers = load_table(table)
     dtype = storage_dtype(precision)
     problems = []
@@ -230,6 +231,11 @@ def main(argv=None):
                     help="fp32: the fp32 variants (default); tf32/fp16/bf16: the tensor-core variant's tiles, "
                          "recorded per precision (fp16 on float16 tensors, the others on float32)")
     args = ap.parse_args(argv)
+    try:
+        check_tunable(args.table)
+    except ValueError as e:
+        print(f"python -m kernelgen tune: {e}", file=sys.stderr)
+        return 2
     if not planner.gpu_present():
         print("tune needs a CUDA GPU; nothing to do")
         return 1

@@ -165,3 +165,13 @@ def test_1d_3d_and_per_dim_layers_make_their_problems():
 def test_bad_layers_are_refused_by_name(layer, match):
     with pytest.raises(ValueError, match=match):
         shapes.Layer.from_dict({"name": "x", **layer})
+
+
+def test_the_tuner_refuses_the_held_out_table(capsys):
+    """`python -m kernelgen tune unseen` is refused before anything is compiled or measured (exit 2, the table
+    named), and tune() raises: a tuned unseen table would no longer measure unseen shapes."""
+    from kernelgen.tuning import tuner
+    assert tuner.main(["unseen"]) == 2
+    assert "'unseen' is held out" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="held out"):
+        tuner.tune("unseen")
