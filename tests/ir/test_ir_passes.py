@@ -172,7 +172,7 @@ CONFIGS = [None, TileConfig(BM=16, BN=8, BK=4, TM=2, TN=2), TileConfig(BM=8, BN=
 def test_cuda_lowering_keeps_register_tiles_in_registers(direction, config):
     p = make_problem(direction, (2, 7, 9, 6), (10, 3, 3, 3), stride=(2, 1), padding=1, groups=2,
                      has_bias=direction == "fwd")
-    config = config or default_config(p, "cuda")
+    config = config or default_config(p, "cuda", get_variant("implicit_gemm"))
     k = get_variant("implicit_gemm").build(p, config)
     registers = {b.name for b in k.locals if b.scope == "register"}
     assert {"acc", "a_frag", "b_frag"} <= registers
