@@ -164,7 +164,8 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
     setting here: the API functions resolve that."""
     check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
     target = target_for(backend)
-    if algo in (None, depthwise.NAME) and depthwise.VARIANT.applies(problem, precision):
+    automatic_depthwise = algo is None and problem.groups > 1  # (C = 1, groups = 1 is an ordinary convolution)
+    if (automatic_depthwise or algo == depthwise.NAME) and depthwise.VARIANT.applies(problem, precision):
         return _depthwise_plan(problem, backend, config, precision, target)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)

@@ -9,10 +9,10 @@ from . import conv_v2, depthwise, implicit_gemm, implicit_gemm_tc, ks_deconv, sk
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (re-exported)
 from .variant import Variant
 
-# preference order for the automatic choice: depthwise first (it applies only where groups == C); conv_v2 runs where
-# forced or where the tuner picked it
-VARIANTS: dict[str, Variant] = {v.name: v for v in (depthwise.VARIANT, ks_deconv.VARIANT, implicit_gemm.VARIANT,
-                                                    conv_v2.VARIANT, sk_dilated.VARIANT, winograd.VARIANT)}
+# preference order for the automatic choice; conv_v2 runs where forced or where the tuner picked it; depthwise (which
+# computes any groups == C problem, C = 1 too) is last: the planner takes it first for groups == C > 1 itself
+VARIANTS: dict[str, Variant] = {v.name: v for v in (ks_deconv.VARIANT, implicit_gemm.VARIANT, conv_v2.VARIANT,
+                                                    sk_dilated.VARIANT, winograd.VARIANT, depthwise.VARIANT)}
 
 
 # variants that compute in a reduced precision: never candidates, only planned for the precision they compute in
