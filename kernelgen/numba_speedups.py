@@ -150,11 +150,11 @@ def install() -> bool:
     with _lock:
         if _tried:
             return len(_originals) == len(PATCHES)
-        _tried = True
         version = _numba_cuda_version()
         if version not in NUMBA_CUDA_VERSIONS:
             log.debug("numba speedups not installed: numba-cuda %s, written against %s", version or "absent",
                       ", ".join(NUMBA_CUDA_VERSIONS))
+            _tried = True
             return False
         for patch in PATCHES:
             if patch in _originals:
@@ -170,6 +170,7 @@ def install() -> bool:
             _originals[patch] = owner.__dict__[patch.name]
             setattr(owner, patch.name, patch.replacement)
             log.debug("numba speedup installed: %s.%s.%s", patch.module, patch.owner, patch.name)
+        _tried = True  # only now: a thread that sees it set (outside the lock) must find the patches in place
         return len(_originals) == len(PATCHES)
 
 
