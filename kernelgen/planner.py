@@ -17,18 +17,12 @@ from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
 from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
-from kernelgen.storage import PRECISIONS, check_dtype_precision, check_split_k
+from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
 from kernelgen.tuning import database
 
 BACKENDS = ("cuda", "cpu")
-
-
-def check_precision(precision, name="precision"):
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"{name} must be one of {PRECISIONS}, got {precision!r}")
-    return precision
 
 
 def resolve_precision(precision):

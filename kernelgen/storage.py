@@ -13,6 +13,13 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # fp32 math, or tensor-core opera
 PRECISIONS_BY_DTYPE = {"float32": ("fp32", "tf32", "fp16", "bf16"), "float64": ("fp32",), "float16": ("fp16",)}
 
 
+def check_precision(precision, name="precision"):
+    """precision, if it is one of PRECISIONS (ValueError naming the argument otherwise)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
 def check_dtype_precision(dtype, precision):
     """`precision` can compute tensors of `dtype`, else ValueError naming precision=."""
     allowed = PRECISIONS_BY_DTYPE[dtype]

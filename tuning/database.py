@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kernelgen.problem import ConvProblem
 from kernelgen.runtime.cache import cache_dir
-from kernelgen.storage import PRECISIONS
+from kernelgen.storage import check_precision
 from kernelgen.templates import get_variant
 from kernelgen.templates.config import TileConfig
 
@@ -75,8 +75,7 @@ def entries_for(device_key: str) -> dict:
 def entry_key(problem, precision="fp32"):
     """The key of a problem's entry at `precision`: the bare problem key for fp32 (the shipped databases'
     keys, unchanged), key + "_" + precision for a tensor-core precision, so that the two never collide."""
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    check_precision(precision)
     return problem.key() if precision == "fp32" else f"{problem.key()}_{precision}"
 
 
