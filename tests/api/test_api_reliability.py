@@ -87,7 +87,7 @@ def test_every_code_setting_enters_the_kernel_key():
 
 def test_drain_setting_changes_the_tma_source_and_the_key():
     """The switch a probe script flipped: it changes the rendered TMA k-loop, so the key must change with it."""
-    from kernelgen.tuning.tuner import untuned_tma_config
+    from kernelgen.templates.implicit_gemm_tc import untuned_tma_config
     p = make_problem("fwd", (2, 8, 8, 256), (64, 3, 3, 256), padding=1, dtype="float16")  # 36 k-slices: rounds
     config = dataclasses.replace(untuned_tma_config(p, "fp16"), tma=1)  # the pipeline without a producer warp
     plan = make_plan(p, "cuda", config=config, precision="fp16")

@@ -361,7 +361,7 @@ def test_gpu_untuned_fp16_calls_take_the_tma_tile(direction, rng, monkeypatch):
     """A call no tune has seen (the tuned databases off) runs tuner.untuned_tma_config on the H100, right on every
     TMA shape; backward-data reads w as stored (no flipped copy) where that config says so."""
     from kernelgen.problem import make_problem
-    from kernelgen.tuning.tuner import untuned_tma_config
+    from kernelgen.templates.implicit_gemm_tc import untuned_tma_config
     monkeypatch.setenv("KERNELGEN_NO_TUNED", "1")
     shapes = [(s, untuned_tma_config(make_problem(direction, *s[:2], dtype="float16", **s[2]), "fp16"))
               for s in FP16_TMA_SHAPES[direction]]
