@@ -175,6 +175,17 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
     return [cfg for _, _, cfg in sorted(scored)]
 
 
+def spread(configs, keep=None) -> list:
+    """`keep` of `configs` (model order) taken in turns from the groups of one (block size, channel vector, window),
+    each group's cheapest first: the model's order alone fills a short list with one shape's smem_pad and
+    row variants, and the model is not yet fitted to measurements, so a tune should see every kind of block."""
+    groups = {}
+    for cfg in configs:
+        groups.setdefault((cfg.threads, cfg.VC, cfg.halo), []).append(cfg)
+    turns = [cfg for rank in itertools.zip_longest(*groups.values()) for cfg in rank if cfg is not None]
+    return turns[:keep or None]
+
+
 def cpu_config(p: ConvProblem) -> DepthwiseConfig:
     """Small blocks for the CPU backend (a block is one prange iteration; its threads a loop): the window read in
     place, 4 channels and 4 pixels per thread."""
@@ -211,9 +222,9 @@ class Depthwise:
         return build(problem, config, precision)
 
     def config_space(self, problem, target: Target, precision="fp32", *, keep=None, tiles=None) -> list:
-        """candidate_configs, cheapest under model_time first: the first `keep` (tiles: the GEMM variants' option,
-        not used here)."""
-        return candidate_configs(problem, target, precision)[:keep or None]
+        """candidate_configs, `keep` of them spread over the knobs (spread; tiles: the GEMM variants' option, not
+        used here)."""
+        return spread(candidate_configs(problem, target, precision), keep)
 
     def default_config(self, problem, target: Target, precision="fp32") -> DepthwiseConfig:
         return default_config(problem, target, precision)

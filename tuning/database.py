@@ -29,6 +29,7 @@ from kernelgen.runtime.cache import cache_dir
 from kernelgen.storage import check_precision
 from kernelgen.templates import get_variant
 from kernelgen.templates.config import TileConfig
+from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
 
 SHIPPED = Path(__file__).parent / "db"
 FORMAT = 1
@@ -85,8 +86,18 @@ def precision_of(entry):
 
 
 def config_from(entry):
+    """The config of an entry: a DepthwiseConfig for the depthwise variant's entries (its own fields), else a
+    TileConfig (fields a newer TileConfig dropped are ignored)."""
+    if entry.get("variant") == "depthwise":
+        return DepthwiseConfig.from_dict(entry["config"])
     names = {f.name for f in fields(TileConfig)}
     return TileConfig(**{k: v for k, v in entry["config"].items() if k in names})
+
+
+def parse_config(text):
+    """A config's string form (an entry's "tried" list) back into its config: DepthwiseConfig's ("DW_...") or
+    TileConfig's."""
+    return DepthwiseConfig.parse(text) if is_depthwise_config(text) else TileConfig.parse(text)
 
 
 def _distance(a, b):
@@ -109,7 +120,7 @@ def _ranked(entry):
     yield entry["variant"], config_from(entry)
     for t in sorted((t for t in entry.get("tried", ()) if "ms" in t), key=lambda t: t["ms"]):
         try:
-            yield t["variant"], TileConfig.parse(t["config"])
+            yield t["variant"], parse_config(t["config"])
         except (KeyError, ValueError):
             continue
 
@@ -137,9 +148,13 @@ def _pick(problem, entry, variant=None, precision="fp32"):
     return None
 
 
-def _problem_of(entry):
+def problem_of(entry):
+    """The ConvProblem an entry was tuned on (its "problem" field, lists back to tuples)."""
     p = entry["problem"]
     return ConvProblem(**{**p, **{k: tuple(v) for k, v in p.items() if isinstance(v, list)}})
+
+
+_problem_of = problem_of  # (the name scripts/golden_source.py reads)
 
 
 def lookup(problem, device_key: str, preferred=None):
@@ -158,7 +173,7 @@ def lookup(problem, device_key: str, preferred=None):
     for e in table.values():
         if precision_of(e) != "fp32" or not _considered(e, preferred):
             continue
-        d = _distance(problem, _problem_of(e))
+        d = _distance(problem, problem_of(e))
         if d is not None and (best_d is None or d < best_d):
             best, best_d = e, d
     # measured on the H100 (BENCHMARKS.md): a neighbour further than ~2x in one size hurt more often than
@@ -186,7 +201,7 @@ def entry(problem, variant, config, ms, candidates_tried, precision="fp32"):
     return e if precision == "fp32" else {**e, "precision": precision}
 
 
-def _read_database(path: Path, what: str) -> dict:
+def read_database(path: Path, what: str) -> dict:
     """The database file at `path` as parsed JSON; a ValueError that names the argument `what` and says whether
     the file is missing, unreadable or no database (load() answers {} for all three, which is right for lookups
     but not for a merge, where it hid a mistyped name behind "holds no database entries")."""
@@ -212,10 +227,10 @@ def merge(tuned: Path, into: Path, precision=None) -> int:
     Both files are checked before anything is written: a missing `tuned` or an `into` that exists but is no
     database (which the merge would otherwise overwrite) is a ValueError naming the file."""
     src, target = Path(tuned), Path(into)
-    source = _read_database(src, "tuned")
+    source = read_database(src, "tuned")
     if not source["entries"]:
         raise ValueError(f"tuned: {src} holds no database entries of format {FORMAT}")
-    old = _read_database(target, "into") if target.exists() else {"device": source.get("device", ""), "entries": {}}
+    old = read_database(target, "into") if target.exists() else {"device": source.get("device", ""), "entries": {}}
     new = {k: e for k, e in source["entries"].items() if precision is None or precision_of(e) == precision}
     if new:
         save(target, {**old["entries"], **new}, old.get("device", ""))

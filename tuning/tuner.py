@@ -20,6 +20,8 @@ fp16 tunes the float16-storage problems (shapes.storage_dtype: float16 inputs an
 the dtype), verified against the float64 reference of those very float16 inputs; float16 outputs take no
 split-K.  tf32 and bf16 tune float32-storage problems.
 The default, fp32, tunes the fp32 variants into the bare problem keys as it always did.
+Depthwise problems (groups == C > 1, which the planner always runs on templates/depthwise.py) are tuned over that
+template's DepthwiseConfigs only, at every precision; the planner reads the exact entry (no nearest neighbour).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from tqdm import tqdm
 from kernelgen import planner, reference, settings
 from kernelgen.storage import PRECISIONS
 from kernelgen.target import Target, device_name, target_for
-from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, implicit_gemm_tc
+from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm_tc
 from kernelgen.templates.tile_space import TILES
 
 from . import bench, database
@@ -53,14 +55,40 @@ MAX_LOCAL_BYTES = 64
 # Relative error (against the float64 reference) a candidate may show and still be timed.  fp32: summation
 # order only.  The tensor-core precisions round the operands (measured ~1e-4 TF32, 3e-4 fp16, 1e-3 bf16:
 # README), so their bounds are the issue's: 1e-3 for TF32, 1e-2 for the 16-bit formats.
+# configs a depthwise tune tries per `keep` of the GEMM variants: its block shapes are many (hundreds per problem)
+# and its cost model (templates/depthwise.py) has not been fitted to measurements yet
+DEPTHWISE_KEEP_FACTOR = 3
 MAX_REL_ERR = {"fp32": 1e-4, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
+
+
+def planned_depthwise(problem, precision="fp32") -> bool:
+    """Does the planner run this problem on the depthwise template whatever the database says (groups == C > 1
+    where it applies: planner.make_plan)?  Then a tune tries depthwise configs only (a GEMM variant's would never
+    be planned) at every precision."""
+    return problem.groups > 1 and depthwise.VARIANT.applies(problem, precision)
+
+
+def depthwise_candidates(problem, precision, keep=None, tuned=None, target: Target | None = None):
+    """("depthwise", DepthwiseConfig) pairs: its config_space, DEPTHWISE_KEEP_FACTOR x `keep` of them (its cost model
+    is a guess until measured, so a tune casts a wider net), plus the planner's untuned default and `tuned`, a
+    config a database already holds (a re-tune never loses to either)."""
+    target = target or target_for("cuda")
+    v = depthwise.VARIANT
+    cfgs = v.config_space(problem, target, precision, keep=keep and keep * DEPTHWISE_KEEP_FACTOR)
+    for extra in (v.default_config(problem, target, precision), tuned):
+        if extra is not None and extra not in cfgs and v.accepts(problem, extra, precision):
+            cfgs.append(extra)
+    return [(v.name, c) for c in cfgs]
 
 
 def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | None = None):
     """(variant, config) pairs of an fp32 tune: each variant's config_space on the target (default: the one in
     effect, the GPU this runs on); with `keep`, about that many per variant, the cheapest under its cost model - a
-    tune spends its time where a winner is likely.  tiles: the GEMM variants' block shapes."""
+    tune spends its time where a winner is likely.  tiles: the GEMM variants' block shapes.  A problem the planner
+    runs on the depthwise template gets depthwise_candidates."""
     target = target or target_for("cuda")
+    if planned_depthwise(problem) and (not variants or depthwise.NAME in variants):
+        return depthwise_candidates(problem, "fp32", keep, target=target)
     out = []
     for v in variant_candidates(problem):
         if not variants or v.name in variants:
@@ -71,8 +99,11 @@ def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | 
 def tc_candidates(problem, precision, keep=None, tuned=None, target: Target | None = None):
     """(variant, config) pairs of a tensor-core tune at `precision`: each tensor-core variant's config_space where
     it computes the problem; `tuned`, the config a database already holds for the problem, is tried too (a re-tune
-    never loses to it)."""
+    never loses to it).  A problem the planner runs on the depthwise template at `precision` gets
+    depthwise_candidates instead (`tuned` then a depthwise config)."""
     target = target or target_for("cuda")
+    if planned_depthwise(problem, precision):
+        return depthwise_candidates(problem, precision, keep, tuned, target)
     out = []
     for v in TENSOR_CORE_VARIANTS.values():
         if v.applies(problem, precision):
@@ -177,8 +208,10 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
         t_start = time.perf_counter()
         jobs = []
         for i, p in enumerate(todo):
+            held = database.tuned_config(p, dev, depthwise.NAME if planned_depthwise(p, precision)
+                                         else implicit_gemm_tc.NAME, precision)
             cands = candidates(p, variants, tiles, keep) if precision == "fp32" else \
-                tc_candidates(p, precision, keep, database.tuned_config(p, dev, "implicit_gemm_tc", precision))
+                tc_candidates(p, precision, keep, held)
             ref_job = pool.submit(_reference_job, (p, i))
             jobs.append((p, i, cands, ref_job, [pool.submit(_compile_one, (p, v, c, precision)) for v, c in cands]))
         for p, seed, cands, ref_job, futures in tqdm(jobs, desc="tune", unit="problem"):

@@ -1,0 +1,121 @@
+"""Tuning the depthwise template (issue 28): the tuner's candidates, the database's DepthwiseConfig entries, and the
+planner reading them (exact entry, else the cost model's default).
+
+No GPU here: the database is a temporary file and the planner is told a GPU is present (its `_tuned_db`), as a tune
+on the H100 leaves it; a few tuner candidates are run on the CPU backend against float64 (the GPU run of a whole
+tune is scripts/gpu_depthwise.sh).
+"""
+from __future__ import annotations
+
+import pytest
+
+from kernelgen import planner
+from kernelgen.problem import make_problem
+from kernelgen.target import KNOWN_TARGETS
+from kernelgen.templates import depthwise
+from kernelgen.templates.config import TileConfig
+from kernelgen.templates.depthwise_config import DepthwiseConfig
+from kernelgen.tuning import database, tuner
+from harness import assert_close, direction_inputs, launch_poisoned, tolerance
+
+H100 = KNOWN_TARGETS["h100"]
+DEVICE = "sm_90_test_gpu"
+
+
+def dw_problem(direction="fwd", N=4, H=12, C=24, R=3, stride=1, dtype="float32"):
+    return make_problem(direction, (N, H, H, C), (C, R, R, 1), padding=R // 2, stride=stride, groups=C, dtype=dtype)
+
+
+@pytest.fixture
+def tuned_db(tmp_path, monkeypatch):
+    """A database of this test only, and a planner that reads it as on a GPU: save(entries) writes them."""
+    monkeypatch.setattr(database, "SHIPPED", tmp_path / "none")
+    monkeypatch.setattr(database, "user_db_dir", lambda: tmp_path)
+    monkeypatch.setattr(planner, "_tuned_db", lambda: database)
+    monkeypatch.setattr(planner, "tuned_device", lambda: DEVICE)
+    database.entries_for.cache_clear()
+
+    def save(entries):
+        database.save(tmp_path / database.db_name(DEVICE), entries, DEVICE)
+        database.entries_for.cache_clear()
+    yield save
+    database.entries_for.cache_clear()
+
+
+def test_depthwise_entries_round_trip_through_the_database(tuned_db):
+    p = dw_problem("bwd_weight")
+    best = DepthwiseConfig(TC=8, TW=4, TH=2, VC=1, PW=2, PH=1, halo=1, split_k=4)
+    runner_up = DepthwiseConfig(TC=4, TW=8, TH=2, VC=2, PW=2, PH=2, halo=0, split_k=2)
+    tried = [{"variant": "depthwise", "config": str(best), "ms": 0.1},
+             {"variant": "depthwise", "config": str(runner_up), "ms": 0.2},
+             {"variant": "depthwise", "config": "DW_TC8_BROKEN", "error": "compile: ..."}]
+    tuned_db({p.key(): database.entry(p, "depthwise", best, 0.1, tried)})
+    entry = database.entries_for(DEVICE)[p.key()]
+    assert database.config_from(entry) == best and isinstance(database.config_from(entry), DepthwiseConfig)
+    assert list(database._ranked(entry)) == [("depthwise", best), ("depthwise", best), ("depthwise", runner_up)]
+    assert database.tuned_config(p, DEVICE, "depthwise") == best
+    assert database.tuned_config(p, DEVICE, "implicit_gemm") is None
+    assert database.parse_config(str(best)) == best
+    assert database.parse_config("BM64_BN64_BK8_TM4_TN4") == TileConfig.parse("BM64_BN64_BK8_TM4_TN4")
+
+
+def test_planner_runs_the_exact_tuned_entry_else_the_default(tuned_db):
+    p = dw_problem("fwd")
+    tuned = DepthwiseConfig(TC=2, TW=16, TH=4, VC=4, PW=2, PH=1, halo=1, smem_pad=1)
+    assert tuned != depthwise.VARIANT.default_config(p, H100)
+    tuned_db({p.key(): database.entry(p, "depthwise", tuned, 0.1, [])})
+    assert planner.make_plan(p, "cuda").config == tuned
+    assert planner.make_plan(p, "cuda", precision="tf32").config == tuned  # the same fp32 FMAs: fp32's entry
+    assert planner.make_plan(p, "cpu").config == depthwise.cpu_config(p)  # the database is the GPU's
+    # no nearest neighbour: a layer twice the batch gets the cost model's default
+    bigger = dw_problem("fwd", N=8)
+    assert planner.make_plan(bigger, "cuda").config == depthwise.VARIANT.default_config(bigger, planner.target_for(
+        "cuda"))
+    # an entry the template no longer accepts (VC=8 is for float16 tensors) is skipped, not run
+    tuned_db({p.key(): database.entry(p, "depthwise", DepthwiseConfig(VC=8), 0.1, [])})
+    assert planner.make_plan(p, "cuda").config == depthwise.VARIANT.default_config(p, planner.target_for("cuda"))
+
+
+def test_planner_reads_16_bit_entries_per_precision(tuned_db):
+    p = dw_problem("bwd_data", dtype="float16")
+    fp16 = DepthwiseConfig(TC=4, TW=8, TH=2, VC=8, PW=2, PH=1, halo=1)
+    tuned_db({database.entry_key(p, "fp16"): database.entry(p, "depthwise", fp16, 0.1, [], "fp16")})
+    assert planner.make_plan(p, "cuda", precision="fp16").config == fp16
+    p32 = dw_problem("bwd_data")
+    assert planner.make_plan(p32, "cuda", precision="bf16").config == depthwise.VARIANT.default_config(
+        p32, planner.target_for("cuda"), "bf16")
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+def test_tuner_tries_depthwise_configs_only_on_depthwise_problems(direction):
+    p = dw_problem(direction, N=32, H=56, C=144)
+    cands = tuner.candidates(p, keep=4, target=H100)
+    assert cands and {v for v, _ in cands} == {"depthwise"}
+    configs = [c for _, c in cands]
+    assert depthwise.VARIANT.default_config(p, H100) in configs  # a tune never loses to the untuned plan
+    assert len(configs) == len(set(configs)) <= 4 * tuner.DEPTHWISE_KEEP_FACTOR + 1
+    assert all(depthwise.VARIANT.accepts(p, c) for c in configs)
+    assert len({(c.VC, c.halo, c.threads) for c in configs}) >= 4  # spread over the knobs, not one shape's variants
+    if direction == "bwd_weight":
+        assert any(c.split_k > 1 for c in configs)
+    # 16-bit tunes too, and the config a database holds is tried again
+    p16 = dw_problem(direction, N=32, H=56, C=144, dtype="float16")
+    held = DepthwiseConfig(TC=2, TW=8, TH=4, VC=8, PW=2, PH=1, halo=1, smem_pad=3)
+    cands16 = tuner.tc_candidates(p16, "fp16", keep=4, tuned=held, target=H100)
+    assert {v for v, _ in cands16} == {"depthwise"} and ("depthwise", held) in cands16
+    # an ordinary convolution is tuned as before
+    plain = make_problem(direction, (8, 16, 16, 32), (64, 3, 3, 32), padding=1)
+    assert "depthwise" not in {v for v, _ in tuner.candidates(plain, keep=2, target=H100)}
+
+
+def test_tuner_candidates_compute_the_convolution_on_the_cpu(rng):
+    """The first few configs a tune would time, run on the CPU backend (split_k=1: no CPU atomics) against float64."""
+    for direction in ("fwd", "bwd_data", "bwd_weight"):
+        p = dw_problem(direction, N=2, H=7, C=12, stride=2 if direction == "bwd_data" else 1)
+        kw = {"stride": p.stride[1:], "padding": p.padding[1:], "groups": p.C}
+        configs = [c for _, c in tuner.candidates(p, keep=8, target=H100) if c.split_k == 1]
+        for cfg in configs[:2]:
+            inputs, want = direction_inputs(p, kw, rng)
+            plan = planner.make_plan(p, "cpu", config=cfg)
+            got = launch_poisoned(planner.get_launcher(plan), p, inputs, "cpu")
+            assert_close(got, want, p.dtype, f"{p.key()} {cfg}", tol=tolerance(p.dtype))
