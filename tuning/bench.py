@@ -66,6 +66,18 @@ def floor_ms(p, precision="fp32"):
     return max(p.flops / PEAKS[precision], nbytes / HBM_BW) * 1e3
 
 
+def roofline_ms(p):
+    """The memory roofline: x, w and y of p (input, filter, output; in p.dtype) each moved once at HBM_BW.  The
+    bar of a memory-bound layer (a depthwise one does a handful of FMAs per byte), which the bench reports as a
+    percentage per row for kernelgen and cuDNN alike."""
+    nbytes = np.dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
+    return float(nbytes / HBM_BW * 1e3)
+
+
+ROOFLINE_MAP = 56 * 56  # the issue's bar (60 % of the roofline) is for the layers of at least 56 x 56 input maps
+ROOFLINE_BAR = 0.6
+
+
 def kernel_resources(launcher, threads):
     """Registers, local memory and shared memory of the compiled kernel, and the occupancy they allow."""
     k = launcher.kernel
@@ -206,6 +218,8 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
             "variant": plan.variant, "config": str(plan.config), "kernelgen_ms": kg_ms, "cudnn_ms": cudnn_ms,
             "kernelgen_tflops": p.flops / kg_ms / 1e9, "cudnn_tflops": p.flops / cudnn_ms / 1e9,
             "ratio": cudnn_ms / kg_ms, "rel_err_vs_cudnn": rel, "floor_ms": floor_ms(p, precision),
+            "pct_of_roofline": roofline_ms(p) / kg_ms, "cudnn_pct_of_roofline": roofline_ms(p) / cudnn_ms,
+            "map": list(layer.spatial),
             "pct_of_floor": floor_ms(p, precision) / kg_ms, "first_call_s": compile_s, "precision": precision,
             "dtype": p.dtype, "pct_of_peak": p.flops / kg_ms / 1e9 / (PEAKS[precision] / 1e12),
             **kernel_resources(launcher, launcher.threads)}
@@ -285,17 +299,42 @@ def summary(rows):
     return out
 
 
+def roofline_lines(rows):
+    """Markdown lines on the depthwise rows' % of the memory roofline per direction: the geo-mean of kernelgen's
+    and cuDNN's, and kernelgen's lowest on the maps of ROOFLINE_MAP pixels or more (the issue's bar)."""
+    lines = []
+    for d in DIRECTIONS:
+        r = [x for x in rows if x.get("depthwise") and x["direction"] == d and "pct_of_roofline" in x]
+        if not r:
+            continue
+        large = [x["pct_of_roofline"] for x in r if math.prod(x.get("map", (0,))) >= ROOFLINE_MAP]
+        low = (f"; lowest on maps of {ROOFLINE_MAP} pixels or more: {100 * min(large):.0f}% (bar "
+               f"{100 * ROOFLINE_BAR:.0f}%)") if large else ""
+        lines.append(f"- depthwise {d}, % of the {HBM_BW / 1e12:.1f} TB/s roofline (x, w, y once): geo-mean "
+                     f"kernelgen {100 * geomean([x['pct_of_roofline'] for x in r]):.0f}%, cuDNN "
+                     f"{100 * geomean([x['cudnn_pct_of_roofline'] for x in r]):.0f}%{low}")
+    return lines
+
+
+def _roofline_cell(r):
+    """'kernelgen% (cuDNN%)' of the memory roofline, '' for a row measured before the field existed."""
+    if "pct_of_roofline" not in r:
+        return ""
+    return f"{100 * r['pct_of_roofline']:.0f}% ({100 * r['cudnn_pct_of_roofline']:.0f}%)"
+
+
 def markdown(rows, summ):
-    head = ("| layer | dir | variant / config | kernelgen TFLOP/s | cuDNN TFLOP/s | ratio | regs | smem B | local B | occ | "
-            "% peak | % floor | rel err |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| layer | dir | variant / config | kernelgen TFLOP/s | cuDNN TFLOP/s | ratio | % roofline (cuDNN) | regs | "
+            "smem B | local B | occ | % peak | % floor | rel err |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         name = r["layer"] + (" (depthwise)" if r.get("depthwise") else "")
         if "error" in r:
-            lines.append(f"| {name} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | | | |")
+            lines.append(f"| {name} | {r['direction']} | FAILED: {r['error'][:60]} | | | | | | | | | | | |")
             continue
         lines.append(f"| {name} | {r['direction']} | {r['variant']} {r['config']} | {r['kernelgen_tflops']:.1f} | "
-                     f"{r['cudnn_tflops']:.1f} | {r['ratio']:.2f} | {r.get('registers', '')} | "
+                     f"{r['cudnn_tflops']:.1f} | {r['ratio']:.2f} | {_roofline_cell(r)} | {r.get('registers', '')} | "
                      f"{r.get('shared_bytes', '')} | {r.get('local_bytes', '')} | {r.get('occupancy', '')} | "
                      f"{100 * r.get('pct_of_peak', 0):.0f}% | {100 * r['pct_of_floor']:.0f}% | "
                      f"{r['rel_err_vs_cudnn']:.1e} |")
@@ -309,7 +348,7 @@ def markdown(rows, summ):
         apart = " (not in the geo-means above)" if d.startswith("depthwise ") else ""
         lines.append(f"- geo-mean ratio (cuDNN time / kernelgen time), {d}: **{s['geomean_ratio']:.3f}** over "
                      f"{s['n']}{apart}")
-    return "\n".join(lines)
+    return "\n".join(lines + roofline_lines(rows))
 
 
 def plot(rows, path, precision="fp32"):

@@ -15,7 +15,7 @@ from kernelgen.target import KNOWN_TARGETS
 from kernelgen.templates import depthwise
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.depthwise_config import DepthwiseConfig
-from kernelgen.tuning import database, tuner
+from kernelgen.tuning import bench, database, shapes, tuner
 from harness import assert_close, direction_inputs, launch_poisoned, tolerance
 
 H100 = KNOWN_TARGETS["h100"]
@@ -119,3 +119,45 @@ def test_tuner_candidates_compute_the_convolution_on_the_cpu(rng):
             plan = planner.make_plan(p, "cpu", config=cfg)
             got = launch_poisoned(planner.get_launcher(plan), p, inputs, "cpu")
             assert_close(got, want, p.dtype, f"{p.key()} {cfg}", tol=tolerance(p.dtype))
+
+
+# --- the depthwise shape table and the bench's roofline column ---------------------------------------------------
+
+def test_depthwise_table_covers_both_networks_filters_strides_and_batches():
+    name, layers = shapes.load_table("depthwise")
+    dw = [l for l in layers if l.depthwise]
+    assert name == "depthwise" and len(dw) == 38
+    assert {l.R for l in dw} == {3, 5} and {l.stride for l in dw} == {1, 2} and {l.N for l in dw} == {32, 128}
+    assert {l.net.split(".")[0] for l in dw} >= {"mobilenet_v2", "efficientnet_b0"}
+    assert all(l.padding == (l.R - 1) // 2 and l.K == l.C for l in dw)
+    assert len({(l.N, l.H, l.C, l.R, l.stride) for l in dw}) == len(dw)  # every shape once
+    grouped = [l for l in layers if not l.depthwise]
+    assert sorted(l.C // l.groups for l in grouped) == [4, 8]  # ResNeXt 32x4d: the narrow-group rows
+    for layer in dw[:3] + dw[-3:]:
+        for d in ("fwd", "bwd_data", "bwd_weight"):
+            assert planner.make_plan(layer.problem(d), "cuda").variant == "depthwise"
+
+
+def _bench_row(layer, direction, kg_ms, cudnn_ms):
+    p = layer.problem(direction)
+    roof = bench.roofline_ms(p)
+    return {**bench._row_base(layer, direction, {}), "variant": "depthwise", "config": "DW_x", "ratio": cudnn_ms / kg_ms,
+            "kernelgen_tflops": 1.0, "cudnn_tflops": 1.0, "pct_of_floor": 0.5, "rel_err_vs_cudnn": 1e-7,
+            "precision": "fp32", "pct_of_roofline": roof / kg_ms, "cudnn_pct_of_roofline": roof / cudnn_ms,
+            "map": list(layer.spatial)}
+
+
+def test_bench_reports_percent_of_the_memory_roofline():
+    _, layers = shapes.load_table("depthwise")
+    big, small = layers[2], layers[9]  # 56 x 56 x 144 and 7 x 7 x 960 at batch 32
+    p = big.problem("fwd")
+    assert bench.roofline_ms(p) == pytest.approx(4 * (2 * 32 * 56 * 56 * 144 + 144 * 9) / 3.0e12 * 1e3)
+    roof = bench.roofline_ms(p)
+    rows = [_bench_row(big, "fwd", roof / 0.5, roof / 0.8), _bench_row(small, "fwd", bench.roofline_ms(
+        small.problem("fwd")) / 0.9, 1.0), {**bench._row_base(big, "bwd_data", {}), "error": "plan: no"}]
+    md = bench.markdown(rows, bench.summary(rows))
+    assert "| 0.62 | 50% (80%) |" in md  # kernelgen's % next to the cuDNN ratio, cuDNN's in brackets
+    assert "depthwise fwd, % of the 3.0 TB/s roofline (x, w, y once): geo-mean kernelgen 67%" in md
+    assert "lowest on maps of 3136 pixels or more: 50% (bar 60%)" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(table) == 5 and len({line.count("|") for line in table}) == 1  # a failed row keeps the columns
