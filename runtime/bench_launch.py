@@ -2,18 +2,24 @@
 
 `python -m kernelgen.runtime.bench_launch [--calls N]`: on a GPU it times the CUDA path with device
 inputs (and torch.nn.functional.conv2d on CUDA if torch has CUDA); without one, the CPU path only.
+`--python-only` (any machine, no GPU needed): the dispatch's own Python cost, with the kernel launch stubbed
+(stubbed_launch) - the CUDA route on stand-in device arrays and the CPU route with the numba kernel a no-op.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import threading
 import time
 
 import numpy as np
 
 import kernelgen
 from kernelgen import api
-from kernelgen.planner import gpu_present
-from kernelgen.runtime import arena
+from kernelgen.planner import gpu_present, make_plan
+from kernelgen.runtime import arena, cuda_call
+from kernelgen.runtime.driver import _FastLaunch
 from kernelgen.tuning.timing import time_cuda
 
 
@@ -27,11 +33,115 @@ def per_call_us(fn, calls, sync=lambda: None):
     return (time.perf_counter() - start) / calls * 1e6
 
 
+class StandInDeviceArray:
+    """A device array as the dispatch sees one (shape, dtype, strides, __cuda_array_interface__), with no device
+    memory behind it: the --python-only route never launches anything."""
+    _next = 1 << 20
+
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = math.prod(self.shape)
+        self.strides = _c_strides(self.shape, self.dtype.itemsize)
+        StandInDeviceArray._next += 1 << 16
+        self._ptr = StandInDeviceArray._next
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"data": (self._ptr, False), "shape": self.shape, "typestr": self.dtype.str, "strides": None,
+                "version": 3}
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _stub_fast_launch(launcher):
+    """The launcher's prepacked cuLaunchKernel route with the driver call replaced by a no-op: the argument
+    packing (_FastLaunch.__call__) still runs."""
+    import ctypes
+    fast = _FastLaunch.__new__(_FastLaunch)
+    n_words = 7 * len(launcher.params)
+    fast.words = (ctypes.c_int64 * n_words)()
+    base = ctypes.addressof(fast.words)
+    fast.params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
+    fast.handle, fast.grid, fast.threads, fast.shared = 0, tuple(launcher.grid) + (1,) * (3 - len(launcher.grid)), \
+        launcher.threads, launcher.shared_bytes
+    fast.thread = threading.get_ident()
+    fast.launch = lambda *a: 0
+    launcher._fast = fast
+
+
+@contextlib.contextmanager
+def stubbed_launch():
+    """A GPU as far as kernelgen's dispatch can tell (api.gpu_present, the device pool's allocation), with
+    nothing behind it; undone on exit."""
+    saved = api.gpu_present, cuda_call.device_empty
+    api.gpu_present = lambda: True
+    cuda_call.device_empty = lambda shape, dtype, stream=None: StandInDeviceArray(shape, dtype)
+    try:
+        yield
+    finally:
+        api.gpu_present, cuda_call.device_empty = saved
+
+
+def python_only_rows(calls, profile=False):
+    """Per-call Python cost of the dispatch, no kernel run: the CUDA route on stand-in device arrays (launch and
+    allocation stubbed) and the CPU route with the compiled kernel replaced by a no-op."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 4)).astype(np.float32)
+    rows = []
+    with stubbed_launch():
+        dx, dw, out = StandInDeviceArray(x.shape), StandInDeviceArray(w.shape), StandInDeviceArray(x.shape)
+        problem = api.conv.plan_call(x, w, padding=1, backend="cuda").prep.problem
+        _stub_fast_launch(api.get_launcher(make_plan(problem, "cuda")))
+        conv_new = lambda: kernelgen.conv(dx, dw, padding=1)  # noqa: E731
+        rows.append(("dispatch cuda, launch stubbed (new output)", best_us(conv_new, calls)))
+        rows.append(("dispatch cuda, launch stubbed (out=)",
+                     best_us(lambda: kernelgen.conv(dx, dw, padding=1, out=out), calls)))
+        if profile:
+            _print_profile(conv_new, calls)
+    cpu_launcher = api.get_launcher(make_plan(api.conv.plan_call(x, w, padding=1, backend="cpu").prep.problem, "cpu"))
+    kernel, cpu_launcher.kernel = cpu_launcher.kernel, lambda *a: None
+    try:
+        rows.append(("dispatch cpu, kernel stubbed (numpy)",
+                     best_us(lambda: kernelgen.conv(x, w, padding=1, backend="cpu"), calls)))
+        if profile:
+            _print_profile(lambda: kernelgen.conv(x, w, padding=1, backend="cpu"), calls)
+    finally:
+        cpu_launcher.kernel = kernel
+    rows.append(("plan only: conv.plan_call (numpy, cpu)",
+                 best_us(lambda: api.conv.plan_call(x, w, padding=1, backend="cpu"), calls)))
+    return rows
+
+
+def _print_profile(fn, calls):
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.runcall(lambda: [fn() for _ in range(calls)])
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
+def best_us(fn, calls, repeat=7):
+    """The least of `repeat` per_call_us blocks (timeit's rule: on a shared machine the other processes only add
+    time, so the minimum is the figure closest to the code's own cost)."""
+    return min(per_call_us(fn, max(1, calls // repeat)) for _ in range(repeat))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--profile", action="store_true", help="also print where a GPU call's time goes (cProfile)")
+    ap.add_argument("--python-only", action="store_true",
+                    help="time the dispatch's Python with the kernel launch stubbed (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.python_only:
+        return _print_rows(python_only_rows(args.calls, args.profile))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 4)).astype(np.float32)
@@ -83,9 +193,13 @@ def main(argv=None):
         rows.append(("(device pool served_from_pool)", float(arena.device_pool().stats()["served_from_pool"])))
     rows.append(("kernelgen.conv cpu (numpy arrays)",
                  per_call_us(lambda: kernelgen.conv(x, w, padding=1, backend="cpu"), args.calls)))
-    print(f"{'path':40s} {'us/call':>10s}")
+    return _print_rows(rows)
+
+
+def _print_rows(rows):
+    print(f"{'path':44s} {'us/call':>10s}")
     for name, us in rows:
-        print(f"{name:40s} {us:10.1f}")
+        print(f"{name:44s} {us:10.1f}")
     return rows
 
 
