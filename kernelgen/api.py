@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, settings
+from . import arrays, bfloat16, settings
 from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher, gpu_present,  # noqa: F401
                       make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
@@ -199,7 +199,11 @@ def _op(plan_call):
     explain and bind use, so they never swap out a function that concurrent calls go through."""
     @functools.wraps(plan_call)
     def op(*args, **kwargs):
-        return _run(plan_call(*args, **kwargs))
+        try:
+            call = plan_call(*args, **kwargs)
+        except arrays.BFloat16Storage:  # all tensors bfloat16: widened, computed with precision="bf16", narrowed
+            return bfloat16.call(op, args, kwargs)
+        return _run(call)
     op.plan_call = plan_call
     return op
 

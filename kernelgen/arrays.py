@@ -1,12 +1,15 @@
-"""Array interop: NumPy on the host, anything with __cuda_array_interface__ on the device.
+"""Array interop: NumPy on the host, anything with __cuda_array_interface__ on the device, and anything that
+speaks DLPack (JAX, TensorFlow, ...: kernelgen.dlpack) on either.
 
 Device inputs are viewed, never copied (numba's as_cuda_array wraps the interface); outputs come
 back as the caller's array type where we can build one without a copy (torch, CuPy), else as a
-numba device array.
+numba device array.  bfloat16 arrays are recognised here and handed to kernelgen.bfloat16 (BFloat16Storage).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from kernelgen import dlpack
 
 _DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 
@@ -24,10 +27,21 @@ def is_cuda_array(a) -> bool:
     return bool(getattr(a, "__cuda_ndarray__", False)) or "__cuda_array_interface__" in getattr(a, "__dict__", ())
 
 
+class BFloat16Storage(TypeError):
+    """Every tensor of a call is bfloat16: the op reruns it through kernelgen.bfloat16 (which widens, computes
+    with precision="bf16" and narrows); anywhere else (explain, bind) it is the TypeError naming the argument."""
+
+
 def as_array_arg(a, name):
-    """An array argument as kernelgen keeps it: arrays and tensors as they are, anything else (nested lists,
-    scalars) as a NumPy array, so that a call's memo key is its shape and dtype, never an object's id()."""
-    if a is None or hasattr(a, "shape") or is_cuda_array(a):
+    """An array argument as kernelgen keeps it: NumPy arrays, torch tensors and __cuda_array_interface__ arrays as
+    they are; another DLPack array as a view of its memory (kernelgen.dlpack: NumPy on the host, a DeviceView on
+    CUDA, a BFloat16Array for bfloat16); anything else (nested lists, scalars) as a NumPy array, so that a
+    call's memo key is its shape and dtype, never an object's id()."""
+    if a is None or type(a) is np.ndarray or is_torch(a) or is_cuda_array(a):
+        return a
+    if dlpack.speaks_dlpack(a):
+        return dlpack.view(a, name)
+    if hasattr(a, "shape"):
         return a
     try:
         return np.asarray(a)
@@ -40,6 +54,11 @@ def host_view(a):
     if is_torch(a):
         return a.detach().numpy()
     return np.asarray(a)
+
+
+def is_bfloat16(a) -> bool:
+    """a stores bfloat16: a torch tensor, an ml_dtypes NumPy array, a DLPack BFloat16Array."""
+    return str(getattr(a, "dtype", "")).endswith("bfloat16")
 
 
 def dtype_name(a) -> str:
@@ -65,6 +84,7 @@ def shape_of(a):
 
 def check_arrays(named, backend):
     """Validate dtypes/placement of named arrays (before any kernel runs); return the dtype name."""
+    _check_bfloat16(named)
     kinds = {n: is_cuda_array(a) for n, a in named.items() if a is not None}
     if len(set(kinds.values())) > 1:
         where = ", ".join(f"{n} on {'GPU' if c else 'host'}" for n, c in kinds.items())
@@ -72,9 +92,6 @@ def check_arrays(named, backend):
     dtypes = {n: dtype_name(a) for n, a in named.items() if a is not None}
     first = next(iter(dtypes))
     for n, dt in dtypes.items():
-        if dt == "bfloat16":  # (ml_dtypes' NumPy bfloat16; torch does not export it through the CUDA interface)
-            raise TypeError(f"{n} must not be bfloat16: bf16 is a compute precision, pass float32 tensors with "
-                            f'precision="bf16" (or float16 tensors with precision="fp16")')
         if dt not in _DTYPES:
             raise TypeError(f"{n} must have dtype float32 (float16 with precision=\"fp16\"; float64 on the CPU "
                             f"backend), got {dt}")
@@ -86,6 +103,20 @@ def check_arrays(named, backend):
     if any(kinds.values()) and backend != "cuda":
         raise ValueError(f"backend must be 'cuda' (or None) for CUDA arrays, got {backend!r}")
     return dt
+
+
+def _check_bfloat16(named):
+    """All tensors bfloat16: BFloat16Storage (the op computes them through kernelgen.bfloat16); some: TypeError."""
+    given = {n: a for n, a in named.items() if a is not None}
+    bf16 = [n for n, a in given.items() if is_bfloat16(a)]
+    if not bf16:
+        return
+    if len(bf16) < len(given):
+        other = next(n for n in given if n not in bf16)
+        raise TypeError(f"{bf16[0]} must not be bfloat16 unless every tensor of the call is ({other} is "
+                        f"{dtype_name(given[other])})")
+    raise BFloat16Storage(f"{bf16[0]} must not be bfloat16 here: explain and bind take float32 tensors with "
+                          f'precision="bf16" (kernelgen.conv and the other ops take bfloat16 tensors themselves)')
 
 
 def to_device_view(a, name):

@@ -1,0 +1,126 @@
+"""torch.nn.functional's convolutions on kernelgen: conv1d/2d/3d and conv_transpose1d/2d/3d with torch's
+signatures and layouts, differentiable (kernelgen.torch.ops), and aware of autocast.
+
+Precision: bfloat16 tensors compute with precision="bf16", float16 ones with "fp16", float32 ones with
+kernelgen's setting in force (kernelgen.set_precision: "fp32" unless changed), float64 ones (CPU) exactly.
+Under torch.autocast the convolution runs as torch's does there: bf16 autocast computes on bf16 operands
+with float32 accumulation and returns bfloat16 (kernelgen reads the float32 tensors and rounds them to bf16 on
+the tensor cores, so a float32 input costs no cast); fp16 autocast casts the tensors to float16 and computes
+with precision="fp16".
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelgen import api
+from kernelgen.torch import ops
+
+
+def _tuple(value, nd, name):
+    values = (value,) * nd if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    if len(values) != nd or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{name} must be an int or {nd} ints, got {value!r}")
+    return list(values)
+
+
+def _check_ranks(nd, x, w, op):
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise TypeError(f"{op}: input and weight must be torch tensors, got {type(x).__name__} and "
+                        f"{type(w).__name__}")
+    if x.dim() not in (nd + 1, nd + 2):
+        raise ValueError(f"input must have {nd + 2} dims (N, C, *spatial) or {nd + 1} (unbatched) for {op}, "
+                         f"got shape {tuple(x.shape)}")
+    if w.dim() != nd + 2:
+        raise ValueError(f"weight must have {nd + 2} dims for {op}, got shape {tuple(w.shape)}")
+
+
+def _precision(x):
+    """(precision, dtype to compute on or None, dtype of the result or None) for a call on x."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        dtype = torch.get_autocast_dtype(device)
+        if dtype == torch.bfloat16:
+            return "bf16", torch.float32, torch.bfloat16
+        if dtype == torch.float16:
+            return "fp16", torch.float16, torch.float16
+    if x.dtype == torch.bfloat16:
+        return "bf16", None, None
+    if x.dtype == torch.float16:
+        return "fp16", None, None
+    return (api.get_precision() if x.dtype == torch.float32 else "fp32"), None, None
+
+
+def _cast(t, dtype):
+    return t if t is None or dtype is None else t.to(dtype)
+
+
+def _same_padding(x, w, stride, dilation):
+    """padding="same" (stride 1): the even part as kernelgen's padding, an odd remainder padded on x's far side
+    first, as torch does."""
+    if any(s != 1 for s in stride):
+        raise ValueError(f'padding="same" needs stride 1, got stride={stride}')
+    total = [d * (f - 1) for d, f in zip(dilation, w.shape[2:])]
+    extra = [t % 2 for t in total]
+    if any(extra):
+        x = torch.nn.functional.pad(x, [v for e in reversed(extra) for v in (0, e)])
+    return x, [t // 2 for t in total]
+
+
+def _conv(nd, x, w, bias, stride, padding, dilation, groups, op):
+    _check_ranks(nd, x, w, op)
+    unbatched = x.dim() == nd + 1
+    x = x.unsqueeze(0) if unbatched else x
+    stride, dilation = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+    if padding == "same":
+        x, padding = _same_padding(x, w, stride, dilation)
+    padding = [0] * nd if padding == "valid" else _tuple(padding, nd, "padding")
+    precision, compute, result = _precision(x)
+    y = ops.conv(_cast(x, compute), _cast(w, compute), _cast(bias, compute), stride, padding, dilation, groups,
+                 precision)
+    y = _cast(y, result)
+    return y.squeeze(0) if unbatched else y
+
+
+def _conv_transpose(nd, x, w, bias, stride, padding, output_padding, groups, dilation, op):
+    _check_ranks(nd, x, w, op)
+    unbatched = x.dim() == nd + 1
+    x = x.unsqueeze(0) if unbatched else x
+    precision, compute, result = _precision(x)
+    y = ops.conv_transpose(_cast(x, compute), _cast(w, compute), _cast(bias, compute), _tuple(stride, nd, "stride"),
+                           _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding"),
+                           _tuple(dilation, nd, "dilation"), groups, precision)
+    y = _cast(y, result)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv1d on kernelgen."""
+    return _conv(1, input, weight, bias, stride, padding, dilation, groups, "conv1d")
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d on kernelgen."""
+    return _conv(2, input, weight, bias, stride, padding, dilation, groups, "conv2d")
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv3d on kernelgen."""
+    return _conv(3, input, weight, bias, stride, padding, dilation, groups, "conv3d")
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose1d on kernelgen (torch's argument order: groups before dilation)."""
+    return _conv_transpose(1, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                           "conv_transpose1d")
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose2d on kernelgen."""
+    return _conv_transpose(2, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                           "conv_transpose2d")
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """torch.nn.functional.conv_transpose3d on kernelgen."""
+    return _conv_transpose(3, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                           "conv_transpose3d")

@@ -1,0 +1,177 @@
+"""kernelgen's convolutions as torch operators: `torch.ops.kernelgen.conv`, `.conv_backward_data`,
+`.conv_backward_weight` and `.conv_transpose`, each a `torch.library.custom_op` with a fake (meta) implementation,
+so that torch.compile traces through them, and the forward ops with registered autograd formulas whose
+gradients are kernelgen ops again.
+
+Every op takes and returns torch's layout, (N, C, *spatial) tensors and (K, C / groups, *filter) weights, and
+hands kernelgen the channels-last view of each: a permutation, free for tensors stored channels-last
+(torch.channels_last, which the modules' weights and every output here are), one copy for others.  Outputs are
+kernelgen's channels-last results seen as (N, C, *spatial): channels-last tensors, so a network's next layer
+reads them without a copy.  On CUDA the kernels run on torch's current stream.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from kernelgen import api
+from kernelgen.problem import conv_out_size
+
+
+def channels_last(t):
+    """(N, C, *spatial) as (N, *spatial, C), C-contiguous: a view when t is stored channels-last, else a copy."""
+    v = t.permute(0, *range(2, t.dim()), 1)
+    return v if v.is_contiguous() else v.contiguous()
+
+
+def channels_first(t):
+    """A channels-last (N, *spatial, C) tensor seen as (N, C, *spatial) (a view)."""
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+
+
+def _empty_like_kernelgen(ref, shape):
+    """What the kernel returns for torch-layout `shape`: a channels-last tensor seen as (N, C, *spatial)."""
+    return channels_first(ref.new_empty((shape[0], *shape[2:], shape[1])))
+
+
+def _where(t, precision):
+    """The keyword arguments that put a kernelgen call where t is: its backend, torch's current stream."""
+    if not t.is_cuda:
+        return {"backend": "cpu", "precision": precision}
+    stream = torch.cuda.current_stream(t.device)
+    return {"backend": "cuda", "precision": precision, "stream": None if stream.cuda_stream == 0 else stream}
+
+
+def _bias(bias):
+    return None if bias is None else bias.contiguous()
+
+
+@torch.library.custom_op("kernelgen::conv", mutates_args=())
+def conv(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int], padding: List[int],
+         dilation: List[int], groups: int, precision: str) -> torch.Tensor:
+    y = api.conv(channels_last(x), channels_last(w), _bias(bias), stride=tuple(stride), padding=tuple(padding),
+                 dilation=tuple(dilation), groups=groups, **_where(x, precision))
+    return channels_first(y)
+
+
+@torch.library.custom_op("kernelgen::conv_backward_data", mutates_args=())
+def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: List[int], stride: List[int], padding: List[int],
+                       dilation: List[int], groups: int, precision: str) -> torch.Tensor:
+    shape = (x_shape[0], *x_shape[2:], x_shape[1])
+    dx = api.conv_backward_data(channels_last(dy), channels_last(w), shape, stride=tuple(stride),
+                                padding=tuple(padding), dilation=tuple(dilation), groups=groups, **_where(dy, precision))
+    return channels_first(dx)
+
+
+@torch.library.custom_op("kernelgen::conv_backward_weight", mutates_args=())
+def conv_backward_weight(x: torch.Tensor, dy: torch.Tensor, w_shape: List[int], stride: List[int],
+                         padding: List[int], dilation: List[int], groups: int, precision: str) -> torch.Tensor:
+    shape = (w_shape[0], *w_shape[2:], w_shape[1])
+    dw = api.conv_backward_weight(channels_last(x), channels_last(dy), shape, stride=tuple(stride),
+                                  padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+                                  **_where(x, precision))
+    return channels_first(dw)
+
+
+@torch.library.custom_op("kernelgen::conv_transpose", mutates_args=())
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
+                   padding: List[int], output_padding: List[int], dilation: List[int], groups: int,
+                   precision: str) -> torch.Tensor:
+    y = api.deconv(channels_last(x), channels_last(w), _bias(bias), stride=tuple(stride), padding=tuple(padding),
+                   output_padding=tuple(output_padding), dilation=tuple(dilation), groups=groups,
+                   **_where(x, precision))
+    return channels_first(y)
+
+
+# --- shapes without data (torch.compile, meta tensors) ----------------------------------------------------------
+
+def conv_output_shape(x_shape, w_shape, stride, padding, dilation):
+    spatial = [conv_out_size(i, f, s, p, d) for i, f, s, p, d in zip(x_shape[2:], w_shape[2:], stride, padding,
+                                                                         dilation)]
+    return [x_shape[0], w_shape[0], *spatial]
+
+
+def conv_transpose_output_shape(x_shape, w_shape, stride, padding, output_padding, dilation, groups):
+    spatial = [(i - 1) * s - 2 * p + d * (f - 1) + op + 1 for i, f, s, p, op, d in
+               zip(x_shape[2:], w_shape[2:], stride, padding, output_padding, dilation)]
+    return [x_shape[0], w_shape[1] * groups, *spatial]
+
+
+@conv.register_fake
+def _(x, w, bias, stride, padding, dilation, groups, precision):
+    return _empty_like_kernelgen(x, conv_output_shape(x.shape, w.shape, stride, padding, dilation))
+
+
+@conv_backward_data.register_fake
+def _(dy, w, x_shape, stride, padding, dilation, groups, precision):
+    return _empty_like_kernelgen(dy, x_shape)
+
+
+@conv_backward_weight.register_fake
+def _(x, dy, w_shape, stride, padding, dilation, groups, precision):
+    return _empty_like_kernelgen(x, w_shape)
+
+
+@conv_transpose.register_fake
+def _(x, w, bias, stride, padding, output_padding, dilation, groups, precision):
+    return _empty_like_kernelgen(x, conv_transpose_output_shape(x.shape, w.shape, stride, padding, output_padding,
+                                                                dilation, groups))
+
+
+# --- autograd: the gradients are kernelgen ops ------------------------------------------------------------------
+
+def _bias_grad(dy):
+    return dy.sum(dim=[0, *range(2, dy.dim())])
+
+
+def _conv_setup(ctx, inputs, output):
+    x, w, bias, stride, padding, dilation, groups, precision = inputs
+    ctx.save_for_backward(x, w)
+    ctx.hyper = (stride, padding, dilation, groups, precision)
+    ctx.has_bias = bias is not None
+
+
+def _conv_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx = conv_backward_data(dy, w, list(x.shape), *ctx.hyper) if need_x else None
+    dw = conv_backward_weight(x, dy, list(w.shape), *ctx.hyper) if need_w else None
+    db = _bias_grad(dy) if ctx.has_bias and need_b else None
+    return dx, dw, db, None, None, None, None, None
+
+
+def _conv_transpose_setup(ctx, inputs, output):
+    x, w, bias, stride, padding, output_padding, dilation, groups, precision = inputs
+    ctx.save_for_backward(x, w)
+    ctx.hyper = (stride, padding, dilation, groups, precision)
+    ctx.has_bias = bias is not None
+    ctx.y_shape = list(output.shape)
+
+
+def _conv_transpose_backward(ctx, dy):
+    """conv_transpose is the backward-data pass of the convolution with weight w: its input gradient is that
+    convolution's forward of dy, its weight gradient the convolution's backward-weight with dy as the input and x as
+    the output gradient.  An output_padding past the stride gives trailing outputs no element of x feeds: the
+    convolution's output there is cropped off (dx), and x is extended by zeros (dw)."""
+    x, w = ctx.saved_tensors
+    stride, padding, dilation, groups, precision = ctx.hyper
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    seen = conv_output_shape(ctx.y_shape, w.shape, stride, padding, dilation)
+    seen[1] = x.shape[1]
+    dx = dw = db = None
+    if need_x:
+        dx = conv(dy, w, None, stride, padding, dilation, groups, precision)
+        if list(dx.shape) != list(x.shape):
+            dx = dx[tuple(slice(0, n) for n in x.shape)]
+    if need_w:
+        xe = x if list(x.shape) == seen else torch.nn.functional.pad(
+            x, [v for n, m in reversed(list(zip(seen[2:], x.shape[2:]))) for v in (0, n - m)])
+        dw = conv_backward_weight(dy, xe, list(w.shape), stride, padding, dilation, groups, precision)
+    if ctx.has_bias and need_b:
+        db = _bias_grad(dy)
+    return dx, dw, db, None, None, None, None, None, None
+
+
+conv.register_autograd(_conv_backward, setup_context=_conv_setup)
+conv_transpose.register_autograd(_conv_transpose_backward, setup_context=_conv_transpose_setup)
