@@ -342,10 +342,13 @@ class Explanation:
     backend: str
     source: str
     precision: str = "fp32"
+    decided_by: str = ""  # the planner's link that chose the config ("config=", "tuned", "nearest tuned K", "model",
+    reason: str = ""      # "default", ...: kernelgen.planner) and why
 
     def __str__(self):
         return (f"problem : {self.problem.key()}\nvariant : {self.variant}\nconfig  : {self.config}\n"
-                f"backend : {self.backend}\nprecision: {self.precision}\n{'-' * 72}\n{self.source}")
+                f"backend : {self.backend}\nprecision: {self.precision}\ndecided : {self.decided_by}\n"
+                f"reason  : {self.reason}\n{'-' * 72}\n{self.source}")
 
 
 _OPS = {op.__name__: op for op in (conv, conv_backward_data, conv_backward_weight, deconv)}
@@ -377,11 +380,13 @@ def bind(op, *args, **kwargs):
 
 
 def explain(op, *args, **kwargs) -> Explanation:
-    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config and the generated
-    source, without running it.  op is a kernelgen function or its name ("conv", "deconv", ...)."""
+    """What kernelgen would run for `op(*args, **kwargs)`: problem, variant, config, which link of the planner's
+    resolution chain chose it and why, and the generated source, without running it.  op is a kernelgen function or
+    its name ("conv", "deconv", ...)."""
     prep = _planned_call(op, args, kwargs, _OPS).prep
     if prep.plan is None:
         raise ValueError(f"nothing to compute for {prep.problem.key()}: the output is empty (N = 0 or an empty "
                          f"spatial size), so no kernel runs")
     plan = prep.plan
-    return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render(), plan.precision)
+    return Explanation(plan.problem, plan.variant, plan.config, plan.backend, plan.render(), plan.precision,
+                       plan.decided_by, plan.reason)

@@ -1,15 +1,24 @@
 """The planner: a validated ConvProblem (plus the caller's algo / config / precision) -> a Plan.
 
-One resolution chain, in this order: an explicit `config=` -> the tuned database's entry for exactly this
-problem (or its nearest tuned neighbour, for fp32) -> the untuned tile measured best on average (fp16 on
-sm_90) -> the variant's cost-model default.  Every choice is made for the Target in effect (kernelgen.target:
-the GPU's own facts, or the `target` setting's table entry offline), passed to the variants through the Variant
-protocol (templates/variant.py).  A Plan knows everything that affects the generated source, so
-`Plan.key()` is the kernel cache's key (tinygrad's realize.py keeps one such key the same way).
+One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
+says why; kernelgen.explain shows both):
+  "config="          the caller's explicit config;
+  "tuned"            the tuned database's entry for exactly this problem (and precision) on this GPU;
+  "nearest tuned K"  fp32: the entry of the nearest tuned problem K, where it is near enough (tuning/database.py);
+  "model"            the performance model fitted on the tuner's measurements (tuning/perf_model.py) ranks the
+                     variant's configs (automatic fp32: every candidate variant's) and its best-scored one runs;
+  "untuned sm_90 TMA tile"  fp16 on an sm_90 GPU without a model: the TMA tile measured best on average;
+  "default"          the variant's cost-model default.
+The database and model links are per GPU: they answer where a GPU is present (the model also offline where the
+`model` setting is "on": then for the `target` setting's GPU), never on the CPU backend, and a GPU without a
+database or model falls through them.  Every choice is made for the Target in effect (kernelgen.target: the GPU's
+own facts, or the `target` setting's table entry offline), passed to the variants through the Variant protocol
+(templates/variant.py).  A Plan knows everything that affects the generated source, so `Plan.key()` is the kernel
+cache's key (tinygrad's realize.py keeps one such key the same way); which link decided is not part of it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kernelgen import settings
 from kernelgen.problem import ConvProblem
@@ -20,7 +29,7 @@ from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
-from kernelgen.tuning import database
+from kernelgen.tuning import database, perf_model
 
 BACKENDS = ("cuda", "cpu")
 
@@ -78,6 +87,10 @@ class Plan:
     backend: str
     precision: str | None = None  # None: the variant's own (fp32, or tf32 for a tensor-core variant)
     target: Target | None = None  # None: the target in effect for the backend (target_for)
+    # which link of the resolution chain chose the config, and why (not part of key() or of equality: the same
+    # source is the same kernel, however it was chosen)
+    decided_by: str = field(default="", compare=False)
+    reason: str = field(default="", compare=False)
 
     def __post_init__(self):
         own = get_variant(self.variant).precisions
@@ -102,6 +115,76 @@ class Plan:
         return render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One link's answer: the variant and config it chose, the link (Plan.decided_by) and why (Plan.reason)."""
+    variant: str
+    config: object
+    decided_by: str
+    reason: str
+
+
+def model_device():
+    """The device whose performance model the chain consults, or None (the link is skipped): where a GPU is present
+    unless the `model` setting is "off"; offline only where it is "on", for the `target` setting's GPU."""
+    mode = settings.get("model")
+    if mode == "off" or not (gpu_present() or mode == "on"):
+        return None
+    return tuned_device()
+
+
+def _given(variant, config) -> Choice:
+    return Choice(variant.name, config, "config=", "the caller's config")
+
+
+def _tuned_fp32(problem, variant, forced) -> Choice | None:
+    """The tuned database's entry for exactly this problem (a forced variant's fastest config in it), else, for an
+    automatic variant, the nearest tuned problem's entry (database.resolve), or None."""
+    if forced:
+        config = tuned_variant_config(problem, variant.name)
+        return None if config is None else Choice(
+            variant.name, config, "tuned", f"the tuned database of {tuned_device()} has this problem: its fastest "
+                                           f"{variant.name} config")
+    db = _tuned_db()
+    hit = None if db is None else db.resolve(problem, tuned_device(), variant.name)
+    if hit is None:
+        return None
+    name, config, how, key = hit
+    if how == "tuned":
+        return Choice(name, config, "tuned", f"the tuned database of {tuned_device()} has this problem: its fastest "
+                                             f"measured candidate")
+    return Choice(name, config, f"nearest tuned {key}", f"no tuned entry for this problem; the nearest tuned problem "
+                                                        f"of the same direction, filter and stride, {key}, is within "
+                                                        f"{database.NEAREST_MAX_DISTANCE} (sum of log size ratios)")
+
+
+def _model_choice(problem, variants, precision, target: Target) -> Choice | None:
+    """The performance model's best-scored config of the variants (tuning/perf_model.choose), or None where the link
+    is off or the device has no model at this precision."""
+    device = model_device()
+    hit = None if device is None else perf_model.choose(problem, variants, precision, target, device)
+    if hit is None:
+        return None
+    names = ", ".join(v.name for v in variants)
+    return Choice(hit[0], hit[1], "model", f"no tuned entry near this problem; the performance model of {device} "
+                                          f"({precision}) scored {hit[0]} {hit[1]} best of the configs of {names}")
+
+
+def _why_default(backend, precision) -> str:
+    """Why no earlier link answered, for a default's reason."""
+    if backend != "cuda":
+        return f"the {backend} backend (tuned entries and the model are per GPU)"
+    device = model_device()
+    if device is None:
+        return "no GPU present and setting model is not 'on'" if settings.get("model") != "off" else "setting model is 'off'"
+    return f"no tuned entry near this problem and no performance model of {device} at {precision}"
+
+
+def _default(problem, variant, backend, precision, target: Target) -> Choice:
+    return Choice(variant.name, variant.default_config(problem, target, precision), "default",
+                  f"{variant.name}'s cost-model default on {target.name}: {_why_default(backend, precision)}")
+
+
 def _hopper_untuned_config(problem, precision, target: Target):
     """fp16 on a GPU with TMA and warpgroup MMAs (sm_90) and no tuned entry: the TMA tile measured best on average
     there (implicit_gemm_tc.untuned_tma_config; the template's mma.sync default is 2-3x slower on those problems),
@@ -111,18 +194,37 @@ def _hopper_untuned_config(problem, precision, target: Target):
     return implicit_gemm_tc.untuned_tma_config(problem, precision, target)
 
 
+def _tensor_core_choice(problem, backend, config, precision, target: Target) -> Choice:
+    """The chain at a tensor-core precision: config= -> tuned (exactly this problem and precision) -> model -> (fp16
+    on sm_90) the untuned TMA tile -> the template's default.  (The model comes before the TMA tile: on the shipped
+    H100 database its leave-one-out pick was within 10 % of the tuned best on 86 % of fp16 problems, the tile's on
+    59 %; tuning/results/2026-11-26_cpu_perf_model_loo.json.)"""
+    variant = implicit_gemm_tc.VARIANT
+    if config is not None:
+        return _given(variant, config)
+    if backend == "cuda":
+        tuned = tuned_tensor_core_config(problem, precision)
+        if tuned is not None:
+            return Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem at "
+                                                        f"{precision}: its fastest config")
+        chosen = _model_choice(problem, [variant], precision, target)
+        if chosen is not None:
+            return chosen
+        tile = _hopper_untuned_config(problem, precision, target)
+        if tile is not None:
+            return Choice(variant.name, tile, "untuned sm_90 TMA tile", "fp16 on an sm_90 GPU with no tuned entry or "
+                                                                        "model: the TMA tile measured best on average")
+    return _default(problem, variant, backend, precision, target)
+
+
 def _tensor_core_plan(problem, backend, algo, config, precision, target: Target) -> Plan:
-    """The tensor-core implicit GEMM at `precision`: the given config, else (CUDA, a GPU present, tuned
-    databases not turned off) the tuned entry for exactly (problem, precision), else (fp16 on sm_90) the untuned
-    TMA tile, else the template's default."""
+    """The tensor-core implicit GEMM at `precision`, its config by _tensor_core_choice, checked."""
     variant = implicit_gemm_tc.VARIANT
     if algo not in (None, implicit_gemm.NAME, variant.name):
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
-    if config is None and backend == "cuda":
-        config = tuned_tensor_core_config(problem, precision) or _hopper_untuned_config(problem, precision, target)
-    if config is None:
-        config = variant.default_config(problem, target, precision)
+    choice = _tensor_core_choice(problem, backend, config, precision, target)
+    config = choice.config
     if not config.tensor_core:
         raise ValueError(f"config must be a tensor-core TileConfig (WM, WN > 0) for precision={precision!r}, "
                          f"got {config}")
@@ -135,29 +237,50 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
                          f"{target.name} ({target.arch}); got {config}")
     if backend != "cuda" and config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
-    return Plan(problem, variant.name, config, backend, precision, target)
+    return Plan(problem, variant.name, config, backend, precision, target, choice.decided_by, choice.reason)
 
 
 def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan:
     """The direct depthwise template (groups == C) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
-    tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The given config, else (CUDA) the
-    tuned database's fastest depthwise config for exactly this problem at this precision ("tf32" also reads the
-    fp32 entry: the same fp32 FMAs), else its cost model's.  No nearest neighbour: a depthwise block's shape
-    follows its channels and rows too closely to borrow another layer's, and a GEMM entry never decides."""
+    tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The tuner does not tune it yet, so
+    no database entry (and no neighbour's GEMM entry) decides, nor the model (it has no measurements of it): the
+    given config, else its cost model's."""
     variant = depthwise.VARIANT
-    db = _tuned_db() if config is None and backend == "cuda" else None
-    if db is not None:
-        # tf32 runs the very fp32 kernel (no tensor cores here), so an fp32 tune's entry serves it too
-        for tuned_at in (precision, "fp32") if precision == "tf32" else (precision,):
-            config = config or db.tuned_config(problem, tuned_device(), variant.name, tuned_at)
-    if config is None:
-        config = variant.default_config(problem, target, precision)
-    if not variant.accepts(problem, config, precision):
+    choice = _given(variant, config) if config is not None else Choice(
+        variant.name, variant.default_config(problem, target, precision), "default",
+        f"depthwise's cost-model default on {target.name}: the template is not tuned, nor modelled, yet")
+    if not variant.accepts(problem, choice.config, precision):
         raise ValueError(f"config must be a DepthwiseConfig that fits {problem.key()} for algo='depthwise', "
-                         f"got {config}")
-    if backend != "cuda" and config.split_k > 1:
-        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
-    return Plan(problem, variant.name, config, backend, precision, target)
+                         f"got {choice.config}")
+    if backend != "cuda" and choice.config.split_k > 1:
+        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {choice.config.split_k}")
+    return Plan(problem, variant.name, choice.config, backend, precision, target, choice.decided_by, choice.reason)
+
+
+def _fp32_variants(problem, algo):
+    """The variants an fp32 plan chooses among: the forced one (checked), else every candidate, preferred first."""
+    if algo is None:
+        return candidates(problem)
+    variant = get_variant(algo)
+    if not variant.applies(problem, variant.precisions[0]):
+        raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
+    if variant.precisions[0] != "fp32":
+        raise ValueError(f"algo {algo!r} computes in {variant.precisions[0]}: ask for it with "
+                         f"precision={variant.precisions[0]!r}")
+    return [variant]
+
+
+def _fp32_choice(problem, backend, algo, config, target: Target) -> Choice:
+    """The chain at fp32: config= -> tuned (exactly) -> nearest tuned (automatic variant) -> model -> default."""
+    variants = _fp32_variants(problem, algo)
+    variant = variants[0]
+    if config is not None:
+        return _given(variant, config)
+    if backend == "cuda":
+        chosen = _tuned_fp32(problem, variant, algo is not None) or _model_choice(problem, variants, "fp32", target)
+        if chosen is not None:
+            return chosen
+    return _default(problem, variant, backend, "fp32", target)
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
@@ -170,26 +293,11 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
         return _depthwise_plan(problem, backend, config, precision, target)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)
-    if algo is not None:
-        variant = get_variant(algo)
-        if not variant.applies(problem, variant.precisions[0]):
-            raise ValueError(f"algo {algo!r} cannot compute this problem ({problem.key()})")
-        if variant.precisions[0] != "fp32":
-            raise ValueError(f"algo {algo!r} computes in {variant.precisions[0]}: ask for it with "
-                             f"precision={variant.precisions[0]!r}")
-        if config is None and backend == "cuda":
-            config = tuned_variant_config(problem, variant.name)
-    else:
-        variant = candidates(problem)[0]
-        if config is None and backend == "cuda":
-            tuned = tuned_choice(problem, variant.name)
-            if tuned is not None:
-                variant, config = get_variant(tuned[0]), tuned[1]
-    if config is None:
-        config = variant.default_config(problem, target, "fp32")
-    if backend != "cuda" and config.split_k > 1:
-        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {config.split_k}")
-    return Plan(problem, variant.name, config, backend, target=target)
+    choice = _fp32_choice(problem, backend, algo, config, target)
+    if backend != "cuda" and choice.config.split_k > 1:
+        raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {choice.config.split_k}")
+    return Plan(problem, choice.variant, choice.config, backend, target=target, decided_by=choice.decided_by,
+                reason=choice.reason)
 
 
 def get_launcher(plan: Plan):

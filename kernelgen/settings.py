@@ -105,6 +105,18 @@ def _target_name(text):
     return text.strip().lower()
 
 
+def _model_mode(value):
+    """The `model` setting: "auto", "on" or "off" (booleans and their words too: True / "1" -> "on")."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text == "auto":
+        return text
+    if isinstance(text, str) and text in _TRUE + _FALSE[:-1]:
+        return "on" if text in _TRUE else "off"
+    raise ValueError(f"expected 'auto', 'on' or 'off', got {value!r}")
+
+
 _ALL = (
     # --- what is computed and how -------------------------------------------------------------------
     Setting("precision", "KERNELGEN_PRECISION", "fp32", _precision,
@@ -124,6 +136,9 @@ _ALL = (
     # --- planning -----------------------------------------------------------------------------------
     Setting("no_tuned", "KERNELGEN_NO_TUNED", False, parse_bool,
             "ignore the tuned databases: plan from the cost model only"),
+    Setting("model", "KERNELGEN_MODEL", "auto", _model_mode,
+            "the planner's performance model (tuning/perf_model.py) where no tuned entry answers: auto (on a GPU), "
+            "on (also planning offline, for the target setting's GPU) or off", check=_model_mode),
     Setting("target", "KERNELGEN_TARGET", "h100", _target_name,
             "the GPU planned for where none is present (kernelgen.target.KNOWN_TARGETS: h100, h200, a100, l40s)",
             affects_code=True, check=_target_name),

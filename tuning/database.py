@@ -161,6 +161,13 @@ def lookup(problem, device_key: str, preferred=None):
     """(variant, TileConfig, how) for an fp32 problem, or None when the database has nothing near that
     measured the `preferred` variant (the one the heuristic would run).  Tensor-core entries are never
     considered (their keys differ, and the nearest search skips them)."""
+    hit = resolve(problem, device_key, preferred)
+    return None if hit is None else hit[:3]
+
+
+def resolve(problem, device_key: str, preferred=None):
+    """lookup's answer with the key of the entry that gave it: (variant, TileConfig, "tuned" | "nearest", entry
+    key), or None."""
     table = entries_for(device_key)
     if not table:
         return None
@@ -168,14 +175,14 @@ def lookup(problem, device_key: str, preferred=None):
     if e is not None and _considered(e, preferred):
         hit = _pick(problem, e)
         if hit is not None:
-            return (*hit, "tuned")
-    best, best_d = None, None
-    for e in table.values():
+            return (*hit, "tuned", problem.key())
+    best, best_key, best_d = None, None, None
+    for key, e in table.items():
         if precision_of(e) != "fp32" or not _considered(e, preferred):
             continue
         d = _distance(problem, problem_of(e))
         if d is not None and (best_d is None or d < best_d):
-            best, best_d = e, d
+            best, best_key, best_d = e, key, d
     # measured on the H100 (BENCHMARKS.md): a neighbour further than ~2x in one size hurt more often than
     # it helped, so beyond that the cost-model default decides
     if best is None or best_d > NEAREST_MAX_DISTANCE:
@@ -183,7 +190,7 @@ def lookup(problem, device_key: str, preferred=None):
     hit = _pick(problem, best)
     if hit is None or (problem.direction != "bwd_weight" and hit[1].split_k > 1):
         return None
-    return (*hit, "nearest")
+    return (*hit, "nearest", best_key)
 
 
 def tuned_config(problem, device_key: str, variant, precision="fp32"):

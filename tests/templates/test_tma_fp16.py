@@ -261,6 +261,7 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
     monkeypatch.setattr(planner, "gpu_present", lambda: True)
     monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: None)
     monkeypatch.setattr(planner, "target_for", lambda backend: KNOWN_TARGETS["h100"])
+    monkeypatch.setattr(planner, "model_device", lambda: None)  # no performance model either (it comes first)
     plan = lambda d, x, w, prec="fp16", **kw: api.make_plan(
         make_problem(d, x, w, dtype="float16" if prec == "fp16" else "float32", **kw), "cuda", precision=prec)
     tile = TileConfig(128, 64, 64, WM=64, WN=64, stages=8, wgmma=1, tma=2)
