@@ -176,7 +176,8 @@ def _why_default(backend, precision) -> str:
         return f"the {backend} backend (tuned entries and the model are per GPU)"
     device = model_device()
     if device is None:
-        return "no GPU present and setting model is not 'on'" if settings.get("model") != "off" else "setting model is 'off'"
+        off = settings.get("model") == "off"
+        return "setting model is 'off'" if off else "no GPU present and setting model is not 'on'"
     return f"no tuned entry near this problem and no performance model of {device} at {precision}"
 
 

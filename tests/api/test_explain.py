@@ -77,3 +77,28 @@ def test_explained_source_is_what_runs():
     with open(launcher.source_path) as f:
         header, body = f.read().split("\n", 1)
     assert header.startswith("# kernelgen-cache") and body == e.source
+
+
+def test_explain_says_which_link_decided(monkeypatch, cache_untouched):
+    """explain() reports the planner's link (Plan.decided_by) and its reason: the model (planned as on an H100 with
+    the shipped model), the cost-model default (the CPU backend, or the model off).  (The public ops take no
+    config=; its link is tested through make_plan in tests/tuning/test_perf_model.py.)"""
+    from kernelgen import planner, settings
+    from kernelgen.target import KNOWN_TARGETS
+    x = rng.standard_normal((3, 11, 11, 40)).astype("float32")  # batch 3, 40 channels: no tuned problem is near
+    w = rng.standard_normal((24, 3, 3, 40)).astype("float32")
+    cpu = kernelgen.explain("conv", x, w, padding=1, backend="cpu")
+    assert cpu.decided_by == "default" and "cpu backend" in cpu.reason
+    assert "decided : default" in str(cpu) and f"reason  : {cpu.reason}" in str(cpu)
+    monkeypatch.setattr(planner, "gpu_present", lambda: True)
+    monkeypatch.setattr(planner, "target_for", lambda backend: KNOWN_TARGETS["h100"])
+    monkeypatch.setattr(planner, "tuned_device", lambda: KNOWN_TARGETS["h100"].device_name)
+    api.clear_caches()
+    try:
+        modelled = kernelgen.explain("conv", x, w, padding=1, backend="cuda")
+        assert modelled.decided_by == "model" and "performance model" in str(modelled)
+        with settings.scope(model="off"):
+            api.clear_caches()
+            assert kernelgen.explain("conv", x, w, padding=1, backend="cuda").decided_by == "default"
+    finally:
+        api.clear_caches()
