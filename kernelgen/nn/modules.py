@@ -397,6 +397,8 @@ class BasicBlock(Module):
         if self.shortcut is None:
             return F.add_relu(out, x, inplace=True)
         conv, bn = self.shortcut.layers  # the projection's batch norm, the sum and the ReLU in one pass
+        if type(bn) is not BatchNorm2d:  # a subclass (SyncBatchNorm) normalises its own way: its forward, then the sum
+            return F.add_relu(bn(conv(x)), out)
         return F.batch_norm_add_relu(conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, out,
                                      training=bn.training, momentum=bn.momentum, eps=bn.eps, inplace=True)
 

@@ -71,7 +71,23 @@ def no_grad():
         _grad_enabled = prev
 
 
+class _HookHandle:
+    """What register_*_hook returns: remove() takes the hook off again."""
+
+    def __init__(self, tensor, attr, fn):
+        self.tensor, self.attr, self.fn = tensor, attr, fn
+
+    def remove(self):
+        hooks = getattr(self.tensor, self.attr)
+        setattr(self.tensor, self.attr, tuple(h for h in hooks if h is not self.fn))
+
+
 class Tensor:
+    # hooks, per instance once one is registered (a tuple, replaced not mutated, so a backward running in another
+    # thread iterates a consistent one): data-parallel training starts a gradient's all-reduce from them
+    _post_accumulate_hooks = ()
+    _backward_end_hooks = ()
+
     def __init__(self, data, requires_grad=False, _parents=(), _backward=None):
         self.data = data if _on_device(data) and not _is_torch(data) else _host_data(data)
         self.grad = None
@@ -118,6 +134,20 @@ class Tensor:
         if not self.is_cuda and g.dtype != self.data.dtype:
             g = g.astype(self.data.dtype)  # as PyTorch: a leaf's gradient has the leaf's dtype
         self.grad = g if self.grad is None else _sum_grads(self.grad, g)
+        for hook in self._post_accumulate_hooks:
+            hook(self)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """Call fn(tensor) each time backward() has accumulated this leaf's .grad (PyTorch's hook of that
+        name): once per backward, with the gradient complete for that pass."""
+        self._post_accumulate_hooks = self._post_accumulate_hooks + (fn,)
+        return _HookHandle(self, "_post_accumulate_hooks", fn)
+
+    def register_backward_end_hook(self, fn):
+        """Call fn() when a backward() whose graph contains this tensor has finished (every leaf's gradient
+        accumulated): where a data-parallel wrapper waits for its last all-reduces."""
+        self._backward_end_hooks = self._backward_end_hooks + (fn,)
+        return _HookHandle(self, "_backward_end_hooks", fn)
 
     def _seed(self, grad):
         """backward()'s starting gradient: ones for a scalar, else `grad` checked against self's shape and
@@ -166,8 +196,10 @@ class Tensor:
                                "requires grad, or it was computed under no_grad())")
         order = self._graph()
         grads = {id(self): self._seed(grad)}  # the gradients still to pass on, by tensor; popped when passed
+        end_hooks = []
         while order:
             t = order.pop()  # reverse topological order; popped, t no longer lives through this list
+            end_hooks.extend(t._backward_end_hooks)
             g = grads.pop(id(t), None)
             if g is not None and t._backward is None:
                 t._accumulate(g)  # a leaf
@@ -178,6 +210,8 @@ class Tensor:
                         grads[k] = pg if k not in grads else _sum_grads(grads[k], pg)
             if not retain_graph and t._backward is not None:
                 t._parents, t._backward = (), _freed
+        for hook in end_hooks:
+            hook()
         return self
 
     # operators, so models read naturally: __add__, __radd__, ... are arithmetic.py's functions, bound onto Tensor
