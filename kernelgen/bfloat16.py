@@ -105,29 +105,34 @@ _KERNELS: dict = {}
 _KERNELS_LOCK = threading.Lock()
 
 
+# the kernels' bodies are module-level functions reading a module-level `cuda`, so that numba's simulator can swap
+# that global for its own module (it swaps globals, not closures); _kernels() binds it on first use
+
+
+def _widen_body(bits, words):
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i < bits.size:
+        words[i] = np.uint32(bits[i]) << np.uint32(16)
+
+
+def _narrow_body(words, bits):
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if i < words.size:
+        u = np.int64(words[i])
+        if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it one (quiet bit set)
+            bits[i] = np.uint16((u >> 16) | 0x40)
+        else:  # to nearest, ties to even
+            bits[i] = np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+
 def _kernels():
     """The two device conversions, compiled on first use (numba.cuda only where a CUDA bfloat16 array is in
     hand: its import is slow)."""
+    global cuda
     with _KERNELS_LOCK:
         if not _KERNELS:
             from numba import cuda
-
-            @cuda.jit
-            def widen_kernel(bits, words):
-                i = cuda.grid(1)
-                if i < bits.size:
-                    words[i] = np.uint32(bits[i]) << np.uint32(16)
-
-            @cuda.jit
-            def narrow_kernel(words, bits):
-                i = cuda.grid(1)
-                if i < words.size:
-                    u = np.int64(words[i])
-                    if (u & 0x7FFFFFFF) > 0x7F800000:
-                        bits[i] = np.uint16((u >> 16) | 0x40)
-                    else:
-                        bits[i] = np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
-            _KERNELS.update(widen=widen_kernel, narrow=narrow_kernel)
+            _KERNELS.update(widen=cuda.jit(_widen_body), narrow=cuda.jit(_narrow_body))
         return _KERNELS
 
 
