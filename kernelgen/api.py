@@ -18,7 +18,8 @@ from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher,
                       make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
 from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
-from .runtime.cuda_call import bound_call, run_cuda
+from .dispatch import DispatchCache, signature
+from .runtime.cuda_call import CudaRoute, bound_call, run_cuda
 from .runtime.driver import as_numba_stream, fill_device, quiet_launches
 from .runtime.elementwise import add_channel_bias
 from .storage import PRECISIONS  # noqa: F401 (re-exported)
@@ -65,26 +66,33 @@ class Prepared:
         return self._launcher
 
 
-@dataclass(frozen=True)
 class Call:
-    """One op's call, checked and planned, not yet run: what `explain` shows and `bind` binds."""
-    prep: Prepared
-    inputs: dict
-    template: object  # the input whose kind (NumPy, torch, CuPy, numba) the result takes
-    stream: object = None
-    out: object = None
-    finish: object = None  # result -> result, after the kernel (deconv's bias)
+    """One op's call, checked and planned, not yet run: what `explain` shows and `bind` binds.  (A plain class
+    with slots, not a frozen dataclass: one is made on every call that misses the dispatch cache, and a frozen
+    dataclass's __init__ sets each field through object.__setattr__.)"""
+    __slots__ = ("prep", "inputs", "template", "stream", "out", "finish")
+
+    def __init__(self, prep: Prepared, inputs: dict, template, stream=None, out=None, finish=None):
+        self.prep = prep
+        self.inputs = inputs
+        self.template = template  # the input whose kind (NumPy, torch, CuPy, numba) the result takes
+        self.stream = stream
+        self.out = out
+        self.finish = finish  # result -> result, after the kernel (deconv's bias)
 
 
 # call signature (op, argument types/shapes/dtypes, keyword values with their types, settings) -> Prepared.
 # A repeated call with the same signature skips validation, planning, the database and the cache; a value
 # of another type (stride=1.0 after stride=1) is another signature, so it is validated (and refused).
 _PREPARED: dict = {}
+# the public ops' fast path (kernelgen.dispatch): the full signature of a call that succeeded -> its _Route
+_DISPATCH = DispatchCache()
 
 
 def clear_caches():
-    """Forget prepared calls and loaded tuning databases (after tuning in this process, say)."""
+    """Forget prepared calls, dispatch routes and loaded tuning databases (after tuning in this process, say)."""
     _PREPARED.clear()
+    _DISPATCH.clear()
     database.entries_for.cache_clear()
 
 
@@ -144,6 +152,29 @@ def _run(call: Call):
     return result if call.finish is None else call.finish(result)
 
 
+class _Route:
+    """A dispatch-cache entry: how a call whose signature once succeeded runs again.  `binding(prep, *args,
+    **kwargs)` names the call's arrays (as the op's own planning did the first time); everything the signature
+    fixes (the checks, the plan, the CUDA availability and the output's kind) is not looked at again.  Holds no
+    array of any call."""
+    __slots__ = ("prep", "binding", "cuda")
+
+    def __init__(self, prep: Prepared, binding, template, inputs: dict):
+        self.prep = prep
+        self.binding = binding
+        fast = prep.plan is not None and prep.backend == "cuda"
+        self.cuda = CudaRoute(prep, template, inputs) if fast else None
+
+    def __call__(self, args, kwargs):
+        inputs, template, stream, out, finish = self.binding(self.prep, *args, **kwargs)
+        if self.cuda is not None:
+            result = self.cuda(inputs, template, stream, out)
+        else:
+            call = Call(self.prep, inputs, template, stream, out)
+            result = _empty_output(call) if self.prep.plan is None else _run_cpu(call)
+        return result if finish is None else finish(result)
+
+
 def _check_cuda_available():
     if not settings.get("cuda_simulator") and not gpu_present():
         raise ValueError("backend='cuda' needs a CUDA GPU, and numba finds none here; pass backend='cpu' "
@@ -194,21 +225,56 @@ def _check_bias(bias, channels, name="bias"):
         raise ValueError(f"{name} must have shape ({channels},), got {arrays.shape_of(bias)}")
 
 
-def _op(plan_call):
-    """The public op of a planning function: plan the call, then run it.  `op.plan_call` is what
-    explain and bind use, so they never swap out a function that concurrent calls go through."""
-    @functools.wraps(plan_call)
-    def op(*args, **kwargs):
-        try:
-            call = plan_call(*args, **kwargs)
-        except arrays.BFloat16Storage:  # all tensors bfloat16: widened, computed with precision="bf16", narrowed
-            return bfloat16.call(op, args, kwargs)
-        return _run(call)
-    op.plan_call = plan_call
-    return op
+def _op(binding):
+    """The public op of a planning function: look the call's signature up in the dispatch cache and run its
+    route; on a miss plan the call (validating everything), run it, and keep its route once it succeeded.
+    `binding(prep, *args, **kwargs)` -> (inputs, template, stream, out, finish) names the call's arrays, for the
+    planning function and the route alike.  `op.plan_call` is what explain and bind use, so they never swap out
+    a function that concurrent calls go through."""
+    def decorate(plan_call):
+        name = plan_call.__name__
+
+        @functools.wraps(plan_call)
+        def op(*args, **kwargs):
+            key = signature(name, args, kwargs)
+            route = _DISPATCH.get(key)
+            if route is not None:
+                return route(args, kwargs)
+            try:
+                call = plan_call(*args, **kwargs)
+            except arrays.BFloat16Storage:  # all tensors bfloat16: widened, computed with precision="bf16", narrowed
+                return bfloat16.call(op, args, kwargs)
+            result = _run(call)
+            _DISPATCH.put(key, _Route(call.prep, binding, call.template, call.inputs))
+            return result
+        op.plan_call = plan_call
+        return op
+    return decorate
 
 
-@_op
+def _bind_x_w(prep, x, w, bias=None, *, stream=None, out=None, **_):
+    """conv's arrays: x (the result's kind), w and bias."""
+    return ({"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}), x, stream, out, None
+
+
+def _bind_dy_w(prep, dy, w, x_shape=None, *, stream=None, out=None, **_):
+    return {"dy": dy, "w": w}, dy, stream, out, None
+
+
+def _bind_x_dy(prep, x, dy, w_shape=None, *, stream=None, out=None, **_):
+    return {"x": x, "dy": dy}, x, stream, out, None
+
+
+def _bind_deconv(prep, x, w, bias=None, *, stream=None, out=None, **_):
+    """deconv's arrays: x is dy, zero-extended where output_padding makes the transposed convolution's y longer
+    than x; the bias is added after the kernel."""
+    problem = prep.problem
+    dy = x if problem.empty or problem.y_shape == arrays.shape_of(x) else _zero_extend(x, problem.y_shape)
+    finish = None if bias is None or problem.empty else functools.partial(_add_bias, bias=bias, stream=stream)
+    return {"dy": dy, "w": w}, x, stream, out, finish
+
+
+@_op(_bind_x_w)
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend=None, algo=None,
          stream=None, out=None, precision=None):
     """Convolution (cross-correlation, as in PyTorch) in channels-last layout.
@@ -234,8 +300,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activati
     sig = ("fwd", _array_sig(x), _array_sig(w), _array_sig(bias), _typed(stride), _typed(padding),
            _typed(dilation), _typed(groups), check_activation(activation), _typed(backend))
     prep = _prepare(sig, build, algo, precision=precision)
-    inputs = {"x": x, "w": w} if bias is None else {"x": x, "w": w, "bias": bias}
-    return Call(prep, inputs, x, stream, out)
+    return Call(prep, *_bind_x_w(prep, x, w, bias, stream=stream, out=out))
 
 
 def _shape_arg(name, shape):
@@ -245,7 +310,7 @@ def _shape_arg(name, shape):
     return tuple(int(s) for s in shape)
 
 
-@_op
+@_op(_bind_dy_w)
 def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
                        stream=None, out=None, precision=None):
     """Gradient of conv with respect to x: dx of shape x_shape from dy (N, *out, K) and w."""
@@ -259,10 +324,11 @@ def conv_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, group
         return p, be
     sig = ("bwd_data", _array_sig(dy), _array_sig(w), _typed(x_shape), _typed(stride), _typed(padding),
            _typed(dilation), _typed(groups), _typed(backend))
-    return Call(_prepare(sig, build, algo, precision=precision), {"dy": dy, "w": w}, dy, stream, out)
+    prep = _prepare(sig, build, algo, precision=precision)
+    return Call(prep, *_bind_dy_w(prep, dy, w, stream=stream, out=out))
 
 
-@_op
+@_op(_bind_x_dy)
 def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, backend=None, algo=None,
                          stream=None, out=None, precision=None):
     """Gradient of conv with respect to w: dw of shape w_shape from x and dy."""
@@ -276,10 +342,11 @@ def conv_backward_weight(x, dy, w_shape, *, stride=1, padding=0, dilation=1, gro
         return p, be
     sig = ("bwd_weight", _array_sig(x), _array_sig(dy), _typed(w_shape), _typed(stride), _typed(padding),
            _typed(dilation), _typed(groups), _typed(backend))
-    return Call(_prepare(sig, build, algo, precision=precision), {"x": x, "dy": dy}, x, stream, out)
+    prep = _prepare(sig, build, algo, precision=precision)
+    return Call(prep, *_bind_x_dy(prep, x, dy, stream=stream, out=out))
 
 
-@_op
+@_op(_bind_deconv)
 def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1, groups=1, backend=None,
            algo=None, stream=None, out=None, precision=None):
     """Transposed convolution (PyTorch's conv_transpose semantics), channels-last.
@@ -301,10 +368,7 @@ def deconv(x, w, bias=None, *, stride=1, padding=0, output_padding=0, dilation=1
     sig = ("deconv", _array_sig(x), _array_sig(w), _array_sig(bias), _typed(stride), _typed(padding),
            _typed(output_padding), _typed(dilation), _typed(groups), _typed(backend))
     prep = _prepare(sig, build, algo, precision=precision)
-    dy = x if prep.problem.empty or prep.problem.y_shape == arrays.shape_of(x) else \
-        _zero_extend(x, prep.problem.y_shape)
-    finish = None if bias is None or prep.problem.empty else functools.partial(_add_bias, bias=bias, stream=stream)
-    return Call(prep, {"dy": dy, "w": w}, x, stream, out, finish)
+    return Call(prep, *_bind_deconv(prep, x, w, bias, stream=stream, out=out))
 
 
 def _zero_extend(a, shape):

@@ -83,6 +83,8 @@ class Setting:
     doc: str
     affects_code: bool = False  # changes rendered source: part of every kernel's cache key
     check: Callable[[Any], Any] | None = None  # a value from code -> the value (or TypeError/ValueError)
+    # can change what a kernelgen call does (its plan, its route): part of the dispatch cache's key
+    affects_calls: bool = True
 
     def coerce(self, value):
         """A value given in code (scope/set), validated; strings are parsed as the environment's are."""
@@ -144,9 +146,11 @@ _ALL = (
             affects_code=True, check=_target_name),
     # --- runtime ------------------------------------------------------------------------------------
     Setting("cache_dir", "KERNELGEN_CACHE_DIR", None, str,
-            "compiled-kernel cache directory (default: the user cache directory)", check=lambda v: os.fspath(v)),
+            "compiled-kernel cache directory (default: the user cache directory)", check=lambda v: os.fspath(v),
+            affects_calls=False),
     Setting("cache_max_bytes", "KERNELGEN_CACHE_MAX_BYTES", 4 << 30, parse_bytes,
-            "size bound of the disk cache; least recently used entries go first", check=parse_bytes),
+            "size bound of the disk cache; least recently used entries go first", check=parse_bytes,
+            affects_calls=False),
     Setting("arena", "KERNELGEN_ARENA", False, parse_bool,
             "install kernelgen's pooled arena as numba's memory manager at first GPU use"),
     Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
@@ -154,16 +158,19 @@ _ALL = (
     Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,
             "numba's CUDA simulator (numba reads it once, at its first CUDA import)"),
     # --- tests and benchmarks -----------------------------------------------------------------------
-    Setting("fuzz_examples", "KERNELGEN_FUZZ", 0, int, "extra hypothesis examples for the API fuzz suite"),
+    Setting("fuzz_examples", "KERNELGEN_FUZZ", 0, int, "extra hypothesis examples for the API fuzz suite",
+            affects_calls=False),
     Setting("commit", "KERNELGEN_COMMIT", None, str, "the commit a benchmark records (no .git on the GPU machine)",
-            check=str),
+            check=str, affects_calls=False),
 )
 SETTINGS = {s.name: s for s in _ALL}
 CODE_SETTINGS = tuple(s for s in _ALL if s.affects_code)
+CALL_SETTINGS = tuple(s for s in _ALL if s.affects_calls or s.affects_code)
 
 _scoped: ContextVar[dict] = ContextVar("kernelgen_settings", default={})
 _process: dict = {}
 _process_lock = threading.Lock()
+_process_version = 0  # bumped by every set(): part of what a cached snapshot of the values is checked against
 _parsed: dict = {}  # (name, environment text) -> value: the environment is parsed once per distinct text
 
 
@@ -222,12 +229,14 @@ def _coerced(name, value):
 def set(name: str, value):  # noqa: A001 (the natural name, as in Triton's knobs)
     """Set `name` for the whole process (every thread); returns the previous value.  None restores the
     environment/default."""
+    global _process_version
     previous = get(name)
     with _process_lock:
         if value is None:
             _process.pop(name, None)
         else:
             _process[name] = _coerced(name, value)
+        _process_version += 1  # after the change: a reader that sees the new version sees the new value
     return previous
 
 
@@ -259,12 +268,53 @@ def cap_worker_blas_threads(threads: int = 1):
         os.environ.setdefault(var, str(threads))
 
 
-def code_token() -> tuple:
-    """The values of every setting that changes generated code: part of every kernel's key (read on every
-    call, so get()'s lookup is inlined here)."""
+def _raw_environment() -> tuple:
+    """The environment text of every setting, unparsed (os.environ's own bytes on POSIX: one C-level lookup
+    each), to tell whether a snapshot of the values is still current."""
+    if _RAW_ENVIRON is not None:
+        return tuple(map(_RAW_ENVIRON.get, _ENV_BYTES))
+    return tuple(map(os.environ.get, _ENV_NAMES))
+
+
+_ENV_NAMES = tuple(s.env for s in CALL_SETTINGS if s.env)
+_ENV_BYTES = tuple(os.fsencode(name) for name in _ENV_NAMES)
+# id(scope dict) -> (that dict, the process dict, its version, raw environment, (code values, call values)).  A
+# scope's dict is made once per `with scope(...)` and never changed, and the entry holds it, so its id cannot be
+# reused for another dict while the entry lives; the version and the environment text catch set() and setenv,
+# the process dict's identity a test's monkeypatch of it.
+_snapshots: dict = {}
+_SNAPSHOTS_MAX = 64
+
+
+def _snapshot() -> tuple:
+    """(code_token(), dispatch_token()) here and now, computed once per (scope, process dict and version,
+    environment text): every kernelgen call reads it, so a repeated call costs one lookup."""
     scoped = _scoped.get()
-    return tuple(scoped[s.name] if s.name in scoped else _process[s.name] if s.name in _process else _from_env(s)
-                 for s in CODE_SETTINGS)
+    version = _process_version  # read before the values: a set() in between then fails the next check
+    env = _raw_environment()
+    process = _process
+    hit = _snapshots.get(id(scoped))
+    if hit is not None and hit[0] is scoped and hit[1] is process and hit[2] == version and hit[3] == env:
+        return hit[4]
+    values = tuple(scoped[s.name] if s.name in scoped else process[s.name] if s.name in process else _from_env(s)
+                   for s in CALL_SETTINGS)
+    snap = (tuple(v for s, v in zip(CALL_SETTINGS, values) if s.affects_code), values)
+    if len(_snapshots) >= _SNAPSHOTS_MAX:
+        _snapshots.clear()  # many short-lived scopes: start again rather than keep their dicts alive
+    _snapshots[id(scoped)] = (scoped, process, version, env, snap)
+    return snap
+
+
+def code_token() -> tuple:
+    """The values of every setting that changes generated code: part of every kernel's key."""
+    return _snapshot()[0]
+
+
+def dispatch_token() -> tuple:
+    """The value of every setting that can change what a call does (affects_calls or affects_code): part of the
+    dispatch cache's key (kernelgen.api), so a call under another scope, set() or environment value of one of them
+    never reuses a call prepared under these."""
+    return _snapshot()[1]
 
 
 def describe() -> str:

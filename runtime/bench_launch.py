@@ -43,12 +43,12 @@ class StandInDeviceArray:
         self.size = math.prod(self.shape)
         self.strides = _c_strides(self.shape, self.dtype.itemsize)
         StandInDeviceArray._next += 1 << 16
-        self._ptr = StandInDeviceArray._next
+        self._interface = {"data": (StandInDeviceArray._next, False), "shape": self.shape, "typestr": self.dtype.str,
+                           "strides": None, "version": 3}
 
     @property
     def __cuda_array_interface__(self):
-        return {"data": (self._ptr, False), "shape": self.shape, "typestr": self.dtype.str, "strides": None,
-                "version": 3}
+        return self._interface
 
 
 def _c_strides(shape, itemsize):

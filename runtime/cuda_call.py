@@ -71,6 +71,55 @@ def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
     return arrays.like_input(result, template)
 
 
+class CudaRoute:
+    """A repeated call's CUDA route (kernelgen.api's dispatch cache holds one per signature): everything the
+    signature fixes is worked out once - the output's shape, dtype and kind (a torch tensor from torch's
+    allocator for torch inputs, else the device pool; a CuPy result wrapped), the parameters' order, the
+    element size - so a call reads its arrays' addresses, allocates its output and launches.  The first call of
+    a signature went through run_cuda, which compiled the kernel and checked `out`; the signature fixes out's
+    kind, shape and dtype, and each address read checks contiguity.  Where the prepacked launch cannot be used
+    (the simulator, a thread other than the one that compiled, host inputs) it is run_cuda."""
+    __slots__ = ("prep", "launcher", "shape", "dtype", "itemsize", "out_name", "params", "on_device", "torch_empty",
+                 "torch_dtype", "torch_device", "wrap")
+
+    def __init__(self, prep, template, inputs: dict):
+        self.prep, self.launcher = prep, prep.launcher
+        problem = prep.problem
+        self.shape, self.dtype = tuple(problem.output_shape), problem.dtype
+        self.itemsize = np.dtype(problem.dtype).itemsize
+        self.out_name = self.launcher.outputs[0]
+        self.params = self.launcher.caller_params
+        # as run_cuda's own fast route asks: device arrays whose type has the interface (not the simulator's)
+        self.on_device = arrays.is_cuda_array(template) and all(hasattr(type(a), "__cuda_array_interface__")
+                                                                 for a in inputs.values())
+        self.torch_empty = None
+        if arrays.is_torch(template):
+            import torch  # (torch is optional: only where the caller's tensors are torch's)
+            self.torch_empty, self.torch_dtype, self.torch_device = torch.empty, getattr(torch, problem.dtype), \
+                template.device
+        self.wrap = type(template).__module__.split(".")[0] == "cupy"  # a numba result returned as CuPy
+
+    def __call__(self, inputs: dict, template, stream=None, out=None):
+        launcher = self.launcher
+        if not (self.on_device and launcher.fast):
+            return run_cuda(self.prep, inputs, template, stream, out)
+        nstream = None if stream is None else as_numba_stream(stream)
+        if out is not None:
+            result = out
+        elif self.torch_empty is not None:
+            result = self.torch_empty(self.shape, dtype=self.torch_dtype, device=self.torch_device)
+        else:
+            result = device_empty(self.shape, self.dtype, nstream)
+        out_name = self.out_name
+        ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in self.params]
+        if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):
+            launcher.launch_pointers(ptr_sizes, self.itemsize, nstream)
+        else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
+            launcher({name: arrays.to_device_view(result if name == out_name else inputs[name], name).reshape(-1)
+                      for name in self.params}, nstream)
+        return arrays.like_input(result, template) if self.wrap and out is None else result
+
+
 def bound_call(prep, inputs: dict, template, stream=None, out=None):
     """kernelgen.bind on the CUDA backend: run once (compiling, allocating the output unless `out`
     is given), then return a zero-argument callable that relaunches on the same buffers and returns

@@ -1,0 +1,127 @@
+"""The dispatch cache: a repeated kernelgen call with the same signature is one dictionary lookup away from its
+prepared route (kernelgen.api builds the routes; this module only says what a signature is, and keeps them).
+
+A signature is everything that decides the plan and the route: the op, each argument's kind (its type, and for
+an array its shape, dtype, strides and, for torch, its device), every other argument's value with its type (1,
+1.0 and True are three signatures, so a value never seen is validated before it is used), and
+settings.dispatch_token() (every setting that changes what a call does: a scope, set() or environment change
+misses).  Array values never enter a key, so the cache holds no caller's memory.  An argument that cannot be
+put in a key (an unhashable or unknown object) makes the call take the full route, as the first call of every
+signature does: validation, planning, then the kernel.
+
+Thread safety: the cache is a dict whose reads, writes and clear() are atomic; an entry is built only after a
+call with its signature succeeded and is never changed after, so two threads that miss together both plan and
+one entry wins, equal to the other.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernelgen import settings
+
+MAX_ENTRIES = 4096  # signatures kept; past it the cache starts again (a sweep over many shapes, say)
+
+# plain values that may enter a key as themselves (with their type); anything else is not a signature
+_VALUE_TYPES = (int, float, bool, str, type(None), np.integer, np.floating)
+
+
+class Unkeyable(Exception):
+    """An argument this cache cannot key: the call takes the full route."""
+
+
+def array_signature(a):
+    """What the dispatch needs of an array: its type, shape, dtype and layout (and a torch tensor's device),
+    read from attributes (a NumPy, numba, CuPy array's strides; a torch tensor's stride())."""
+    t = type(a)
+    if t is np.ndarray:
+        return t, a.shape, a.dtype, a.strides
+    if t.__module__.startswith("torch"):
+        return t, a.shape, a.dtype, a.stride(), a.device
+    return t, tuple(a.shape), getattr(a, "dtype", None), getattr(a, "strides", None)
+
+
+def value_signature(v):
+    """A non-array argument as it enters a key: ints and None as themselves, other plain values with their type
+    (1 == 1.0 == True as dict keys), tuples and lists element by element; Unkeyable for anything else."""
+    t = type(v)
+    if t is int or v is None:
+        return v
+    if t is tuple or t is list:
+        return t, tuple(map(value_signature, v))
+    if isinstance(v, _VALUE_TYPES):
+        return t, v
+    raise Unkeyable(t.__name__)
+
+
+def _positional(a):
+    """A positional argument: an array (it has a shape) or a value (conv_backward_data's x_shape)."""
+    return array_signature(a) if hasattr(a, "shape") else value_signature(a)
+
+
+def _keyword(item):
+    """A keyword argument: bias and out are arrays (or None), a stream enters by its type only (it is passed
+    through to the launch and checked there on every call), the rest are values."""
+    k, v = item
+    if v is None:
+        return k, None
+    if k in _ARRAY_KEYWORDS:
+        if not hasattr(v, "shape"):
+            raise Unkeyable(k)
+        return k, array_signature(v)
+    if k == "stream":
+        return k, type(v)
+    return k, value_signature(v)
+
+
+_ARRAY_KEYWORDS = frozenset(("bias", "out"))
+
+
+def signature(name, args, kwargs):
+    """The key of `name(*args, **kwargs)`, or None if an argument cannot be keyed.  (Whether the key hashes -
+    an unhashable dtype, say - is found out by DispatchCache.get.)"""
+    try:
+        if kwargs:
+            return name, settings.dispatch_token(), *map(_positional, args), *map(_keyword, kwargs.items())
+        return name, settings.dispatch_token(), *map(_positional, args)
+    except Unkeyable:
+        return None
+
+
+class DispatchCache:
+    """signature -> route.  get() returns None on a miss (or for a None key)."""
+
+    def __init__(self, max_entries=MAX_ENTRIES):
+        self._routes: dict = {}
+        self.max_entries = max_entries
+        self.hits = 0  # (counted without a lock: statistics, never control flow)
+        self.misses = 0
+
+    def get(self, key):
+        try:
+            route = None if key is None else self._routes.get(key)
+        except TypeError:  # an unhashable part (put() then keeps nothing either)
+            route = None
+        if route is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return route
+
+    def put(self, key, route):
+        if key is None:
+            return
+        if len(self._routes) >= self.max_entries:
+            self._routes.clear()
+        try:
+            self._routes[key] = route
+        except TypeError:
+            pass
+
+    def clear(self):
+        self._routes.clear()
+
+    def __len__(self):
+        return len(self._routes)
+
+    def stats(self) -> dict:
+        return {"entries": len(self._routes), "hits": self.hits, "misses": self.misses}
