@@ -29,7 +29,7 @@ from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
-from kernelgen.tuning import database, perf_model
+from kernelgen.tuning import database, perf_model_predict
 
 BACKENDS = ("cuda", "cpu")
 
@@ -159,10 +159,10 @@ def _tuned_fp32(problem, variant, forced) -> Choice | None:
 
 
 def _model_choice(problem, variants, precision, target: Target) -> Choice | None:
-    """The performance model's best-scored config of the variants (tuning/perf_model.choose), or None where the link
+    """The performance model's best-scored config of the variants (perf_model_predict.choose), or None where the link
     is off or the device has no model at this precision."""
     device = model_device()
-    hit = None if device is None else perf_model.choose(problem, variants, precision, target, device)
+    hit = None if device is None else perf_model_predict.choose(problem, variants, precision, target, device)
     if hit is None:
         return None
     names = ", ".join(v.name for v in variants)

@@ -11,6 +11,8 @@ precision, or its file is missing or unreadable (silently: a model is an optimis
 
     python -m kernelgen.tuning.perf_model fit   # fit on the shipped database, write tuning/db/model_<device>.json
     python -m kernelgen.tuning.perf_model loo   # leave-one-problem-out: the model's pick against the tuned best
+
+The model itself, its file and the planner's link are tuning/perf_model_predict.py.
 """
 from __future__ import annotations
 
@@ -18,37 +20,22 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kernelgen.problem import ConvProblem
-from kernelgen.target import KNOWN_TARGETS, Target
+from kernelgen.target import Target
 from kernelgen.templates.config import TileConfig
-from kernelgen.tuning import database
-from kernelgen.tuning.perf_features import NAMES, VARIANT_NAMES, features
+from kernelgen.tuning import database, shapes
+from kernelgen.tuning.perf_features import VARIANT_NAMES, features
+from kernelgen.tuning.perf_model_predict import (FORMAT, KEEP, Model, config_key, from_json,  # noqa: F401 (re-exported)
+                                                 model_for, model_name, models_for, target_of, to_json)
 
-FORMAT = 1
 RIDGE = 3.0        # on standardised features: the data are ~20-65 problems per precision
 NEAR_BEST = 0.5    # weight exp(-(log ms - log best) / NEAR_BEST): candidates 2x the best count e^-1.4 as much
-NEIGHBOUR_SCALE = 1.0  # a neighbour's weight: exp(-distance / NEIGHBOUR_SCALE), distance in log sizes
-SHRINK = 0.05          # weight of an implicit zero residual: a config measured on far problems only counts little
 WITHIN = 1.10      # the issue's bar: the pick's measured time within 10 % of the tuned best
-# configs of a variant the planner ranks: as many as a tune tries by default (tuner --keep 12), the cheapest under
-# the variant's own cost model - the distribution the model was fitted on
-KEEP = 12
-
-
-def model_name(device: str) -> str:
-    """The file of a device's model: model_<db_name>."""
-    return "model_" + database.db_name(device)
-
-
-def target_of(device: str) -> Target | None:
-    """The KNOWN_TARGETS entry a tuned database's device key names ("sm_90_NVIDIA H100 80GB HBM3"), or None."""
-    return next((t for t in KNOWN_TARGETS.values() if t.device_name == device), None)
 
 
 @dataclass(frozen=True)
@@ -114,50 +101,6 @@ def fit_groups(groups, ridge=RIDGE) -> np.ndarray:
     return coef
 
 
-def distance(a: ConvProblem, b: ConvProblem) -> float:
-    """How unlike two problems are: the sum of |log size ratios| (N, C, K, spatial sizes), plus 2 for another
-    direction and 1 each for another filter size or stride."""
-    sizes = [(a.N, b.N), (a.C, b.C), (a.K, b.K)] + list(zip(a.in_size, b.in_size))
-    return (sum(abs(math.log(max(x, 1)) - math.log(max(y, 1))) for x, y in sizes) + 2.0 * (a.direction != b.direction)
-            + (a.filter_size != b.filter_size) + (a.stride != b.stride))
-
-
-def config_key(variant, config) -> str:
-    return f"{variant}:{config}"
-
-
-@dataclass(frozen=True)
-class Model:
-    """A fitted ranking model of one device and precision: linear weights of the features, and each training
-    problem's residuals per measured config (what the analytic terms miss about a tile - its registers, its bank
-    conflicts - measured), which correct the score of the same config on nearby problems."""
-    precision: str
-    coef: np.ndarray
-    variants: frozenset  # the variants it was fitted on: it ranks no other
-    residuals: tuple = ()  # ((ConvProblem, {config_key: residual of log ms}), ...)
-
-    def scores(self, problem, choices, target: Target, X=None) -> np.ndarray:
-        """Predicted log time of each (variant, config) of `choices` up to a per-problem constant (lower: faster).
-        X: their feature rows, if already computed."""
-        if X is None:
-            X = np.stack([features(problem, v, c, target) for v, c in choices])
-        linear = X @ self.coef
-        near = [(math.exp(-distance(problem, p) / NEIGHBOUR_SCALE), r) for p, r in self.residuals]
-        keys = [config_key(v, c) for v, c in choices]
-        weight, total = np.full(len(keys), SHRINK), np.zeros(len(keys))
-        for w, r in near:
-            for i, k in enumerate(keys):
-                if k in r:
-                    weight[i] += w
-                    total[i] += w * r[k]
-        return linear + total / weight
-
-    def best(self, problem, choices, target: Target):
-        """The (variant, config) of `choices` with the lowest score, or None (none of a variant it knows)."""
-        known = [(v, c) for v, c in choices if v in self.variants]
-        return known[int(np.argmin(self.scores(problem, known, target)))] if known else None
-
-
 def fit_model(groups, precision: str, ridge=RIDGE) -> Model:
     """The model of `groups`: the ridge fit, then each group's residuals under it (centred per problem)."""
     coef = fit_groups(groups, ridge)
@@ -167,65 +110,6 @@ def fit_model(groups, precision: str, ridge=RIDGE) -> Model:
         r -= r.mean()
         residuals.append((g.problem, {config_key(v, c): float(x) for (v, c), x in zip(g.candidates, r)}))
     return Model(precision, coef, frozenset(v for g in groups for v, _ in g.candidates), tuple(residuals))
-
-
-def to_json(models: dict, device: str, fitted_on: dict) -> dict:
-    return {"format": FORMAT, "device": device, "features": list(NAMES), "fitted_on": fitted_on,
-            "models": {p: {"coef": m.coef.tolist(), "variants": sorted(m.variants),
-                           "residuals": [{"problem": asdict(q), "configs": r} for q, r in m.residuals]}
-                       for p, m in models.items()}}
-
-
-def from_json(data) -> dict:
-    """{precision: Model} of a model file's parsed JSON; ValueError if it is not one this code can read (another
-    format, other feature columns, a weight that is not a finite number)."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("features") != list(NAMES):
-        raise ValueError("not a model file of this format and feature set")
-    out = {}
-    for precision, m in data["models"].items():
-        coef = np.asarray(m["coef"], dtype=np.float64)
-        if coef.shape != (len(NAMES),) or not np.all(np.isfinite(coef)):
-            raise ValueError(f"model {precision}: weights are not {len(NAMES)} finite numbers")
-        residuals = tuple((database.problem_of(n), {str(k): float(v) for k, v in n["configs"].items()})
-                          for n in m.get("residuals", ()))
-        if not all(math.isfinite(v) for _, r in residuals for v in r.values()):
-            raise ValueError(f"model {precision}: a residual is not a finite number")
-        out[precision] = Model(precision, coef, frozenset(m["variants"]) & frozenset(VARIANT_NAMES), residuals)
-    return out
-
-
-@lru_cache(maxsize=8)
-def models_for(device: str) -> dict:
-    """{precision: Model} for a device: the user's fitted file (cache dir) if it reads, else the shipped one; {}
-    where neither exists or reads (no model is no error: the planner falls through to its default)."""
-    for base in (database.user_db_dir(), database.SHIPPED):
-        try:
-            return from_json(json.loads((base / model_name(device)).read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return {}
-
-
-def model_for(device: str, precision: str) -> Model | None:
-    return models_for(device).get(precision)
-
-
-def choose(problem, variants, precision: str, target: Target, device: str):
-    """The model's pick for `problem` at `precision`: (variant name, config) of the best-scored config among each
-    variant's config space on the target (its KEEP cheapest under its own cost model) that the variant accepts, or
-    None where the device has no model at that precision or it knows none of the variants."""
-    model = model_for(device, precision)
-    if model is None:
-        return None
-    choices = []
-    for v in variants:
-        if v.name in model.variants and v.applies(problem, precision):
-            try:
-                configs = v.config_space(problem, target, precision, keep=KEEP)
-            except ValueError:
-                continue
-            choices += [(v.name, c) for c in configs if v.accepts(problem, c, precision)]
-    return model.best(problem, choices, target) if choices else None
 
 
 # --- leave-one-out and the command line -----------------------------------------------------------------------------
@@ -266,6 +150,18 @@ def loo(entries: dict, target: Target, precisions=None, ridge=RIDGE) -> dict:
     return result
 
 
+def table_summary(result: dict, table: str) -> dict:
+    """{precision: summary} of a loo() result over the problems of one shape table (e.g. gpu_md, the issue's bar)."""
+    _, layers = shapes.load_table(table)
+    out = {}
+    for precision, r in result.items():
+        dtype = "float16" if precision == "fp16" else "float32"
+        keys = {database.entry_key(layer.problem(d, dtype), precision) for layer in layers
+                for d in ("fwd", "bwd_data", "bwd_weight")}
+        out[precision] = summary([rec for rec in r["records"] if rec["problem"] in keys])
+    return out
+
+
 def fit(entries: dict, target: Target, ridge=RIDGE) -> dict:
     """{precision: Model} fitted on every problem of the database at each precision."""
     models = {}
@@ -299,6 +195,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="fit: the model file (default tuning/db/model_<device>.json); "
                                                  "loo: a JSON file for the per-problem result")
     ap.add_argument("--ridge", type=float, default=RIDGE)
+    ap.add_argument("--table", default="gpu_md", help="loo: also summarise this shape table's problems")
     args = ap.parse_args(argv)
     try:
         device, entries = _database(args.db)
@@ -321,9 +218,14 @@ def main(argv=None):
         return 0
     result = loo(entries, target, ridge=args.ridge)
     _print_loo(result)
+    tables = {args.table: table_summary(result, args.table)} if args.table else {}
+    for precision, s in tables.get(args.table, {}).items():
+        if s["problems"]:
+            print(f"{precision:5} {args.table:10} problems {s['problems']:3}  within 10 %: {s['within_10pct']:.0%}  "
+                  f"geo-mean slowdown {s['geomean_slowdown']:.3f}  worst {s['worst']:.2f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "database": Path(args.db).name, "ridge": args.ridge,
-                                              "within": WITHIN, "result": result}, indent=1) + "\n")
+                                              "within": WITHIN, "tables": tables, "result": result}, indent=1) + "\n")
     return 0
 
 
