@@ -132,8 +132,9 @@ def _stop(procs, sig=signal.SIGTERM):
             p.wait()
 
 
-def supervise(procs, ranks, out=sys.stderr):
+def supervise(procs, ranks, out=None):
     """Wait for every rank; the first failure stops the rest.  Returns the launcher's exit code."""
+    out = sys.stderr if out is None else out
     running = dict(zip(ranks, procs))
     while running:
         for rank, p in list(running.items()):
@@ -150,7 +151,7 @@ def supervise(procs, ranks, out=sys.stderr):
     return 0
 
 
-def launch(args, out=sys.stderr):
+def launch(args, out=None):
     """Start the ranks of this node and supervise them; forwards signals while they run."""
     envs, cmd = rank_envs(args), command(args)
     procs, ranks = [], []

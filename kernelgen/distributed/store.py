@@ -50,11 +50,12 @@ class TCPStore:
             while len(self.peers) < self.world_size - 1:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    missing = _missing(self.peers, self.world_size)
                     self.close()
                     raise RendezvousError(
-                        f"rendezvous at {self.where} timed out after {self.timeout:.0f} s: rank(s) "
-                        f"{_missing(self.peers, self.world_size)} never joined (not started, crashed during start-up, "
-                        f"or started with another MASTER_ADDR / MASTER_PORT / WORLD_SIZE)")
+                        f"rendezvous at {self.where} timed out after {self.timeout:g} s: rank(s) {missing} never "
+                        f"joined (not started, crashed during start-up, or started with another MASTER_ADDR / "
+                        f"MASTER_PORT / WORLD_SIZE)")
                 server.settimeout(left)
                 try:
                     sock, _ = server.accept()
