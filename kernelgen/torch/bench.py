@@ -1,0 +1,145 @@
+"""A torchvision-style ResNet-18 for CIFAR, trained with torch's convolutions (cuDNN) and converted to kernelgen's
+(kernelgen.torch.convert), in the same process: the step times in fp32 and under bf16 autocast, and both loss
+curves from the same seeds.  Needs a CUDA GPU.
+
+    python -m kernelgen.torch.bench --out $OUT/torch_interop.json [--batch 128] [--steps 30] [--modes fp32,bf16]
+
+Both models are channels-last (torch's fast layout for cuDNN too), on the same synthetic CIFAR batches; cuDNN's
+TF32 is switched off for the fp32 rows so that both sides compute in fp32.  The first steps of the kernelgen model
+compile its kernels (kept in the kernel cache: set KERNELGEN_CACHE_DIR to reuse them across runs); warm-up steps
+are not timed and their time is reported apart.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import subprocess
+import time
+
+import torch
+from torch import nn
+
+import kernelgen
+from kernelgen.torch import convert
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for 32x32 inputs (a 3x3 stem, no max-pool), as in the common CIFAR recipes."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
+
+
+def models(seed=0, device="cuda"):
+    """(torch's model, the same weights converted to kernelgen), channels-last, on `device`."""
+    torch.manual_seed(seed)
+    theirs = ResNet18().to(device).to(memory_format=torch.channels_last)
+    ours = convert(copy.deepcopy(theirs))
+    return theirs, ours
+
+
+def batches(n, batch, seed=1, device="cuda"):
+    """n fixed synthetic CIFAR batches (images, labels)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [(torch.randn(batch, 3, 32, 32, generator=g).to(device).contiguous(memory_format=torch.channels_last),
+             torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(n)]
+
+
+def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
+    """Train `steps` SGD steps cycling over data; (losses, per-step seconds of the steps from timed_from on)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses, times = [], []
+    for step in range(steps):
+        x, labels = data[step % len(data)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            loss = nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        if timed_from is not None and step >= timed_from:
+            times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    return losses, times
+
+
+def compare(mode, batch, steps, warmup):
+    """One mode's row: both models from the same seed, trained on the same batches."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    data = batches(4, batch)
+    row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup}
+    for name, model in zip(("torch", "kernelgen"), models()):
+        start = time.perf_counter()
+        train(model, data, warmup, mode)  # compiles (kernelgen) / autotunes (cuDNN); not the loss curve's steps
+        row[f"{name}_warmup_s"] = time.perf_counter() - start
+    for name, model in zip(("torch", "kernelgen"), models()):
+        losses, times = train(model, data, steps + warmup, mode, timed_from=warmup)
+        row[f"{name}_losses"] = losses
+        row[f"{name}_step_ms"] = 1e3 * statistics.median(times)
+    row["step_ratio_kernelgen_over_torch"] = row["kernelgen_step_ms"] / row["torch_step_ms"]
+    row["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(row["kernelgen_losses"], row["torch_losses"]))
+    return row
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--modes", default="fp32,bf16")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernelgen": kernelgen.__version__,
+              "commit": _commit(), "python": platform.python_version(), "rows": []}
+    for mode in args.modes.split(","):
+        row = compare(mode, args.batch, args.steps, args.warmup)
+        result["rows"].append(row)
+        print(f"{mode}: torch {row['torch_step_ms']:.2f} ms, kernelgen {row['kernelgen_step_ms']:.2f} ms "
+              f"({row['step_ratio_kernelgen_over_torch']:.3f}x), max relative loss difference "
+              f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s", flush=True)
+        with open(args.out, "w") as f:  # after every mode: a run cut short keeps what it measured
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
