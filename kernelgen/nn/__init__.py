@@ -2,7 +2,7 @@
 from kernelgen.nn import arithmetic  # noqa: F401 (binds Tensor's operators: +, -, *, /, **, unary -)
 from kernelgen.nn import functional
 from kernelgen.nn.mixed_precision import precision
-from kernelgen.nn.models import VGG, ResNet, resnet18, resnet34, vgg16_bn
+from kernelgen.nn.models import VGG, MBConv, MobileNetV2, ResNet, mobilenet_v2, resnet18, resnet34, vgg16_bn
 from kernelgen.nn.modules import (GELU, AdaptiveAvgPool2d, AvgPool2d, BasicBlock, BatchNorm2d, Conv1d, Conv2d, Conv3d,
                                   ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, Dropout, Flatten, GlobalAvgPool,
                                   LeakyReLU, Linear, MaxPool2d, Module, ReLU, Sequential, Sigmoid, SmallResNet, Tanh)
@@ -13,4 +13,5 @@ __all__ = ["functional", "Tensor", "no_grad", "precision", "Module", "Conv1d", "
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Linear", "BatchNorm2d", "ReLU", "LeakyReLU",
            "GELU", "Sigmoid", "Tanh", "GlobalAvgPool", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
            "Dropout", "Sequential", "BasicBlock", "SmallResNet", "ResNet", "resnet18", "resnet34", "VGG", "vgg16_bn",
+           "MobileNetV2", "mobilenet_v2", "MBConv",
            "SGD", "Adam", "RMSprop", "RAdam"]

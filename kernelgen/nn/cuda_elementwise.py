@@ -26,8 +26,9 @@ _B3 = np.float32(3 * GELU_B)  # the host's 3 * GELU_B, folded in float64 before 
 _CLIP = np.float32(GELU_CLIP)
 _NEG_INF = np.float32(-np.inf)
 
-LEAKY_RELU, SIGMOID, TANH, GELU = 0, 1, 2, 3
-_ACTIVATIONS = {"leaky_relu": LEAKY_RELU, "sigmoid": SIGMOID, "tanh": TANH, "gelu": GELU}
+LEAKY_RELU, SIGMOID, TANH, GELU, RELU6 = 0, 1, 2, 3, 4
+_ACTIVATIONS = {"leaky_relu": LEAKY_RELU, "sigmoid": SIGMOID, "tanh": TANH, "gelu": GELU, "relu6": RELU6}
+_ZERO, _SIX = np.float32(0.0), np.float32(6.0)  # relu6's bounds (MobileNetV2, kernelgen.nn.mobilenet)
 
 
 def check_float32(a, name):
@@ -59,6 +60,8 @@ def _act_k(x, y, n, op, slope):
             y[i] = _sigmoid_parts(v)[0]
         elif op == TANH:
             y[i] = math.tanh(v)
+        elif op == RELU6:
+            y[i] = min(max(v, _ZERO), _SIX)
         else:
             xc = min(max(v, -_CLIP), _CLIP)  # the clip keeps xc^3 finite; y uses the unclipped x, as the host
             y[i] = v * _sigmoid_parts(xc * (_A + _B * xc * xc))[0]
@@ -76,6 +79,8 @@ def _act_bwd_k(g, src, dx, n, op, slope):
             d = _sigmoid_parts(v)[1]
         elif op == TANH:
             d = np.float32(4) * _sigmoid_parts(v + v)[1]  # sech^2 v = 4 s(2v) (1 - s(2v))
+        elif op == RELU6:
+            d = _ONE if _ZERO < v < _SIX else _ZERO
         else:
             xc = min(max(v, -_CLIP), _CLIP)
             s, ds = _sigmoid_parts(xc * (_A + _B * xc * xc))

@@ -1,4 +1,5 @@
-"""Standard image models, channels-last: ResNet-18/34 (basic blocks) and VGG-16 with batch norm.
+"""Standard image models, channels-last: ResNet-18/34 (basic blocks) and VGG-16 with batch norm; MobileNetV2 and
+EfficientNet-B0's MBConv block live in mobilenet.py and are re-exported here.
 
 Layer names follow torchvision (conv1, layer1..layer4, fc; features, classifier), but the weights are
 channels-last ((K, R, S, C) filters) and flatten() is taken in NHWC order, so they are not
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernelgen.nn import functional as F
+from kernelgen.nn.mobilenet import MBConv, MobileNetV2, mobilenet_v2  # noqa: F401 (re-exported: the image models)
 from kernelgen.nn.modules import (AdaptiveAvgPool2d, BasicBlock, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d,
                                   Module, ReLU, Sequential)
 
