@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 from kernelgen.nn import functional as F
-from kernelgen.nn.models import resnet18
+from kernelgen.nn.mobilenet import as_torch
+from kernelgen.nn.models import mobilenet_v2, resnet18
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.tensor import Tensor
 from kernelgen.runtime import arena
@@ -38,9 +39,23 @@ def _median_step(step, warmup, steps, sync):
     return first, times
 
 
+def build_model(args):
+    """--model's network in kernelgen.nn, seeded: ResNet-18 (CIFAR stem, --width) or MobileNetV2 (width 1.0; the
+    CIFAR stem for --image 64 or less, torchvision's ImageNet stem above)."""
+    if getattr(args, "model", "resnet18") == "mobilenet_v2":
+        return mobilenet_v2(args.classes, stem="cifar" if args.image <= 64 else "imagenet", seed=0)
+    return resnet18(args.classes, width=args.width, stem="cifar", seed=0)
+
+
+def describe(args):
+    if getattr(args, "model", "resnet18") == "mobilenet_v2":
+        return f"MobileNetV2 (width 1.0, {'CIFAR' if args.image <= 64 else 'ImageNet'} stem)"
+    return f"ResNet-18 (CIFAR stem, width {args.width})"
+
+
 def bench_kernelgen(x, labels, args):
     from numba import cuda  # here, not at the top: numba.cuda is slow to import, and absent without numba-cuda
-    model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
+    model = build_model(args).to("cuda")
     opt = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xd, yd = Tensor(x).to("cuda"), Tensor(labels).to("cuda").data
     losses = []
@@ -102,7 +117,8 @@ def bench_torch(x, labels, args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
-    model = torch_resnet18(torch, args.classes, args.width).cuda().to(memory_format=torch.channels_last)
+    model = (as_torch(torch, build_model(args)) if getattr(args, "model", "resnet18") == "mobilenet_v2" else
+             torch_resnet18(torch, args.classes, args.width)).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2)  # NHWC memory seen as NCHW: channels_last
     yt = torch.from_numpy(labels).cuda()
@@ -136,16 +152,20 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--wd", type=float, default=5e-4)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--model", default="resnet18", choices=["resnet18", "mobilenet_v2"],
+                    help="the network (mobilenet_v2: width 1.0, its depthwise layers on the depthwise template)")
+    ap.add_argument("--image", type=int, default=32, help="input height and width (mobilenet_v2: 224 for the "
+                    "ImageNet stem)")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.warmup < 1:
         raise ValueError(f"--batch, --steps and --warmup must be >= 1, got {args.batch}, {args.steps}, {args.warmup}")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)
+    x = rng.standard_normal((args.batch, args.image, args.image, 3)).astype(np.float32)
     labels = rng.integers(0, args.classes, args.batch).astype(np.int64)
     from numba import cuda
     name = getattr(cuda.get_current_device(), "name", "simulator")
-    result = {"model": f"resnet18-cifar width {args.width}", "batch": args.batch, "warmup": args.warmup,
+    result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup,
               "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
     result["kernelgen"] = bench_kernelgen(x, labels, args)
     if not args.no_torch:
@@ -156,7 +176,7 @@ def main(argv=None):
         else:
             result["torch"] = bench_torch(x, labels, args)
     rows = [("kernelgen.nn", result["kernelgen"])] + ([("torch fp32", result["torch"])] if "torch" in result else [])
-    print(f"ResNet-18 (CIFAR stem, width {args.width}), batch {args.batch}, 32x32x3, SGD momentum, "
+    print(f"{describe(args)}, batch {args.batch}, {args.image}x{args.image}x3, SGD momentum, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {result['device']}")
     print(f"{'':14}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
     for name, r in rows:

@@ -115,3 +115,15 @@ def test_relu6_on_the_device_matches_the_host(rng):
     y = relu6(dev)
     y.backward(Tensor(g).to("cuda").data)
     assert np.array_equal(y.numpy(), np.clip(x, 0, 6)) and np.array_equal(dev.grad.copy_to_host(), host.grad)
+
+
+def test_bench_step_builds_mobilenet_v2_and_its_torch_twin():
+    from argparse import Namespace
+    from kernelgen.nn import bench_step
+    small = bench_step.build_model(Namespace(model="mobilenet_v2", classes=10, image=32, width=64))
+    large = bench_step.build_model(Namespace(model="mobilenet_v2", classes=10, image=224, width=64))
+    assert small.features.layers[0].layers[0].kw["stride"] == 1 and large.features.layers[0].layers[0].kw["stride"] == 2
+    assert bench_step.describe(Namespace(model="mobilenet_v2", image=224)) == "MobileNetV2 (width 1.0, ImageNet stem)"
+    twin = mobilenet.as_torch(torch, large)
+    assert sum(p.numel() for p in twin.parameters()) == sum(p.data.size for p in large.parameters())
+    assert type(bench_step.build_model(Namespace(classes=10, width=8, image=32))).__name__ == "ResNet"
