@@ -51,6 +51,12 @@ def as_array_arg(a, name):
         raise ValueError(f"{name} must be an array or a nested list of one shape, got {type(a).__name__}: {e}") from None
 
 
+def viewed_through_dlpack(a) -> bool:
+    """as_array_arg reads a through its DLPack capsule (a JAX CPU array, say): every call needs a view of its own,
+    so a dispatch cache must not keep a route that would take `a` as it is."""
+    return not (is_cuda_array(a) and not is_bfloat16(a)) and dlpack.speaks_dlpack(a)
+
+
 def host_view(a):
     """A NumPy view of a host array or a torch CPU tensor (no copy)."""
     if is_torch(a):

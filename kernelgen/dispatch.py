@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelgen import settings
+from kernelgen import arrays, settings
 
 MAX_ENTRIES = 4096  # signatures kept; past it the cache starts again (a sweep over many shapes, say)
 
@@ -37,6 +37,8 @@ def array_signature(a):
         return t, a.shape, a.dtype, a.strides
     if t.__module__.startswith("torch"):
         return t, a.shape, a.dtype, a.stride(), a.device
+    if arrays.viewed_through_dlpack(a):  # (each call needs its own DLPack view: the full route)
+        raise Unkeyable(t.__name__)
     return t, tuple(a.shape), getattr(a, "dtype", None), getattr(a, "strides", None)
 
 
