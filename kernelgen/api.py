@@ -114,7 +114,8 @@ def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
     backend); it runs only on the first call with this signature.  precision: the call's argument
     (None: the setting in force), resolved on every call so that set_precision() takes effect."""
     precision = resolve_precision(precision)
-    key = sig + (_typed(algo), config, settings.code_token(), precision)
+    # dispatch_token, not only code_token: settings that steer planning without changing code (no_tuned, model)
+    key = sig + (_typed(algo), config, settings.dispatch_token(), precision)
     try:
         hit = _PREPARED.get(key)
     except TypeError:  # an unhashable argument (a dict for padding, say): validate every time
