@@ -205,6 +205,16 @@ class DistributedDataParallel(Module):
         self._hooks = []
 
 
+def save_on_rank0(module, path, comm=None):
+    """Write module's checkpoint (Module.save) from rank 0 only, then let every rank pass once it is written:
+    one file per job, never N processes writing the same path."""
+    comm = get_default() if comm is None else comm
+    if comm is None or comm.rank == 0:
+        module.save(path)
+    if comm is not None:
+        comm.barrier()
+
+
 def _check_device(params, comm):
     if not params:
         raise ValueError("module has no parameters that require grad: nothing to synchronise")

@@ -1,0 +1,183 @@
+"""`python -m kernelgen.distributed --nproc-per-node N -m kernelgen.distributed.bench MODE --out DIR`: the
+data-parallel checks and numbers on N GPUs (scripts/gpu_ddp.sh runs them all on the 2-GPU machine).
+
+MODE check: one SGD step of ResNet-18 (CIFAR stem, SyncBatchNorm) through DistributedDataParallel on N GPUs,
+  each its share of a batch, against rank 0 stepping a twin model on the whole batch alone: the largest
+  difference per parameter relative to its scale (<= 1e-5 to pass).  Writes DIR/check_N.json.
+MODE speed: ResNet-18 CIFAR at --batch images per GPU, SGD with momentum, local batch norm (PyTorch DDP's
+  default); median step time of --steps after --warmup, images/s over all GPUs, and the last step's
+  timeline (backward's gradient-ready events, each bucket's all-reduce start/end on the NCCL stream, the end
+  of backward) in ms after the forward.  N = 1 runs the plain model (the one-GPU baseline).  DIR/speed_N.json.
+MODE torch: the same network and step in PyTorch DistributedDataParallel (NCCL, channels_last, TF32 off), in
+  the same run, for comparison.  DIR/torch_N.json.
+`python -m kernelgen.distributed.bench summary DIR` prints the scaling table from those files.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+from kernelgen.distributed.process_group import get_default, init_process_group
+from kernelgen.nn import functional as F
+from kernelgen.nn.bench_step import torch_resnet18
+from kernelgen.nn.models import resnet18
+from kernelgen.nn.optim import SGD
+from kernelgen.nn.parallel import DistributedDataParallel
+from kernelgen.nn.sync_batchnorm import convert_sync_batchnorm
+from kernelgen.nn.tensor import Tensor
+
+
+def _data(n, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 32, 32, 3)).astype(np.float32), rng.integers(0, classes, n).astype(np.int64)
+
+
+def _write(args, name, result):
+    if int(os.environ.get("RANK", "0")) == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, name), "w") as f:
+            json.dump(result, f, indent=1)
+        print(json.dumps(result)[:2000])
+
+
+def check(args):
+    comm = init_process_group("nccl")
+    world, rank = comm.world_size, comm.rank
+    x, y = _data(args.batch * world, args.classes)
+    mine = slice(rank * args.batch, (rank + 1) * args.batch)
+    model = convert_sync_batchnorm(resnet18(args.classes, width=args.width, stem="cifar", seed=0)).to("cuda")
+    ddp = DistributedDataParallel(model, bucket_mb=args.bucket_mb)
+    opt = SGD(model.parameters(), lr=0.1)
+    F.cross_entropy(ddp(Tensor(x[mine]).to("cuda")), Tensor(y[mine]).to("cuda").data).backward()
+    opt.step()
+    got = model.state_dict()
+    if rank != 0:
+        comm.barrier()
+        return
+    twin = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")  # one GPU, whole batch
+    opt = SGD(twin.parameters(), lr=0.1)
+    F.cross_entropy(twin(Tensor(x).to("cuda")), Tensor(y).to("cuda").data).backward()
+    opt.step()
+    want, errors = twin.state_dict(), {}
+    for k, w in want.items():
+        errors[k] = float(np.abs(got[k].astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-2))
+    worst = max(errors, key=errors.get)
+    _write(args, f"check_{world}.json", {"gpus": world, "batch_per_gpu": args.batch, "max_rel_error": errors[worst],
+                                         "worst": worst, "pass": errors[worst] <= 1e-5, "errors": errors})
+    comm.barrier()
+
+
+def speed(args):
+    from numba import cuda  # numba.cuda: slow to import, and only this GPU benchmark needs it
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    comm = init_process_group("nccl") if world > 1 else None
+    x, y = _data(args.batch, args.classes, seed=int(os.environ.get("RANK", "0")))
+    model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
+    net = DistributedDataParallel(model, bucket_mb=args.bucket_mb, timeline=True) if comm else model
+    opt = SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    xd, yd = Tensor(x).to("cuda"), Tensor(y).to("cuda").data
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(net(xd), yd).backward()
+        opt.step()
+    times = _timed(step, args.warmup, args.steps, cuda.synchronize)
+    result = {"gpus": world, "batch_per_gpu": args.batch, "step_ms": 1e3 * statistics.median(times),
+              "images_per_s": world * args.batch / statistics.median(times), "bucket_mb": args.bucket_mb}
+    if comm:
+        result["buckets"] = net.bucket_sizes
+        result["timeline_ms"] = net.timeline_ms()
+        comm.barrier()
+    _write(args, f"speed_{world}.json", result)
+
+
+def _timed(step, warmup, steps, sync):
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def torch_ddp(args):
+    import torch  # optional: only the comparison needs it
+    import torch.distributed as dist
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = torch_resnet18(torch, args.classes, args.width).cuda().to(memory_format=torch.channels_last)
+    if world > 1:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], bucket_cap_mb=args.bucket_mb)
+    x, y = _data(args.batch, args.classes, seed=int(os.environ.get("RANK", "0")))
+    xt, yt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2), torch.from_numpy(y).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xt), yt).backward()
+        opt.step()
+    times = _timed(step, args.warmup, args.steps, torch.cuda.synchronize)
+    _write(args, f"torch_{world}.json", {"gpus": world, "batch_per_gpu": args.batch, "torch": torch.__version__,
+                                         "step_ms": 1e3 * statistics.median(times),
+                                         "images_per_s": world * args.batch / statistics.median(times)})
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def summary(args):
+    rows = {}
+    for path in sorted(glob.glob(os.path.join(args.out, "*_*.json"))):
+        kind, n = os.path.basename(path)[:-5].rsplit("_", 1)
+        with open(path) as f:
+            rows[(kind, int(n))] = json.load(f)
+    base = rows.get(("speed", 1), {}).get("images_per_s")
+    print(f"{'GPUs':>5}{'kernelgen img/s':>17}{'scaling':>9}{'torch DDP img/s':>17}{'kernelgen/torch':>17}")
+    for n in sorted({n for kind, n in rows if kind == "speed"}):
+        k, t = rows[("speed", n)]["images_per_s"], rows.get(("torch", n), {}).get("images_per_s")
+        print(f"{n:>5}{k:>17.0f}{k / base if base else float('nan'):>9.2f}"
+              f"{t if t else float('nan'):>17.0f}{k / t if t else float('nan'):>17.2f}")
+    for (kind, n), r in sorted(rows.items()):
+        if kind == "check":
+            print(f"check on {n} GPUs: max relative parameter error {r['max_rel_error']:.2e} ({r['worst']}), "
+                  f"{'PASS' if r['pass'] else 'FAIL'} (<= 1e-5)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m kernelgen.distributed.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["check", "speed", "torch", "summary"])
+    ap.add_argument("out", nargs="?", default=None, help="(summary) the results folder")
+    ap.add_argument("--out", dest="out_flag", default=None, help="results folder (default ./ddp_results)")
+    ap.add_argument("--batch", type=int, default=None, help="images per GPU (default 128; check: 16)")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    args = ap.parse_args(argv)
+    args.out = args.out_flag or args.out or "ddp_results"
+    args.batch = args.batch or (16 if args.mode == "check" else 128)
+    if args.batch < 1 or args.steps < 1 or args.warmup < 1:
+        ap.error("--batch, --steps and --warmup must be >= 1")
+    {"check": check, "speed": speed, "torch": torch_ddp, "summary": summary}[args.mode](args)
+    if get_default() is not None:
+        get_default().close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
