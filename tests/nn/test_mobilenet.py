@@ -24,26 +24,35 @@ def nchw(a):
     return torch.tensor(np.ascontiguousarray(a.transpose(0, 3, 1, 2)), dtype=torch.float64, requires_grad=True)
 
 
-def compare(model, x, rng):
-    """Forward + backward of sum(output * a random projection) in both frameworks; outputs and gradients (the
-    input's and every convolution weight's, in kernelgen's (K, R, S, C / g) layout) within TOL."""
+def host(a):
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+
+def compare(model, x, rng, device="cpu"):
+    """Forward + backward of sum(output * a random projection) in both frameworks (ours on `device`: "cuda" moves
+    the model, the input and the projection there); outputs and gradients (the input's and every convolution
+    weight's, in kernelgen's (K, R, S, C / g) layout) within TOL."""
     theirs = mobilenet.as_torch(torch, model, torch.float64)
     xt = nchw(x)
     want = theirs(xt)
     xk = Tensor(x, requires_grad=True)
+    if device == "cuda":
+        from kernelgen.nn import cuda_ops
+        model.to("cuda")
+        xk = xk.cuda()
     got = model(xk)
     proj = rng.standard_normal(got.shape).astype(np.float32)
-    got.backward(proj)
+    got.backward(proj if device == "cpu" else cuda_ops.to_device(proj))
     perm = (0, 2, 3, 1) if want.dim() == 4 else (0, 1)
     (want * torch.tensor(proj.transpose(*np.argsort(perm)) if want.dim() == 4 else proj, dtype=torch.float64)).sum()\
         .backward()
     assert rel_err(got.numpy(), want.detach().numpy().transpose(*perm)) <= TOL
-    assert rel_err(xk.grad, xt.grad.numpy().transpose(0, 2, 3, 1)) <= TOL
+    assert rel_err(host(xk.grad), xt.grad.numpy().transpose(0, 2, 3, 1)) <= TOL
     ours = [p for p in model.parameters() if p.data.ndim == 4]
     mine = [m for m in theirs.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(ours) == len(mine) > 0
     for p, m in zip(sorted(ours, key=lambda p: p.data.shape), sorted(mine, key=lambda m: _kernelgen_shape(m))):
-        assert rel_err(p.grad, m.weight.grad.numpy().transpose(0, 2, 3, 1)) <= TOL, p.data.shape
+        assert rel_err(host(p.grad), m.weight.grad.numpy().transpose(0, 2, 3, 1)) <= TOL, p.data.shape
 
 
 def _kernelgen_shape(m):
@@ -55,6 +64,15 @@ def test_inverted_residual_matches_torch_in_float64(rng):
     block = InvertedResidual(8, 8, 1, 1, rng, "cpu")
     assert block.residual and [m.kw["groups"] for m in _convs(block)] == [8, 1]
     compare(block, rng.standard_normal((2, 7, 7, 8)).astype(np.float32), rng)
+
+
+@pytest.mark.parametrize("shape", [pytest.param((1, 4, 5, 8), marks=pytest.mark.sim, id="sim"),
+                                   pytest.param((8, 28, 28, 64), marks=pytest.mark.gpu, id="gpu")])
+def test_mbconv_on_the_device_matches_torch_in_float64(rng, shape):
+    """An MBConv block (5x5 depthwise, squeeze-excite, residual) on the device: the depthwise template's CUDA
+    kernels, relu6 / SiLU / broadcast multiply and batch norm of kernelgen.nn's device ops."""
+    compare(MBConv(shape[-1], shape[-1], 5, 1, 2, rng=rng), rng.standard_normal(shape).astype(np.float32), rng,
+            "cuda")
 
 
 @pytest.mark.slow
