@@ -243,13 +243,25 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
 
 def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan:
     """The direct depthwise template (groups == C) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
-    tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The tuner does not tune it yet, so
-    no database entry (and no neighbour's GEMM entry) decides, nor the model (it has no measurements of it): the
-    given config, else its cost model's."""
+    tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The given config, else (CUDA) the
+    tuned database's fastest depthwise config for exactly this problem at this precision ("tf32" also reads the
+    fp32 entry: the same fp32 FMAs), else its cost model's.  No nearest neighbour (a depthwise block's shape follows
+    its channels and rows too closely to borrow another layer's), no GEMM entry, and no performance model (it has
+    no measurements of this template) decides."""
     variant = depthwise.VARIANT
-    choice = _given(variant, config) if config is not None else Choice(
-        variant.name, variant.default_config(problem, target, precision), "default",
-        f"depthwise's cost-model default on {target.name}: the template is not tuned, nor modelled, yet")
+    db = _tuned_db() if config is None and backend == "cuda" else None
+    tuned = None
+    # tf32 runs the very fp32 kernel (no tensor cores here), so an fp32 tune's entry serves it too
+    for tuned_at in ((precision, "fp32") if precision == "tf32" else (precision,)) if db is not None else ():
+        tuned = tuned or db.tuned_config(problem, tuned_device(), variant.name, tuned_at)
+    if config is not None:
+        choice = _given(variant, config)
+    elif tuned is not None:
+        choice = Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem: its "
+                                                      f"fastest depthwise config")
+    else:
+        choice = Choice(variant.name, variant.default_config(problem, target, precision), "default",
+                        f"depthwise's cost-model default on {target.name}: no tuned entry for this problem")
     if not variant.accepts(problem, choice.config, precision):
         raise ValueError(f"config must be a DepthwiseConfig that fits {problem.key()} for algo='depthwise', "
                          f"got {choice.config}")
