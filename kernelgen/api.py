@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +88,9 @@ class Call:
 _PREPARED: dict = {}
 # the public ops' fast path (kernelgen.dispatch): the full signature of a call that succeeded -> its _Route
 _DISPATCH = DispatchCache()
+# kernelgen.precompile.recording(): while set (a list, per thread / task), calls are planned, their Prepared
+# appended, and zero-filled outputs returned; nothing runs
+RECORDING: ContextVar = ContextVar("kernelgen_recording", default=None)
 
 
 def clear_caches():
@@ -237,6 +241,9 @@ def _op(binding):
 
         @functools.wraps(plan_call)
         def op(*args, **kwargs):
+            recording = RECORDING.get()
+            if recording is not None:
+                return _record(recording, plan_call(*args, **kwargs))
             key = signature(name, args, kwargs)
             route = _DISPATCH.get(key)
             if route is not None:
@@ -251,6 +258,15 @@ def _op(binding):
         op.plan_call = plan_call
         return op
     return decorate
+
+
+def _record(recording: list, call: Call):
+    """A call under kernelgen.precompile.recording(): its plan kept, a zero-filled output of the right shape
+    and kind (host, device, torch) returned, no kernel compiled or run."""
+    recording.append(call.prep.plan)  # (None for an empty problem)
+    if call.prep.backend == "cuda" and not arrays.is_cuda_array(call.template):  # host arrays, cuda backend
+        return arrays.like_input(np.zeros(call.prep.problem.output_shape, call.prep.problem.dtype), call.template)
+    return _empty_output(call)
 
 
 def _bind_x_w(prep, x, w, bias=None, *, stream=None, out=None, **_):
@@ -417,6 +433,12 @@ class Explanation:
 
 
 _OPS = {op.__name__: op for op in (conv, conv_backward_data, conv_backward_weight, deconv)}
+
+
+def planned_call(op, args, kwargs) -> Call:
+    """The Call of any op's `op(*args, **kwargs)` (op a kernelgen op or its name), checked and planned, not run:
+    what kernelgen.precompile compiles."""
+    return _planned_call(op, args, kwargs, _OPS)
 
 
 def _planned_call(op, args, kwargs, allowed) -> Call:

@@ -56,6 +56,13 @@ def describe(args):
 def bench_kernelgen(x, labels, args):
     from numba import cuda  # here, not at the top: numba.cuda is slow to import, and absent without numba-cuda
     model = build_model(args).to("cuda")
+    compiled = {}
+    if getattr(args, "precompile", False):  # every conv kernel of the step compiled side by side, before it
+        t = time.perf_counter()
+        report = model.precompile(x.shape, x.dtype, workers=args.precompile_workers)
+        compiled = {"precompile_s": time.perf_counter() - t, "precompile_kernels": report.kernels,
+                    "precompile_cached": report.cached, "precompile_compiled": report.compiled,
+                    "precompile_workers": report.workers, "precompile_errors": report.errors}
     opt = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xd, yd = Tensor(x).to("cuda"), Tensor(labels).to("cuda").data
     losses = []
@@ -76,7 +83,7 @@ def bench_kernelgen(x, labels, args):
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
             "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
-            "loss_first": float(losses[0].copy_to_host()), "loss_last": float(losses[-1].copy_to_host())}
+            "loss_first": float(losses[0].copy_to_host()), "loss_last": float(losses[-1].copy_to_host()), **compiled}
 
 
 def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
@@ -156,6 +163,11 @@ def main(argv=None):
                     help="the network (mobilenet_v2: width 1.0, its depthwise layers on the depthwise template)")
     ap.add_argument("--image", type=int, default=32, help="input height and width (mobilenet_v2: 224 for the "
                     "ImageNet stem)")
+    ap.add_argument("--precompile", action="store_true",
+                    help="model.precompile(...) before the first step: its conv kernels compiled in a process pool "
+                    "(timed apart: precompile_s; warmup_s is then the steps that load them)")
+    ap.add_argument("--precompile-workers", type=int, default=None, help="processes for --precompile (default: "
+                    "one per kernel, at most one per CPU)")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.warmup < 1:
@@ -182,6 +194,11 @@ def main(argv=None):
     for name, r in rows:
         print(f"{name:14}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"
               f"{r['warmup_s']:11.1f}{r['loss_first']:11.4f}->{r['loss_last']:.4f}")
+    if "precompile_s" in result["kernelgen"]:
+        k = result["kernelgen"]
+        print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "
+              f"{k['precompile_compiled']} compiled in {k['precompile_workers']} processes) in {k['precompile_s']:.1f} s"
+              f"{'; errors: ' + '; '.join(k['precompile_errors']) if k['precompile_errors'] else ''}")
     if "torch" in result:
         k, t = result["kernelgen"], result["torch"]
         result["ratio"] = {"step_time": k["step_ms"] / t["step_ms"], "peak_memory": k["peak_bytes"] / t["peak_bytes"]}

@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 
 from kernelgen.nn import functional as F
+from kernelgen.nn.precompile_step import precompile_model
 from kernelgen.nn.tensor import Tensor, _on_device, as_tensor, to_device_array
 from kernelgen.planner import check_precision
 
@@ -71,6 +72,14 @@ class Module:
 
     def cpu(self):
         return self.to("cpu")
+
+    def precompile(self, input_shape, dtype="float32", workers=None):
+        """Compile every convolution kernel of a training step on inputs of `input_shape` (N, *spatial, C) and
+        `dtype` - forward, backward-data and backward-weight - side by side in `workers` processes (None: one
+        per kernel, at most one per CPU) into the disk cache, so the first step loads them instead of compiling
+        them one by one.  Call it after .to(device).  The model is left as it was.  Returns a
+        kernelgen.precompile.PrecompileReport."""
+        return precompile_model(self, input_shape, dtype, workers)
 
     def state_dict(self):
         """Host copies (NumPy) of every parameter and buffer, wherever the model lives."""

@@ -1,0 +1,187 @@
+"""Compiling a set of calls' kernels before they run, in a process pool, into the disk cache (issue 27).
+
+numba compiles one kernel at a time per process and holds the GIL while it does, so a network's first step
+compiles its kernels one after another.  `precompile(calls)` plans every call here (validating each: a bad
+call is refused before any work), sends the kernels the disk cache does not hold yet to worker processes
+(tuning/compile_pool.compile_launcher, as the tuner's workers compile), and then loads them here, so the
+calls themselves load instead of compiling - in this process and in any later one that shares the cache.
+
+`recording()` collects the plans of the kernelgen calls made inside it without running them (each call
+returns a zero-filled output of the right shape and kind): what `Module.precompile` runs a training step
+under to find its forward, backward-data and backward-weight convolutions.
+
+The workers are spawned (CUDA cannot be forked) and run under the settings of the caller - every setting that
+changes a kernel's key or how it is planned, and the cache directory - so each computes the key the caller
+computed (checked: a kernel compiled under another key would be compiled again at its first call).
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from kernelgen import api, planner, settings
+from kernelgen.runtime.cache import KERNELS, key_digest
+from kernelgen.tuning.compile_pool import compile_launcher
+
+
+@dataclass
+class PrecompileReport:
+    kernels: int = 0      # distinct kernels among the calls (an empty problem has none)
+    cached: int = 0       # of those, already compiled in the disk cache: loaded, not compiled
+    compiled: int = 0     # compiled now (in the workers, or here with workers=0)
+    workers: int = 0      # worker processes used
+    seconds: float = 0.0
+    errors: list = field(default_factory=list)  # "kernel: error" per kernel that failed (its call compiles it)
+
+
+@contextlib.contextmanager
+def recording():
+    """`with recording() as plans:` - kernelgen calls in this thread (or task) are validated and planned, their
+    plans appended to `plans`, and they return zero-filled outputs instead of running any kernel."""
+    plans = []
+    token = api.RECORDING.set(plans)
+    try:
+        yield plans
+    finally:
+        api.RECORDING.reset(token)
+
+
+def plan_calls(calls) -> list:
+    """The plans of `calls`: each (op, args) or (op, args, kwargs), op a kernelgen op or its name; each
+    validated as the call itself would be (ValueError / TypeError naming calls[i] and the argument)."""
+    plans = []
+    for i, entry in enumerate(calls):
+        if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3) or not isinstance(entry[1], (tuple, list)) \
+                or (len(entry) == 3 and not isinstance(entry[2], dict)):
+            raise TypeError(f"calls[{i}] must be (op, args) or (op, args, kwargs) with args a tuple and kwargs a "
+                            f"dict, got {entry!r:.80}")
+        op, args, kwargs = entry[0], entry[1], entry[2] if len(entry) == 3 else {}
+        try:
+            prep = api.planned_call(op, args, kwargs).prep
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"calls[{i}]: {e}") from None
+        if prep.plan is not None:
+            plans.append(prep.plan)
+    return plans
+
+
+def precompile(calls, workers=None) -> PrecompileReport:
+    """Compile the kernels of `calls` (see plan_calls) into the disk cache in `workers` processes (None: one per
+    kernel to compile, at most one per CPU; 0: here, one after another), then load them here.  Returns what was
+    done; a kernel that failed to compile is listed in .errors and left for its call (which raises)."""
+    return compile_plans(plan_calls(calls), workers)
+
+
+def compile_plans(plans, workers=None) -> PrecompileReport:
+    """precompile's second half, for plans already made (a recording's, say)."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
+    start = time.perf_counter()
+    unique = {}
+    for plan in plans:
+        if plan is not None:  # (a recorded empty problem)
+            unique.setdefault(key_digest(plan.key()), plan)
+    todo = {digest: plan for digest, plan in unique.items() if not _compiled_on_disk(digest)}
+    report = PrecompileReport(kernels=len(unique), cached=len(unique) - len(todo))
+    failed = set()
+    if todo:
+        jobs = [(digest, plan, _worker_settings()) for digest, plan in todo.items()]
+        results, report.workers = _compile_jobs(jobs, workers)
+        for (digest, plan, _), error in zip(jobs, results):
+            if error:
+                failed.add(digest)
+                report.errors.append(f"{plan.problem.key()} {plan.variant}: {error}")
+        report.compiled = len(todo) - len(failed)
+    for digest, plan in unique.items():
+        if digest not in failed:
+            compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))  # loads numba's cached code
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _compile_jobs(jobs, workers):
+    """compile_job's result for each job, and the number of worker processes used: the first job compiles here
+    while the pool compiles the others (this process would only wait otherwise), in min(the others, CPUs)
+    workers (`workers` if given; 0: every job here)."""
+    rest = jobs[1:]
+    n = min(len(rest), os.cpu_count() or 1) if workers is None else min(workers, len(rest))
+    if n < 1:
+        return [compile_job(job) for job in jobs], 0
+    try:
+        with ProcessPoolExecutor(n, mp_context=_pool_context([plan for _, plan, _ in jobs])) as pool:
+            pending = pool.map(compile_job, rest)  # (submitted now; the workers start on them at once)
+            here = compile_job(jobs[0])
+            return [here] + list(pending), n
+    except BrokenProcessPool as e:  # a worker died (killed, out of memory): those calls compile for themselves
+        return [None] + [f"BrokenProcessPool: {e}"] * len(rest), n
+
+
+def _pool_context(plans):
+    """How the workers start.  Spawned (a fresh interpreter each: CUDA cannot be used across a fork) unless every
+    kernel is a CPU one and this process runs one thread, where they are forked from this process after numba
+    has set up its CPU target here: each worker then starts compiling at once instead of first importing
+    kernelgen and numba and setting up that target again (~1 s of CPU each).  With other threads running a fork
+    could copy a lock one of them holds, so then they are spawned too."""
+    if not any(plan.backend == "cuda" for plan in plans) and threading.active_count() == 1 and \
+            "fork" in multiprocessing.get_all_start_methods():
+        _warm_numba_cpu()
+        return get_context("fork")
+    return get_context("spawn")
+
+
+def _warm_numba_cpu():
+    """numba's CPU target set up in this process (what its first compile or cache load does anyway)."""
+    import numba  # (not at the top: numba is slow to import, and kernelgen imports it only where it compiles)
+    import numpy as np
+    numba.njit(_identity)(np.zeros(1, np.float32))
+
+
+def _identity(a):
+    return a
+
+
+def _worker_settings() -> dict:
+    """The caller's value of every setting a kernel's key or its plan depends on, and the cache directory: the
+    workers run under exactly these (a scope), whatever their environment says."""
+    values = {s.name: settings.get(s.name) for s in settings.CALL_SETTINGS}
+    values["cache_dir"] = str(KERNELS.directory)
+    return values
+
+
+def _signature_dtype(plan) -> str:
+    """The element type the kernel's arrays have when it runs: float16 storage reaches a CPU kernel as its
+    uint16 bits (arrays.cpu_kernel_arg)."""
+    dtype = plan.problem.dtype
+    return "uint16" if plan.backend != "cuda" and dtype == "float16" else dtype
+
+
+def _compiled_on_disk(digest: str) -> bool:
+    """Does the disk cache hold this kernel's module and numba's compiled code for it (its index file)?"""
+    directory = KERNELS.directory
+    return (directory / f"kg_{digest}.py").exists() and \
+        any((directory / "__pycache__").glob(f"kg_{digest}.*.nbi"))
+
+
+def compile_job(job):
+    """Worker (or here, for workers=0): render and compile one kernel into the disk cache under the caller's
+    settings.  Returns None, or the error as one line (with the innermost frames)."""
+    digest, plan, values = job
+    try:
+        with settings.scope(**values):
+            if key_digest(plan.key()) != digest:
+                return "the worker computes another cache key than the caller (a setting not passed on?)"
+            compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))
+        return None
+    except Exception as e:  # reported by the parent, whose call then compiles (and raises) itself
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                            for f in traceback.extract_tb(e.__traceback__)[:-4:-1])
+        return f"{type(e).__name__}: {str(e)[:200]} (at {where})"
