@@ -37,9 +37,25 @@ def array_signature(a):
         return t, a.shape, a.dtype, a.strides
     if t.__module__.startswith("torch"):
         return t, a.shape, a.dtype, a.stride(), a.device
-    if arrays.viewed_through_dlpack(a):  # (each call needs its own DLPack view: the full route)
+    dtype = getattr(a, "dtype", None)
+    if _viewed_through_dlpack(a, t, dtype):  # (each call needs its own DLPack view: the full route)
         raise Unkeyable(t.__name__)
-    return t, tuple(a.shape), getattr(a, "dtype", None), getattr(a, "strides", None)
+    return t, tuple(a.shape), dtype, getattr(a, "strides", None)
+
+
+# (type, dtype) -> arrays.viewed_through_dlpack: asked once per kind of array (it reads the dtype's name and the
+# type's interfaces, microseconds on every call otherwise); the same for every array of a type and dtype
+_DLPACK_VIEWED: dict = {}
+
+
+def _viewed_through_dlpack(a, t, dtype) -> bool:
+    try:
+        return _DLPACK_VIEWED[t, dtype]
+    except KeyError:
+        viewed = _DLPACK_VIEWED[t, dtype] = arrays.viewed_through_dlpack(a)
+        return viewed
+    except TypeError:  # an unhashable dtype: asked every time
+        return arrays.viewed_through_dlpack(a)
 
 
 def value_signature(v):
