@@ -258,6 +258,13 @@ def export_default(name: str, value: str):
     os.environ.setdefault(_setting(name).env, str(value))
 
 
+def process_environment():
+    """The process's environment itself, for what is not a kernelgen setting but a protocol between processes: the
+    launcher's job layout (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, as torchrun sets them) and the
+    environments it gives the ranks.  Read here so that settings.py stays the one module that touches os.environ."""
+    return os.environ
+
+
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 

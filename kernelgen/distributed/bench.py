@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from kernelgen import settings
 from kernelgen.distributed.process_group import get_default, init_process_group
 from kernelgen.nn import functional as F
 from kernelgen.nn.bench_step import torch_resnet18
@@ -39,7 +40,7 @@ def _data(n, classes, seed=0):
 
 
 def _write(args, name, result):
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(settings.process_environment().get("RANK", "0")) == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
@@ -75,9 +76,9 @@ def check(args):
 
 def speed(args):
     from numba import cuda  # numba.cuda: slow to import, and only this GPU benchmark needs it
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(settings.process_environment().get("WORLD_SIZE", "1"))
     comm = init_process_group("nccl") if world > 1 else None
-    x, y = _data(args.batch, args.classes, seed=int(os.environ.get("RANK", "0")))
+    x, y = _data(args.batch, args.classes, seed=int(settings.process_environment().get("RANK", "0")))
     model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
     net = DistributedDataParallel(model, bucket_mb=args.bucket_mb, timeline=True) if comm else model
     opt = SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
@@ -113,7 +114,7 @@ def _timed(step, warmup, steps, sync):
 def torch_ddp(args):
     import torch  # optional: only the comparison needs it
     import torch.distributed as dist
-    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_RANK", "0"))
+    world, local = int(settings.process_environment().get("WORLD_SIZE", "1")), int(settings.process_environment().get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
@@ -122,7 +123,7 @@ def torch_ddp(args):
     if world > 1:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], bucket_cap_mb=args.bucket_mb)
-    x, y = _data(args.batch, args.classes, seed=int(os.environ.get("RANK", "0")))
+    x, y = _data(args.batch, args.classes, seed=int(settings.process_environment().get("RANK", "0")))
     xt, yt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2), torch.from_numpy(y).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     loss_fn = torch.nn.CrossEntropyLoss()

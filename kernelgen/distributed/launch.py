@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from kernelgen import settings
+
 POLL_S = 0.05
 GRACE_S = 5.0  # how long the other ranks get to exit after SIGTERM before SIGKILL
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -81,7 +83,7 @@ def free_port():
 
 def rank_envs(args, base=None):
     """One environment per local process: the job's layout, the rendezvous token, NCCL_NVLS_ENABLE=0."""
-    base = dict(os.environ if base is None else base)
+    base = dict(settings.process_environment() if base is None else base)
     n = args.nproc_per_node
     port = args.master_port or free_port()
     # one token per job: a single-node job makes its own; nodes of a multi-node job must agree, so there it

@@ -8,9 +8,9 @@ default one (get_default()).
 """
 from __future__ import annotations
 
-import os
 import threading
 
+from kernelgen import settings
 from kernelgen.distributed import nccl
 from kernelgen.distributed.comm import NumpyCommunicator
 from kernelgen.distributed.store import TCPStore
@@ -38,7 +38,7 @@ def _env_int(name, env, lo=0):
 
 def read_env(env=None):
     """The job's layout from the environment: dict(rank, local_rank, world_size, addr, port, token)."""
-    env = os.environ if env is None else env
+    env = settings.process_environment() if env is None else env
     world = _env_int("WORLD_SIZE", env, 1)
     rank = _env_int("RANK", env)
     if rank >= world:

@@ -14,12 +14,12 @@ recipe.  Rank 0 prints, evaluates and saves (--save).  With --device cpu, N CPU 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
+from kernelgen import settings
 from kernelgen.storage import PRECISIONS
 
 from kernelgen.nn import functional as F
@@ -135,7 +135,7 @@ def _gpus(text):
 
 def _launched(gpus):
     """True in a process the launcher started for this job (its WORLD_SIZE is --gpus)."""
-    return "RANK" in os.environ and os.environ.get("WORLD_SIZE") == str(gpus)
+    return "RANK" in settings.process_environment() and settings.process_environment().get("WORLD_SIZE") == str(gpus)
 
 
 def main(argv=None):
