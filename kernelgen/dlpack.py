@@ -90,7 +90,7 @@ class DeviceView:
 
     def __init__(self, ptr, shape, strides, typestr, owner):
         self.shape, self.dtype, self._owner = shape, np.dtype(typestr), owner
-        self.strides = strides if strides is not None else _c_strides(shape, self.dtype.itemsize)
+        self.strides = strides if strides is not None else c_strides(shape, self.dtype.itemsize)
         self._cai = {"shape": shape, "strides": strides, "typestr": typestr, "data": (ptr, False), "version": 3,
                      "stream": None}  # the producer's stream was ordered before ours by __dlpack__(stream=...)
 
@@ -113,7 +113,7 @@ class BFloat16Array:
         self.bits, self.shape, self.on_device = bits, tuple(bits.shape), on_device
 
 
-def _c_strides(shape, itemsize):
+def c_strides(shape, itemsize):
     strides, acc = [], itemsize
     for n in reversed(shape):
         strides.append(acc)

@@ -17,6 +17,7 @@ import numpy as np
 
 import kernelgen
 from kernelgen import api
+from kernelgen.dlpack import c_strides
 from kernelgen.planner import gpu_present, make_plan
 from kernelgen.runtime import arena, cuda_call
 from kernelgen.runtime.driver import _FastLaunch
@@ -41,7 +42,7 @@ class StandInDeviceArray:
     def __init__(self, shape, dtype=np.float32):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = math.prod(self.shape)
-        self.strides = _c_strides(self.shape, self.dtype.itemsize)
+        self.strides = c_strides(self.shape, self.dtype.itemsize)
         StandInDeviceArray._next += 1 << 16
         self._interface = {"data": (StandInDeviceArray._next, False), "shape": self.shape, "typestr": self.dtype.str,
                            "strides": None, "version": 3}
@@ -49,14 +50,6 @@ class StandInDeviceArray:
     @property
     def __cuda_array_interface__(self):
         return self._interface
-
-
-def _c_strides(shape, itemsize):
-    strides, acc = [], itemsize
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
 
 
 def _stub_fast_launch(launcher):

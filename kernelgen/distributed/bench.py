@@ -26,7 +26,7 @@ import numpy as np
 from kernelgen import settings
 from kernelgen.distributed.process_group import get_default, init_process_group
 from kernelgen.nn import functional as F
-from kernelgen.nn.bench_step import torch_resnet18
+from kernelgen.nn.bench_step import median_step, torch_resnet18
 from kernelgen.nn.models import resnet18
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.parallel import DistributedDataParallel
@@ -88,7 +88,7 @@ def speed(args):
         opt.zero_grad()
         F.cross_entropy(net(xd), yd).backward()
         opt.step()
-    times = _timed(step, args.warmup, args.steps, cuda.synchronize)
+    times = median_step(step, args.warmup, args.steps, cuda.synchronize)[1]
     result = {"gpus": world, "batch_per_gpu": args.batch, "step_ms": 1e3 * statistics.median(times),
               "images_per_s": world * args.batch / statistics.median(times), "bucket_mb": args.bucket_mb}
     if comm:
@@ -96,19 +96,6 @@ def speed(args):
         result["timeline_ms"] = net.timeline_ms()
         comm.barrier()
     _write(args, f"speed_{world}.json", result)
-
-
-def _timed(step, warmup, steps, sync):
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def torch_ddp(args):
@@ -132,7 +119,7 @@ def torch_ddp(args):
         opt.zero_grad(set_to_none=True)
         loss_fn(model(xt), yt).backward()
         opt.step()
-    times = _timed(step, args.warmup, args.steps, torch.cuda.synchronize)
+    times = median_step(step, args.warmup, args.steps, torch.cuda.synchronize)[1]
     _write(args, f"torch_{world}.json", {"gpus": world, "batch_per_gpu": args.batch, "torch": torch.__version__,
                                          "step_ms": 1e3 * statistics.median(times),
                                          "images_per_s": world * args.batch / statistics.median(times)})

@@ -24,24 +24,20 @@ GRACE_S = 5.0  # how long the other ranks get to exit after SIGTERM before SIGKI
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _positive(text):
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return n
+def int_at_least(lo):
+    """An argparse type: an int >= lo (argparse turns the ArgumentTypeError into a usage error naming the flag)."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}")
+        return n
+    return parse
 
 
-def _nonnegative(text):
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return n
+_positive, _nonnegative = int_at_least(1), int_at_least(0)
 
 
 def _port(text):

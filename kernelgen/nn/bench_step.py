@@ -24,7 +24,7 @@ from kernelgen.nn.tensor import Tensor
 from kernelgen.runtime import arena
 
 
-def _median_step(step, warmup, steps, sync):
+def median_step(step, warmup, steps, sync):
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
@@ -75,10 +75,10 @@ def bench_kernelgen(x, labels, args):
         losses.append(loss.data)  # the device scalar, read back after the timing (the Tensor would keep the graph)
 
     pool = arena.device_pool()
-    warm, _ = _median_step(step, args.warmup, 0, cuda.synchronize)
+    warm, _ = median_step(step, args.warmup, 0, cuda.synchronize)
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
-    _, times = _median_step(step, 0, args.steps, cuda.synchronize)
+    _, times = median_step(step, 0, args.steps, cuda.synchronize)
     free, total = cuda.current_context().get_memory_info()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
@@ -139,10 +139,10 @@ def bench_torch(x, labels, args):
         opt.step()
         losses.append(loss.detach())
 
-    warm, _ = _median_step(step, args.warmup, 0, torch.cuda.synchronize)
+    warm, _ = median_step(step, args.warmup, 0, torch.cuda.synchronize)
     losses.clear()
     torch.cuda.reset_peak_memory_stats()
-    _, times = _median_step(step, 0, args.steps, torch.cuda.synchronize)
+    _, times = median_step(step, 0, args.steps, torch.cuda.synchronize)
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times), "warmup_s": warm,
             "peak_bytes": torch.cuda.max_memory_allocated(), "between_steps_bytes": torch.cuda.memory_allocated(),
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "torch": torch.__version__,

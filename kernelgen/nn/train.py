@@ -111,26 +111,7 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     return model, history
 
 
-def _epochs(text):
-    """--epochs: an int >= 0 (argparse turns the ArgumentTypeError into a usage error naming --epochs)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return n
-
-
-def _gpus(text):
-    """--gpus / --batch-size: an int >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return n
+_epochs, _gpus = launch.int_at_least(0), launch.int_at_least(1)  # --epochs; --gpus and --batch-size
 
 
 def _launched(gpus):
