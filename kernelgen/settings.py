@@ -9,8 +9,11 @@ A setting's value is, first found wins:
   4. its default.
 
 Settings marked `affects_code` change the source a kernel is rendered from.  `code_token()` lists all of
-them, and both the prepared-call memo and the kernel cache key include it, so no setting can ever make a
-kernel compiled under other settings be reused (Triton's knobs and tinygrad's ContextVars are the models).
+them, and the kernel cache key includes it, so no setting can ever make a kernel compiled under other settings
+be reused (Triton's knobs and tinygrad's ContextVars are the models).  `dispatch_token()` lists every setting
+that can change what a call does (`affects_calls`, and the code settings): the prepared-call memo and the
+dispatch cache (kernelgen.dispatch) key on it.  Both are computed once per (scope, process settings, environment
+text) and then cost a lookup, as every kernelgen call reads them.
 """
 from __future__ import annotations
 
