@@ -21,7 +21,9 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_flipped_device, round_tf32_flipped_host,
                                            round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
                                            round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.runtime.narrow import narrow_device, narrow_host
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
+from kernelgen.templates.depthwise_kernels import WIDE_SUFFIX
 
 _NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
 
@@ -55,6 +57,10 @@ class Launcher:
     # as tuples: name, source, mode, dims, strides, box, lower, upper, swizzle, rounding, flip, dtype, traversal;
     # older modules end at rounding, flip or dtype); encoded per device pointer
     tensor_maps: tuple = ()
+    # outputs the kernel writes in float32 where the caller's array is float16 (split float16 backward-weight adds
+    # atomically, and there are no 16-bit atomic adds): the launcher passes its own zeroed float32 workspace and
+    # rounds it into the caller's array after the kernel.  params and outputs name the caller's arrays.
+    widened: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
@@ -70,9 +76,13 @@ class Launcher:
         allow_deep_cfg_walks()
         if backend == "cuda" and not settings.get("cuda_simulator"):
             numba_speedups.install()  # numba-cuda's quadratic lowering and SSA steps, linear (same LLVM IR)
-        return cls(module.KERNEL, module.PARAMS, module.OUTPUTS, module.GRID, module.THREADS,
-                   module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""), getattr(module, "DYNAMIC_SHARED", 0),
-                   getattr(module, "KERNEL_ANY_ALIGNMENT", None), getattr(module, "TENSOR_MAPS", ()))
+        def caller(name):  # the kernel names a widened output's workspace: name + WIDE_SUFFIX
+            return name[:-len(WIDE_SUFFIX)] if name.endswith(WIDE_SUFFIX) else name
+        widened = tuple(caller(name) for name in module.OUTPUTS if name.endswith(WIDE_SUFFIX))
+        return cls(module.KERNEL, tuple(map(caller, module.PARAMS)), tuple(map(caller, module.OUTPUTS)),
+                   module.GRID, module.THREADS, module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""),
+                   getattr(module, "DYNAMIC_SHARED", 0), getattr(module, "KERNEL_ANY_ALIGNMENT", None),
+                   getattr(module, "TENSOR_MAPS", ()), widened=widened)
 
     @property
     def caller_params(self) -> tuple:
@@ -199,7 +209,37 @@ class Launcher:
             named[source] = (copies[source], named[source][1])
         return [named[name] for name in self.caller_params] + maps
 
+    def _workspace(self, name, size, stream):
+        """The float32 buffer a widened output is computed in, one per (name, size, stream) as _copy_of's: the
+        work on one stream runs in order, so the next call may reuse it (calls hold _general_path)."""
+        key = (name + WIDE_SUFFIX, size, stream)
+        buf = self._rounded.get(key)
+        if buf is None:
+            from numba import cuda
+            buf = self._rounded[key] = cuda.device_array(size, np.float32, stream=stream or 0)
+        return buf
+
+    def _call_widened(self, args, stream):
+        """The kernel on float32 workspaces for the widened outputs (zeroed as every split output is), each then
+        rounded into the caller's array."""
+        if self.backend != "cuda":  # (a fresh workspace per call: CPU calls may run in several threads)
+            wide = {name: np.zeros(args[name].size, np.float32) for name in self.widened}
+            self._call(dict(args, **wide), stream)
+            for name in self.widened:
+                narrow_host(wide[name], args[name])
+            return
+        with self._general_path:
+            wide = {name: self._workspace(name, args[name].size, stream) for name in self.widened}
+            self._call(dict(args, **wide), stream)
+            for name in self.widened:
+                narrow_device(wide[name], to_device_view(args[name], name).reshape(args[name].size), stream)
+
     def __call__(self, args: dict, stream=None):
+        if self.widened:
+            return self._call_widened(args, stream)
+        return self._call(args, stream)
+
+    def _call(self, args: dict, stream=None):
         if self.backend == "cuda" and self.fast and all(hasattr(type(args[n]), "__cuda_array_interface__")
                                                         for n in self.caller_params):
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
@@ -266,4 +306,5 @@ class Launcher:
 
     @property
     def fast(self) -> bool:
-        return self._fast is not None and self._fast.usable()
+        # (a widened output is rounded by a second kernel after this one: those calls take the general route)
+        return self._fast is not None and self._fast.usable() and not self.widened

@@ -6,7 +6,8 @@ strip of PW output pixels along W whose source positions are loaded once per fil
 the filter taps of its channels in registers, and the block's input window (the halo) copied once into shared
 memory (`halo`).  Forward fuses bias and relu; backward-data is the same gather on the flipped filter, strides as
 residue classes (a strip gathers only the taps that land on it); backward-weight reduces per channel over the batch
-and pixels, split over blocks that add into a zeroed dw (`split_k`).  The geometry is depthwise_geometry.py, the
+and pixels, split over blocks that add into a zeroed dw (`split_k`; float16 tensors: into a float32 workspace the
+launcher rounds into dw).  The geometry is depthwise_geometry.py, the
 IR depthwise_ir.py and depthwise_kernels.py, the config depthwise_config.py; the cost model and the tuner's space
 are here.
 
@@ -67,13 +68,14 @@ def _limits(p, target: Target) -> dict:
             "max_threads": target.max_threads_per_block}
 
 
-def precision_note(p, precision):
+def precision_note(p, precision, split=False):
     if precision == "tf32":
         return "tf32 computed as fp32 FMAs (no tensor cores: depthwise is memory-bound, fp32 is at least as exact)"
     if precision in ("fp16", "bf16") and p.dtype == "float32":
         return f"{precision} operands (float32 tensors rounded as read), fp32 accumulation"
     if p.dtype == "float16":
-        return "float16 tensors, fp32 accumulation, outputs rounded once"
+        return "float16 tensors, fp32 accumulation, outputs rounded once" + (
+            " (split dw summed in a float32 workspace)" if split else "")
     return f"{'fp64' if p.dtype == 'float64' else 'fp32'} FMAs"
 
 
@@ -95,7 +97,7 @@ def build(p: ConvProblem, cfg: DepthwiseConfig, precision="fp32") -> Kernel:
     work = p.N * math.prod(p.out_size) * p.K * g.taps
     doc = (f"direct depthwise {p.direction}: {g.m} filter(s) per channel, {g.h.classes * g.w.classes} residue "
            f"class(es), window {'in shared memory' if cfg.halo else 'read through the caches'}; "
-           f"{precision_note(p, precision)}")
+           f"{precision_note(p, precision, cfg.split_k > 1)}")
     meta = {"doc": doc, "problem": p.key(), "template": NAME, "config": str(cfg), "zero_output": cfg.split_k > 1,
             "precision": precision, "work": work}
     return Kernel(k.name, k.params, k.locals, k.body, k.grid, k.threads, meta)
@@ -134,7 +136,7 @@ def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry
 
 
 def _split_choices(p, channel_blocks, target: Target):
-    if p.direction != "bwd_weight" or p.dtype == "float16":
+    if p.direction != "bwd_weight":
         return (1,)
     h = max(1, cdiv(2 * target.sm_count, channel_blocks))
     return tuple(sorted({1, h, 4 * h}))

@@ -27,7 +27,7 @@ class DepthwiseConfig:
     PH: output rows per thread.  halo: the block's input window staged in shared memory once (1) or each thread
     reading global memory through the caches (0).  smem_pad: words after each pixel of the shared window (bank
     spreading).  split_k: blocks sharing backward-weight's reduction over batch and pixels (atomics into a
-    zeroed dw; 1 in the other directions, on the CPU and for float16 tensors)."""
+    zeroed dw, a float32 workspace for float16 tensors; 1 in the other directions and on the CPU)."""
     TC: int = 8
     TW: int = 8
     TH: int = 2

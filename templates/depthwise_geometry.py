@@ -265,8 +265,6 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
         why.append("VC=8 (16 bytes of float16) for float16 tensors only")
     if cfg.split_k > 1 and p.direction != "bwd_weight":
         why.append(f"split_k=1 outside backward-weight, got {cfg.split_k}")
-    if cfg.split_k > 1 and p.dtype == "float16":
-        why.append("split_k=1 for float16 tensors (atomic adds need a float32 dw)")
     g = geometry(p, cfg)
     if cfg.split_k > max(1, min(g.spatial_tiles, MAX_GRID_Y)):
         why.append(f"split_k <= the {g.spatial_tiles} spatial tiles and {MAX_GRID_Y}, got {cfg.split_k}")

@@ -7,7 +7,9 @@ over the taps that meet it, and stores it (bias and relu fused, forward).
 Backward-weight: dw[k, tap] = sum over (n, o) of x[n, o * stride - pad + tap * dil, k / m] * dy[n, o, k].  One block
 per (channel block, split); a split walks its share of the spatial tiles, each thread accumulating dw of its VC
 groups at every tap in registers from its strips; then the block's threads add theirs up through shared memory,
-and split_k > 1 adds the block's sums into the zeroed dw atomically.
+and split_k > 1 adds the block's sums into the zeroed dw atomically.  float16 tensors have no 16-bit atomic adds: with
+split_k > 1 their kernel adds into a float32 dw named dw + WIDE_SUFFIX, which the launcher provides zeroed and
+rounds into the caller's float16 dw after the kernel (runtime/launch.py, Launcher.widened).
 """
 from __future__ import annotations
 
@@ -136,6 +138,16 @@ def _weight_strips(g: Geometry, bufs, rnd):
     return [For("ph", cfg.PH, tuple(loads + rows), "serial")]
 
 
+# the suffix of an output parameter the launcher allocates in float32 and narrows into the caller's array of the
+# name without it (runtime/launch.py reads it): the float32 dw of split float16 backward-weight
+WIDE_SUFFIX = "__fp32"
+
+
+def dw_name(g: Geometry) -> str:
+    """The name of backward-weight's output parameter: dw, or its float32 workspace where float16 blocks split."""
+    return "dw" + WIDE_SUFFIX if g.problem.dtype == "float16" and g.cfg.split_k > 1 else "dw"
+
+
 def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
     """The block's threads' dw registers summed over the pixel threads through shared memory, then stored (atomic
     adds with split_k > 1): output o of the block is tap o % taps of channel o // taps (tap fastest: the stores of
@@ -151,7 +163,7 @@ def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
     total = [Assign("dw_sum", ZERO),
              For("tp", cfg.TW * cfg.TH, (Assign("dw_sum", Var("dw_sum") + red[Var("tp") * cfg.TC + group // cfg.VC,
                                                                                 col]),), "serial")]
-    store = Store("dw", (((c0 + group) * m + j) * taps + tap,), Var("dw_sum"), "atomic" if cfg.split_k > 1 else False)
+    store = Store(dw_name(g), (((c0 + group) * m + j) * taps + tap,), Var("dw_sum"), "atomic" if cfg.split_k > 1 else False)
     conds = ([o < outputs] if outputs % cfg.threads else []) + \
         ([c0 + group < g.problem.C] if g.problem.C % cfg.block_groups else [])
     body = total + [store]
@@ -190,5 +202,5 @@ def weight_kernel(g: Geometry, rnd) -> Kernel:
     body = (For("blk", grid[0], (For("cb", grid[1], tuple(block), "grid", axis=1),), "grid", axis=0),)
     params = (Buffer("x", (p.N * g.src_depth * g.h.src_size * g.w.src_size * p.C,), p.dtype),
               Buffer("dy", (p.N * g.out_depth * g.h.out_size * g.w.out_size * p.K,), p.dtype),
-              Buffer("dw", (p.K * g.taps,), p.dtype, role="out"))
+              Buffer(dw_name(g), (p.K * g.taps,), "float32" if dw_name(g) != "dw" else p.dtype, role="out"))
     return Kernel("depthwise_bwd_weight", params, tuple(locals_), body, grid, cfg.threads)

@@ -126,9 +126,8 @@ def test_cpu_float16_storage(direction, rng):
     check(p, kw, DepthwiseConfig(TC=2, TW=2, TH=2, VC=8, PW=2, PH=1, halo=1), "cpu", rng, "fp16")
 
 
-def test_split_k_refused_on_cpu_and_for_float16():
-    p = depthwise_problem("bwd_weight", (2, 8, 8, 8), 1, (3, 3), dict(padding=1), dtype="float16")
-    assert "split_k=1 for float16" in " ".join(unmet(p, DepthwiseConfig(split_k=2)))
+def test_split_k_refused_on_cpu_and_outside_backward_weight():
+    # (float16 tensors split into a float32 workspace: test_depthwise_fp16_split.py)
     fwd = depthwise_problem("fwd", (2, 8, 8, 8), 1, (3, 3), dict(padding=1))
     with pytest.raises(ValueError, match="split_k=1 outside backward-weight"):
         depthwise.build(fwd, DepthwiseConfig(split_k=2))
