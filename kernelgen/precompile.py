@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sys
 import threading
 import time
 import traceback
@@ -142,10 +143,12 @@ def _pool_context(plans):
     """How the workers start.  Spawned (a fresh interpreter each: CUDA cannot be used across a fork) unless every
     kernel is a CPU one and this process runs one thread, where they are forked from this process after numba
     has set up its CPU target here: each worker then starts compiling at once instead of first importing
-    kernelgen and numba and setting up that target again (~1 s of CPU each).  With other threads running a fork
-    could copy a lock one of them holds, so then they are spawned too."""
+    kernelgen and numba and setting up that target again (~1 s of CPU each).  With other threads running - Python
+    threads, or the native ones of numba's parallel threading layer once a parallel kernel has run - a fork could
+    copy a lock one of them holds, so then they are spawned too."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
     if not any(plan.backend == "cuda" for plan in plans) and threading.active_count() == 1 and \
-            "fork" in multiprocessing.get_all_start_methods():
+            not getattr(parallel, "_is_initialized", False) and "fork" in multiprocessing.get_all_start_methods():
         _warm_numba_cpu()
         return get_context("fork")
     return get_context("spawn")
