@@ -34,6 +34,7 @@ def compile_launcher(launcher, dtype="float32"):
     reports registers and local memory only for a compiled overload."""
     from numba import from_dtype, uint64
     maps = {spec[0] for spec in launcher.tensor_maps}
-    arr = from_dtype(np.dtype(dtype))[::1]
-    if hasattr(launcher.kernel, "compile"):
-        launcher.kernel.compile(tuple(uint64[::1] if name in maps else arr for name in launcher.params))
+    arr, wide = from_dtype(np.dtype(dtype))[::1], from_dtype(np.dtype(np.float32))[::1]
+    if hasattr(launcher.kernel, "compile"):  # a widened output is the launcher's float32 workspace (runtime/launch.py)
+        launcher.kernel.compile(tuple(uint64[::1] if name in maps else wide if name in launcher.widened else arr
+                                      for name in launcher.params))

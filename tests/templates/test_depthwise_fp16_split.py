@@ -8,6 +8,8 @@ float32 tensors, whose split adds into the float32 dw itself, as test_depthwise.
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.templates.depthwise_geometry import unmet
 from kernelgen.templates.depthwise_kernels import WIDE_SUFFIX
+from kernelgen.tuning.compile_pool import compile_launcher
 from harness import assert_close, direction_inputs, launch_poisoned, tolerance
 from test_depthwise import depthwise_problem, launcher_for
 
@@ -73,3 +76,14 @@ def test_other_directions_still_refuse_a_split():
         assert any("split_k=1" in why for why in unmet(p, split_config(2)))
         with pytest.raises(ValueError, match="config"):
             depthwise.build(p, split_config(2), "fp16")
+
+
+def test_compile_pool_compiles_a_widened_output_as_float32():
+    """The tuner's and precompile's workers compile each kernel ahead of its call: a widened output is the
+    launcher's float32 workspace, so its parameter must be compiled as float32 where the others are float16."""
+    seen = []
+    kernel = types.SimpleNamespace(compile=seen.append)
+    launcher = types.SimpleNamespace(kernel=kernel, tensor_maps=(), params=("x", "dy", "dw"), widened=("dw",))
+    compile_launcher(launcher, "float16")
+    (signature,) = seen
+    assert [str(a.dtype) for a in signature] == ["float16", "float16", "float32"]
