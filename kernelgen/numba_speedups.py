@@ -16,6 +16,16 @@ are written against one version: install() patches a method only where numba-cud
 signature and source are the ones its replacement was written against, and otherwise leaves it alone (a debug log
 says why: nothing a user could act on).  tests/runtime/test_numba_speedups.py checks equal results on random IR
 and identical LLVM IR for generated kernels; scripts/compile_time.py measures them.
+
+Three more cut constant factors of typing and SSA (measured by scripts/compile_time.py's --experiment prototypes on
+the H200 host: -18 % of the compile time for the first, a few % for the others):
+
+* BaseFunction.get_call_type (numba's, which numba-cuda's typing calls for every call site of a function type:
+  add32, uidx, float32, ... thousands per kernel) memoised per compile (see _get_call_type);
+* _IntrinsicTemplate.generic looks in its own cache before refreshing the target context (~1 ms per call site of
+  an @intrinsic; see _intrinsic_generic);
+* SSA's module logger, whose debug() runs ~5M times on a large kernel, swapped for one whose debug() does
+  nothing, when numba's SSA debug logging is off at install (see _QuietLogger).
 """
 from __future__ import annotations
 
@@ -24,12 +34,14 @@ import importlib
 import inspect
 import logging
 import threading
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 NUMBA_CUDA_VERSIONS = ("0.30.4",)  # what the replacements were written against
+NUMBA_VERSIONS = ("0.68.1",)  # ... and, for the one that replaces a method of numba's own, numba's
 
 
 def _find_singly_assigned_variable(self):
@@ -85,17 +97,128 @@ def _stmt_index(self, defstmt, block, stop=-1):
     return i if i is not None and i < len(range(n)[:stop]) else n
 
 
+# --- per-compile memo of call types -------------------------------------------------------------------------------
+
+_call_types = {}  # id(compile's flags) -> (weak reference to the flags, {(function type, args): (sig, impl key)})
+
+
+def _forget_call_types(ref, key):
+    entry = _call_types.get(key)
+    if entry is not None and entry[0] is ref:  # (not a later compile's flags at a reused id)
+        _call_types.pop(key, None)
+
+
+def _call_type_memo():
+    """This compile's memo: keyed by the identity of the flags on numba's ConfigStack, which one compile pushes
+    (a nested compile, such as a device function's, pushes its own), kept while those flags live; None outside
+    a compile."""
+    flags = _config_stack().top_or_none()
+    if flags is None:
+        return None
+    key = id(flags)
+    entry = _call_types.get(key)
+    if entry is None or entry[0]() is not flags:
+        entry = _call_types[key] = (weakref.ref(flags, lambda ref: _forget_call_types(ref, key)), {})
+    return entry[1]
+
+
+def _get_call_type(self, context, args, kws):
+    """numba's BaseFunction.get_call_type, memoised within one CUDA compile on (function type, argument types).
+    The original tries the function's templates in order and returns the first signature that applies, recording
+    self._impl_keys[sig.args] (which implementation lowering then calls); it is deterministic for one function
+    type, argument types, typing context and target, and a compile's flags pin those: a hit returns the signature
+    the original returned and records the same implementation key again, as the original would (a later call with
+    other arguments of the same signature may have recorded another in between).  Failures are not memoised (the
+    original runs and raises again); keyword arguments, the CPU's typing context and calls outside a compile go
+    to the original untouched."""
+    original = _originals_by_name["get_call_type"]
+    if kws or context is not _cuda_typing_context():
+        return original(self, context, args, kws)
+    memo = _call_type_memo()
+    if memo is None:
+        return original(self, context, args, kws)
+    hit = memo.get((self, args))
+    if hit is not None:
+        self._impl_keys[hit[0].args] = hit[1]
+        return hit[0]
+    sig = original(self, context, args, kws)
+    impl = self._impl_keys.get(sig.args, _MISSING)
+    if impl is not _MISSING:
+        memo[(self, args)] = (sig, impl)
+    return sig
+
+
+_MISSING = object()
+
+
+_numba_objects = {}  # numba's objects the replacements consult, looked up once (numba-cuda is optional: not at import)
+
+
+def _config_stack():
+    stack = _numba_objects.get("ConfigStack")
+    if stack is None:
+        from numba.cuda.core import targetconfig
+        stack = _numba_objects["ConfigStack"] = targetconfig.ConfigStack
+    return stack
+
+
+def _cuda_typing_context():
+    context = _numba_objects.get("typing_context")
+    if context is None:
+        from numba.cuda.descriptor import cuda_target
+        context = _numba_objects["typing_context"] = cuda_target.typing_context
+    return context
+
+
+# --- the intrinsic template's cache first --------------------------------------------------------------------------
+
+def _intrinsic_generic(self, args, kws):
+    """numba-cuda's _IntrinsicTemplate.generic with its cache read first.  The original refreshes the target
+    context (to pick the registry it registers a new intrinsic's lowering in), then returns the cached signature
+    for (typing context, args, kws) if there is one.  On a hit nothing is registered, and the refresh only loads
+    registrations pending in other registries, which the target context loads anyway when lowering asks it for an
+    implementation it lacks (BaseContext.get_function refreshes) and at the start of every compile: a hit returns
+    the same signature without it.  A miss runs the original."""
+    hit = self._impl_cache.get((self.context, args, tuple(kws.items())))
+    return hit if hit is not None else _originals_by_name["generic"](self, args, kws)
+
+
+# --- a quiet SSA logger -------------------------------------------------------------------------------------------
+
+class _QuietLogger:
+    """Stands in for numba-cuda's ssa._logger, which the SSA pass calls only as _logger.debug(...) with
+    arguments that format lazily (the module's source is checked for that): debug() does nothing, as the
+    logger's own does while DEBUG is off for it, without the two Python calls per message.  Installed only when
+    DEBUG is off for that logger; turning numba's SSA debug logging on afterwards needs uninstall() first.
+    Anything else is the real logger's."""
+
+    def __init__(self, logger):
+        self._logger = logger
+
+    def debug(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._logger, name)
+
+
 @dataclass(frozen=True)
 class Patch:
-    module: str      # numba-cuda's module
-    owner: str       # the class in it
-    name: str        # the method replaced
-    replacement: object
-    signature: str   # the original's
+    module: str      # numba-cuda's (or numba's) module
+    owner: str | None  # the class in it (None: a module attribute)
+    name: str        # the method (or attribute) replaced
+    replacement: object  # what goes in its place; with wraps, a callable making that from the original
+    signature: str | None  # the original's (None: not a function, and source_sha256 is of the whole module's)
     source_sha256: str  # of the original's source, each line stripped of its indentation, blank lines dropped
+    numba: bool = False  # a method of numba's own (not numba-cuda's): numba's version is checked too
+    wraps: bool = False
 
     def target(self):
-        return getattr(importlib.import_module(self.module), self.owner)
+        module = importlib.import_module(self.module)
+        return module if self.owner is None else getattr(module, self.owner)
+
+    def where(self) -> str:
+        return ".".join(p for p in (self.module, self.owner, self.name) if p)
 
 
 PATCHES = (
@@ -103,10 +226,18 @@ PATCHES = (
           "(self)", "ba18271f08eeeacefbfc3ef5040ab4958ed581ad933d1db8903310eb7b4f0503"),
     Patch("numba.cuda.core.ssa", "_FixSSAVars", "_stmt_index", _stmt_index,
           "(self, defstmt, block, stop=-1)", "24e734f4a02a53eacc68ffd99fb5665440ff0ff07f6836b6df3b649f0e147891"),
+    Patch("numba.core.types.functions", "BaseFunction", "get_call_type", _get_call_type,
+          "(self, context, args, kws)", "0fadc5ac86cec70611553aa8bfcefa86e132ecc2590f1c6c0ccce57ebfebf7ed", numba=True),
+    Patch("numba.cuda.typing.templates", "_IntrinsicTemplate", "generic", _intrinsic_generic,
+          "(self, args, kws)", "6b97706ea3409d70adf54675299cc7d5f12130a17c1ed1273694833776518e40"),
+    Patch("numba.cuda.core.ssa", None, "_logger", _QuietLogger,
+          None, "b143dcb979a2359fff7414d0857da7b9d5c79c79492b8ee3c5ef916004cd837b", wraps=True),
 )
 
 _lock = threading.Lock()
 _originals = {}  # Patch -> numba-cuda's method, while the replacement is installed
+_originals_by_name = {}  # name -> numba's method, for the replacements that call it (kept after uninstall(): a
+                         # compile in another thread may still be inside a replacement)
 _tried = False   # install() has run (since the last uninstall()): later calls only report
 
 
@@ -114,29 +245,39 @@ def _normalised_source(fn) -> str:
     return "\n".join(line.strip() for line in inspect.getsource(fn).splitlines() if line.strip())
 
 
-def _numba_cuda_version() -> str | None:
+def _version(distribution="numba-cuda") -> str | None:
     from importlib import metadata
     try:
-        return metadata.version("numba-cuda")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
 
 
+def _numba_cuda_version() -> str | None:
+    return _version("numba-cuda")
+
+
 def _why_not(patch: Patch) -> str | None:
-    """Why this numba-cuda's method is not the one the replacement was written against (None: it is)."""
-    where = f"{patch.module}.{patch.owner}.{patch.name}"
+    """Why this numba's method is not the one the replacement was written against (None: it is)."""
+    where = patch.where()
+    if patch.numba and _version("numba") not in NUMBA_VERSIONS:
+        return f"{where}: numba {_version('numba')}, written against {', '.join(NUMBA_VERSIONS)}"
     original = patch.target().__dict__.get(patch.name)
     if original is None:
         return f"{where} is not defined there"
-    signature = str(inspect.signature(original))
-    if signature != patch.signature:
-        return f"{where}{signature}, written against {patch.signature}"
+    if patch.signature is not None:
+        signature = str(inspect.signature(original))
+        if signature != patch.signature:
+            return f"{where}{signature}, written against {patch.signature}"
     try:
-        digest = hashlib.sha256(_normalised_source(original).encode()).hexdigest()
+        read = original if patch.signature is not None else importlib.import_module(patch.module)
+        digest = hashlib.sha256(_normalised_source(read).encode()).hexdigest()
     except (OSError, TypeError):
         return f"the source of {where} cannot be read"
     if digest != patch.source_sha256:
         return f"{where}'s source is not the one its replacement was written against"
+    if isinstance(original, logging.Logger) and original.isEnabledFor(logging.DEBUG):
+        return f"{where} logs at DEBUG (it is kept, so that its messages still come)"
     return None
 
 
@@ -167,29 +308,33 @@ def install() -> bool:
                 log.debug("numba speedup not installed: %s", reason)
                 continue
             owner = patch.target()
-            _originals[patch] = owner.__dict__[patch.name]
-            setattr(owner, patch.name, patch.replacement)
-            log.debug("numba speedup installed: %s.%s.%s", patch.module, patch.owner, patch.name)
+            original = _originals[patch] = _originals_by_name[patch.name] = owner.__dict__[patch.name]
+            setattr(owner, patch.name, patch.replacement(original) if patch.wraps else patch.replacement)
+            log.debug("numba speedup installed: %s", patch.where())
         _tried = True  # only now: a thread that sees it set (outside the lock) must find the patches in place
         return len(_originals) == len(PATCHES)
 
 
-def uninstall() -> bool:
-    """numba-cuda's own methods back (tests and the compile-time harness compare both).  True if any was
-    installed."""
+def uninstall(names=None) -> bool:
+    """numba's own methods back (tests and the compile-time harness compare both): all of them, or those of the
+    PATCHES named in `names` (the harness measures each patch's share).  True if any was installed."""
     global _tried
     with _lock:
-        _tried = False
-        for patch, original in _originals.items():
-            setattr(patch.target(), patch.name, original)
-        was = bool(_originals)
-        _originals.clear()
-        return was
+        _tried = False  # (the next install() puts back any left out)
+        undone = [p for p in _originals if names is None or p.name in names]
+        for patch in undone:
+            setattr(patch.target(), patch.name, _originals.pop(patch))
+        return bool(undone)
 
 
 def installed() -> bool:
     """Whether every replacement is in place."""
     return len(_originals) == len(PATCHES)
+
+
+def installed_names() -> set:
+    """The names of the PATCHES in place."""
+    return {p.name for p in _originals}
 
 
 def original(name: str):

@@ -5,8 +5,10 @@
     python scripts/compile_time.py --limit 3 --repeat 3 # the first 3 kernels, the min of 3 compiles each
     python scripts/compile_time.py --speedups both      # each kernel without, then with kernelgen.numba_speedups
     python scripts/compile_time.py --profile            # and a cProfile of the compiles (top functions, .prof)
-    python scripts/compile_time.py --transform fresh_names   # prototype a generated-code change on a private copy
-    python scripts/compile_time.py --experiment call_type_memo   # prototype a numba-internal change
+    python scripts/compile_time.py --no-fresh-names     # sources as printed before kernelgen.fresh_names (issue 27)
+    python scripts/compile_time.py --skip get_call_type,generic  # speedups on but those (PATCHES' names) left out
+    python scripts/compile_time.py --transform operators     # prototype a generated-code change on a private copy
+    python scripts/compile_time.py --experiment call_type_memo_shared --skip get_call_type   # a numba-internal one
 
 The kernels are the conv problems of tuning/tables/resnet18_cifar.json in fwd, bwd_data and bwd_weight, fp32,
 planned as on an H100 (kernelgen.planner.make_plan(problem, "cuda") reading the shipped H100 database; --untuned:
@@ -32,7 +34,6 @@ import cProfile
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import pstats
 import re
@@ -101,9 +102,10 @@ def as_h100(tuned=True):
         yield
 
 
-def plan_kernels(table=TABLE, limit=None, match=None, shard=(0, 1), tuned=True) -> list:
+def plan_kernels(table=TABLE, limit=None, match=None, shard=(0, 1), tuned=True, fresh=True) -> list:
     """The table's kernels in layer order, each direction in turn: only names containing `match`, of those every
-    shard[1]-th from the shard[0]-th, the first `limit` of those."""
+    shard[1]-th from the shard[0]-th, the first `limit` of those.  fresh: rendered as shipped (False: without
+    kernelgen.fresh_names, the names the IR has)."""
     _, layers = load_table(table)
     out, index = [], -1
     with as_h100(tuned):
@@ -117,7 +119,7 @@ def plan_kernels(table=TABLE, limit=None, match=None, shard=(0, 1), tuned=True) 
                     continue
                 plan = planner.make_plan(layer.problem(direction), "cuda")
                 ir_kernel = plan.kernel_ir()
-                source = render_cuda(ir_kernel, cache=False)
+                source = render_cuda(ir_kernel, cache=False, fresh=fresh)
                 dtypes = {b.name: b.dtype for b in ir_kernel.params}
                 out.append(Kernel(name, plan.variant, str(plan.config), source, dtypes))
                 if limit and len(out) >= limit:
@@ -230,12 +232,17 @@ def warm_up(directory: Path):
 
 
 @contextlib.contextmanager
-def speedups(on: bool):
-    """kernelgen.numba_speedups installed (on) or not for the block; the previous state after it."""
+def speedups(on: bool, skip=()):
+    """kernelgen.numba_speedups installed (on; but the PATCHES named in skip) or not for the block; the previous
+    state after it.  A skipped patch may be refused (an experiment has replaced its method): that is no error."""
     was = numba_speedups.installed()
     if on:
-        if not numba_speedups.install():
-            raise SystemExit("kernelgen.numba_speedups.install() refused this numba-cuda (run with logging at DEBUG)")
+        numba_speedups.install()
+        numba_speedups.uninstall(skip)
+        missing = {p.name for p in numba_speedups.PATCHES} - set(skip) - numba_speedups.installed_names()
+        if missing:
+            raise SystemExit(f"kernelgen.numba_speedups.install() refused {sorted(missing)} on this numba-cuda "
+                             "(run with logging at DEBUG)")
     else:
         numba_speedups.uninstall()
     try:
@@ -245,31 +252,12 @@ def speedups(on: bool):
 
 
 # --- prototypes of numba-internal changes (--experiment: patches for the run, to measure what they would save) ---
+# (the per-compile call-type memo, the intrinsic cache first and the quiet SSA logger were prototyped here and ship
+# in kernelgen.numba_speedups: --skip get_call_type / generic / _logger measures each one's share)
 
-def _experiment_ssa_quiet():
-    """numba's SSA pass logs at debug level per statement (~5M calls on a large kernel): a logger stub instead."""
-    from numba.cuda.core import ssa
-    quiet = type("Quiet", (), {"debug": staticmethod(lambda *a, **k: None)})()
-    return mock.patch.object(ssa, "_logger", ssa._logger if ssa._logger.isEnabledFor(logging.DEBUG) else quiet)
-
-
-@contextlib.contextmanager
-def _experiment_intrinsic_cache():
-    """_IntrinsicTemplate.generic looks in its cache only after refreshing the target context (~1 ms, once per
-    call site of an intrinsic such as add32): the cache first."""
-    from numba.cuda.typing import templates
-    original = templates._IntrinsicTemplate.generic
-
-    def generic(self, args, kws):
-        hit = self._impl_cache.get((self.context, args, tuple(kws.items())))
-        return hit if hit is not None else original(self, args, kws)
-    with mock.patch.object(templates._IntrinsicTemplate, "generic", generic):
-        yield
-
-
-def _call_type_memo(shared):
-    """BaseFunction.get_call_type memoised on (function type, argument types, flags) for the CUDA typing context:
-    per kernel (shared=False: the flags object of one compile) or across kernels (the flags' values)."""
+def _call_type_memo_shared():
+    """BaseFunction.get_call_type memoised on (function type, argument types, the flags' values) for the CUDA
+    typing context: across kernels (the shipped memo is per compile).  Needs --skip get_call_type."""
     from numba.core.types import functions
     from numba.cuda.core import targetconfig
     from numba.cuda.descriptor import cuda_target
@@ -283,7 +271,7 @@ def _call_type_memo(shared):
         flags = targetconfig.ConfigStack.top_or_none()
         fp = fingerprints.get(id(flags))
         if fp is None or fp[0] is not flags:
-            fp = fingerprints[id(flags)] = (flags, repr(flags) if shared else id(flags))
+            fp = fingerprints[id(flags)] = (flags, repr(flags))
         key = (self, args, fp[1])
         sig = memo.get(key)
         if sig is None:
@@ -292,9 +280,8 @@ def _call_type_memo(shared):
     return mock.patch.object(functions.BaseFunction, "get_call_type", get_call_type)
 
 
-EXPERIMENTS = {"ssa_quiet": _experiment_ssa_quiet,
-               "intrinsic_cache": _experiment_intrinsic_cache,
-               "call_type_memo": lambda: _call_type_memo(False), "call_type_memo_shared": lambda: _call_type_memo(True)}
+EXPERIMENTS = {"call_type_memo_shared": _call_type_memo_shared}
+EXPERIMENT_REPLACES = {"call_type_memo_shared": "get_call_type"}  # experiment -> the numba_speedups patch it needs off
 
 
 # --- prototypes of generated-code changes (text transforms of a private copy of the rendered source) -----------
@@ -364,7 +351,9 @@ def _transform_ast(source, change):
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def _fresh_names(source):
+def _fresh_names_prototype(source):
+    """The prototype of kernelgen.fresh_names, which render_cuda now applies (tests/ir/test_fresh_names.py checks
+    it renames the same assignments): on a --no-fresh-names source it is what was measured."""
     def change(tree):
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
@@ -372,15 +361,15 @@ def _fresh_names(source):
     return _transform_ast(source, change)
 
 
-TRANSFORMS = {"fresh_names": _fresh_names, "operators": lambda s: _transform_ast(s, _Operators().visit),
+TRANSFORMS = {"fresh_names": _fresh_names_prototype, "operators": lambda s: _transform_ast(s, _Operators().visit),
               "unparse": lambda s: _transform_ast(s, lambda tree: None)}  # the control: ast.unparse alone
 
 
 # --- measuring and reporting --------------------------------------------------------------------------------------
 
-def measure(kernels, modes, repeat, transform=None, profiler=None, ptx=False, progress=True):
-    """{mode: [Timing per kernel]}, each mode ("off" / "on": numba speedups) compiled `repeat` times per kernel,
-    the modes alternating so that a shared machine's load falls on both alike."""
+def measure(kernels, modes, repeat, transform=None, profiler=None, ptx=False, progress=True, skip=()):
+    """{mode: [Timing per kernel]}, each mode ("off" / "on": numba speedups, but those named in skip) compiled
+    `repeat` times per kernel, the modes alternating so that a shared machine's load falls on both alike."""
     out = {mode: [Timing(k) for k in kernels] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="kg_compile_time_") as tmp:
         directory = Path(tmp)
@@ -390,7 +379,7 @@ def measure(kernels, modes, repeat, transform=None, profiler=None, ptx=False, pr
             for i, kernel in enumerate(kernels):
                 for _ in range(repeat):
                     for mode in modes:
-                        with speedups(mode == "on"):
+                        with speedups(mode == "on", skip):
                             if profiler:
                                 profiler.enable()
                             stages, passes, cres, text = time_one(kernel, directory, transform, ptx)
@@ -426,6 +415,7 @@ def report(results, args) -> dict:
     import numba
     import numba_cuda
     out = {"table": str(args.table), "untuned": args.untuned, "repeat": args.repeat, "transform": args.transform,
+           "fresh_names": not args.no_fresh_names, "skip": args.skip,
            "experiment": args.experiment, "cc": list(CC),
            "numba": numba.__version__, "numba_cuda": numba_cuda.__version__, "python": sys.version.split()[0],
            "modes": {}}
@@ -459,6 +449,11 @@ def main(argv=None):
                     help="compile a transformed copy of each rendered source (a prototype; see TRANSFORMS)")
     ap.add_argument("--experiment", default="", metavar="A,B",
                     help=f"numba-internal prototypes patched in for the run: {', '.join(EXPERIMENTS)}")
+    ap.add_argument("--no-fresh-names", action="store_true",
+                    help="render without kernelgen.fresh_names (the sources before issue 27's renaming)")
+    ap.add_argument("--skip", default="", metavar="A,B",
+                    help="with speedups on, leave these kernelgen.numba_speedups.PATCHES (by name) out: "
+                         + ", ".join(p.name for p in numba_speedups.PATCHES))
     ap.add_argument("--ptx", action="store_true", help="NVVM's PTX too: its time, its digest (needs libnvvm)")
     ap.add_argument("--profile", nargs="?", const="compile_time.prof", default=None, metavar="PATH",
                     help="cProfile the compiles: top functions printed, stats to PATH (compile_time.prof)")
@@ -472,6 +467,14 @@ def main(argv=None):
     unknown = [e for e in experiments if e not in EXPERIMENTS]
     if unknown:
         ap.error(f"--experiment: unknown {unknown}; known: {', '.join(EXPERIMENTS)}")
+    skip = tuple(n for n in args.skip.split(",") if n)
+    names = {p.name for p in numba_speedups.PATCHES}
+    if set(skip) - names:
+        ap.error(f"--skip: unknown {sorted(set(skip) - names)}; known: {', '.join(sorted(names))}")
+    for name in experiments:
+        if args.speedups != "off" and EXPERIMENT_REPLACES[name] not in skip:
+            ap.error(f"--experiment {name} replaces what the patch {EXPERIMENT_REPLACES[name]} does: "
+                     f"add --skip {EXPERIMENT_REPLACES[name]} (or --speedups off)")
     try:
         shard = tuple(int(v) for v in args.shard.split("/"))
         assert len(shard) == 2 and 0 <= shard[0] < shard[1]
@@ -481,16 +484,18 @@ def main(argv=None):
         os.execve(sys.executable, [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
                   {**os.environ, "PYTHONHASHSEED": "0"})
     t = time.perf_counter()
-    kernels = plan_kernels(args.table, args.limit, args.match, shard, not args.untuned)
+    kernels = plan_kernels(args.table, args.limit, args.match, shard, not args.untuned, not args.no_fresh_names)
     print(f"{len(kernels)} kernels planned and rendered in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     modes = ("off", "on") if args.speedups == "both" else (args.speedups,)
     profiler = cProfile.Profile() if args.profile else None
     with contextlib.ExitStack() as patches:
         for name in experiments:
             patches.enter_context(EXPERIMENTS[name]())
-        results = measure(kernels, modes, args.repeat, TRANSFORMS.get(args.transform), profiler, args.ptx)
+        results = measure(kernels, modes, args.repeat, TRANSFORMS.get(args.transform), profiler, args.ptx, skip=skip)
     for mode, timings in results.items():
-        print(f"\nnumba speedups {mode}" + (f", transform {args.transform}" if args.transform else "") +
+        print(f"\nnumba speedups {mode}" + (f" but {args.skip}" if skip and mode == "on" else "") +
+              (", names as the IR's (--no-fresh-names)" if args.no_fresh_names else "") +
+              (f", transform {args.transform}" if args.transform else "") +
               (f", experiments {args.experiment}" if experiments else "") +
               f" (seconds; min of {args.repeat})")
         print(table(timings))

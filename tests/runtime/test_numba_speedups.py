@@ -1,7 +1,7 @@
 """kernelgen.numba_speedups: its Lower._find_singly_assigned_variable and ssa._FixSSAVars._stmt_index give exactly
-numba-cuda's results, on random IR and on generated kernels, compiled kernels' LLVM IR is the same with and without
-them, and install() patches only the numba-cuda methods they were written against (thread-safe, idempotent, silent
-otherwise).
+numba-cuda's results, on random IR and on generated kernels; the call-type memo gives numba's signatures, per
+compile; compiled kernels' typing and LLVM IR are the same with and without all the patches; and install() patches
+only the numba methods they were written against (thread-safe, idempotent, silent otherwise).
 
 The generated kernels are compiled for real (numba.cuda.compiler.compile_cuda: typing and lowering to LLVM, no GPU
 needed) in two child processes, one with the patch and one without, since this session may run numba's simulator.
@@ -12,6 +12,7 @@ import json
 import logging
 import operator
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -31,8 +32,12 @@ HARNESS = ROOT / "scripts" / "compile_time.py"
 lowering = pytest.importorskip("numba.cuda.lowering")
 from numba.cuda.core import ir, ssa  # noqa: E402  (numba-cuda present: importorskip above)
 
+from numba.core.types import functions  # noqa: E402
+from numba.cuda.typing import templates  # noqa: E402
+
 SAV = "_find_singly_assigned_variable"
-OWNERS = {SAV: lowering.Lower, "_stmt_index": ssa._FixSSAVars}
+OWNERS = {SAV: lowering.Lower, "_stmt_index": ssa._FixSSAVars, "get_call_type": functions.BaseFunction,
+          "generic": templates._IntrinsicTemplate, "_logger": ssa}
 
 
 def _current(name):
@@ -137,34 +142,146 @@ def test_install_is_idempotent_and_thread_safe(restored):
     for t in threads:
         t.join()
     assert results == [True] * 8 and numba_speedups.install() and numba_speedups.installed()
-    for name, owner in OWNERS.items():
-        assert _current(name) is getattr(numba_speedups, name)
-        assert numba_speedups.original(name).__module__ == owner.__module__
+    for patch in numba_speedups.PATCHES:
+        if patch.wraps:
+            assert isinstance(_current(patch.name), patch.replacement)
+        else:
+            assert _current(patch.name) is patch.replacement
+    for name in (SAV, "_stmt_index"):
+        assert numba_speedups.original(name).__module__ == OWNERS[name].__module__
     assert numba_speedups.uninstall() and not numba_speedups.uninstall() and not numba_speedups.installed()
-    for name in OWNERS:
-        assert _current(name) is numba_speedups.original(name) is not getattr(numba_speedups, name)
+    for patch in numba_speedups.PATCHES:
+        assert _current(patch.name) is numba_speedups.original(patch.name)
+        assert _current(patch.name) is not patch.replacement and not isinstance(_current(patch.name), _Quiet)
+    assert ssa._logger is logging.getLogger(ssa.__name__)
 
 
-@pytest.mark.parametrize("change", ["version", "signature", "source", "missing"])
+_Quiet = numba_speedups._QuietLogger
+
+
+@pytest.mark.parametrize("change", ["version", "numba", "signature", "source", "missing", "module", "debug"])
 def test_other_numba_cuda_left_alone_quietly(restored, monkeypatch, caplog, change):  # restored: torn down last
-    """Another numba-cuda: nothing patched.  Another method (signature, source, absent): that one left alone, the
-    other installed.  Never a warning, a debug log each time."""
+    """Another numba-cuda: nothing patched.  Another numba: the memo of numba's own method left out.  Another
+    method (signature, source, absent), another ssa module, or SSA debug logging on: that one left alone, the
+    others installed.  Never a warning, a debug log each time."""
     numba_speedups.uninstall()
     originals = {name: _current(name) for name in OWNERS}
+    patches = list(numba_speedups.PATCHES)
+    by_name = {p.name: i for i, p in enumerate(patches)}
+    left_out = {"version": set(OWNERS), "numba": {"get_call_type"}, "signature": {SAV}, "source": {SAV},
+                "missing": {SAV}, "module": {"_logger"}, "debug": {"_logger"}}[change]
     if change == "version":
         monkeypatch.setattr(numba_speedups, "NUMBA_CUDA_VERSIONS", ("0.0.1",))
+    elif change == "numba":
+        monkeypatch.setattr(numba_speedups, "NUMBA_VERSIONS", ("0.0.1",))
+    elif change == "debug":
+        monkeypatch.setattr(ssa._logger, "level", logging.DEBUG)
+        ssa._logger.manager._clear_cache()
     else:
-        first, second = numba_speedups.PATCHES
+        name = "_logger" if change == "module" else SAV
         edit = {"signature": {"signature": "(self, extra)"}, "source": {"source_sha256": "0" * 64},
-                "missing": {"name": "_no_such_method"}}[change]
-        monkeypatch.setattr(numba_speedups, "PATCHES", (replace(first, **edit), second))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # never a user-visible warning
-        with caplog.at_level(logging.DEBUG, logger=numba_speedups.__name__):
-            assert numba_speedups.install() is False and numba_speedups.install() is False
-    assert _current(SAV) is originals[SAV] and not numba_speedups.installed()
-    assert (_current("_stmt_index") is originals["_stmt_index"]) == (change == "version")
+                "module": {"source_sha256": "0" * 64}, "missing": {"name": "_no_such_method"}}[change]
+        patches[by_name[name]] = replace(patches[by_name[name]], **edit)
+        monkeypatch.setattr(numba_speedups, "PATCHES", tuple(patches))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # never a user-visible warning
+            with caplog.at_level(logging.DEBUG, logger=numba_speedups.__name__):
+                assert numba_speedups.install() is False and numba_speedups.install() is False
+    finally:
+        ssa._logger.manager._clear_cache()  # (monkeypatch puts the level back; the cache must not keep DEBUG)
+    assert not numba_speedups.installed()
+    for name in OWNERS:
+        assert (_current(name) is originals[name]) == (name in left_out), name
     assert "not installed" in caplog.text and {r.levelno for r in caplog.records} == {logging.DEBUG}
+
+
+# --- the call-type memo ---------------------------------------------------------------------------------------------
+
+def _sqrt_type():
+    import math
+
+    from numba.cuda.descriptor import cuda_target
+    context = cuda_target.typing_context
+    context.refresh()
+    return context, context.resolve_value_type(math.sqrt)
+
+
+def _check_memo_per_compile():
+    """Within one compile's flags: numba's signature, from the memo the second time (the implementation key
+    recorded again); other flags (another compile): their own memo; outside a compile, with keywords or in the
+    CPU's typing context: numba's method alone.  A memo goes with its compile's flags."""
+    import gc
+
+    from numba.core import typing as cpu_typing
+    from numba.cuda.core.targetconfig import ConfigStack
+    from numba.cuda.flags import CUDAFlags
+    from numba.core.types import float32, float64
+    assert numba_speedups.install()
+    context, fnty = _sqrt_type()
+    want = numba_speedups.original("get_call_type")(fnty, context, (float32,), {})
+    memos = numba_speedups._call_types
+    before = len(memos)
+    assert fnty.get_call_type(context, (float32,), {}) == want and len(memos) == before  # not in a compile
+    first, second = CUDAFlags(), CUDAFlags()
+    with ConfigStack().enter(first):
+        for _ in range(2):
+            assert fnty.get_call_type(context, (float32,), {}) == want
+        memo = memos[id(first)][1]
+        assert list(memo) == [(fnty, (float32,))]
+        fnty._impl_keys[want.args] = "something else"  # a hit records numba's key again
+        assert fnty.get_call_type(context, (float32,), {}) == want and fnty._impl_keys[want.args] != "something else"
+        cpu = cpu_typing.Context()
+        assert fnty.get_call_type(cpu, (float64,), {}) is not None and len(memo) == 1  # another context
+        with ConfigStack().enter(second):
+            assert fnty.get_call_type(context, (float32,), {}) == want
+            assert memos[id(second)][1] is not memo
+    del first, second, memo
+    gc.collect()
+    assert len(memos) == before
+
+
+def _check_memo_threads():
+    """Threads typing at once (each its own flags, as each compile pushes its own on its thread's stack): each
+    gets numba's signature."""
+    from numba.cuda.core.targetconfig import ConfigStack
+    from numba.cuda.flags import CUDAFlags
+    from numba.core.types import float32, float64
+    assert numba_speedups.install()
+    context, fnty = _sqrt_type()
+    want = {t: numba_speedups.original("get_call_type")(fnty, context, (t,), {}) for t in (float32, float64)}
+    errors = []
+
+    def run():
+        try:
+            with ConfigStack().enter(CUDAFlags()):
+                for i in range(2000):
+                    t = (float32, float64)[i % 2]
+                    assert fnty.get_call_type(context, (t,), {}) == want[t]
+        except BaseException as e:  # (reported below: an assert in a thread does not fail the test)
+            errors.append(e)
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def _real_target_env():
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_BOUNDSCHECK")}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"  # the real CUDA target's typing (no GPU needed)
+    env["PYTHONHASHSEED"] = "0"  # numba's allocas follow set orders of names: the same in both processes
+    return env
+
+
+def test_call_type_memo():
+    """_check_memo_per_compile and _check_memo_threads, in a child process: this one may run numba's simulator,
+    which has no CUDA typing context."""
+    proc = subprocess.run([sys.executable, __file__, "memo"], env=_real_target_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.split() == ["per-compile", "threads"]
 
 
 # --- generated kernels, compiled for real ---------------------------------------------------------------------------
@@ -221,13 +338,15 @@ def _worker(out_dir: Path, patched: bool):
         argtypes = harness.argtypes_of(module, {b.name: b.dtype for b in ir_kernel.params})
         cres = harness.compile_kernel(module.KERNEL.py_func, argtypes)
         (out_dir / f"kernel_{i}.ll").write_text(cres.library.get_llvm_str())
+        text = lambda items: sorted(re.sub(r" at 0x[0-9a-f]+", "", f"{k}: {v}") for k, v in items)  # (no addresses)
+        typing = {"typemap": text(cres.type_annotation.typemap.items()),
+                  "calltypes": text(cres.type_annotation.calltypes.items())}
+        (out_dir / f"kernel_{i}.types.json").write_text(json.dumps(typing))
     (out_dir / "checked.json").write_text(json.dumps(checked))
 
 
 def _run_workers(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_BOUNDSCHECK")}
-    env["NUMBA_ENABLE_CUDASIM"] = "0"  # the real CUDA target's compiler (no GPU needed to lower to LLVM)
-    env["PYTHONHASHSEED"] = "0"  # numba's allocas follow set orders of names: the same in both processes
+    env = _real_target_env()
     procs = {}
     for mode in ("original", "patched"):
         (tmp_path / mode).mkdir()
@@ -239,7 +358,7 @@ def _run_workers(tmp_path):
     return tmp_path / "original", tmp_path / "patched"
 
 
-def test_generated_kernels_same_sets_and_llvm_ir(tmp_path):
+def test_generated_kernels_same_sets_typing_and_llvm_ir(tmp_path):
     original, patched = _run_workers(tmp_path)
     checked = json.loads((patched / "checked.json").read_text())
     assert checked["lowerings"] >= len(KERNELS) and checked["variables"] > 0 and checked["positions"] > 0
@@ -248,7 +367,15 @@ def test_generated_kernels_same_sets_and_llvm_ir(tmp_path):
         want = (original / f"kernel_{i}.ll").read_text()
         got = (patched / f"kernel_{i}.ll").read_text()
         assert "define" in want and got == want, f"kernel {i} ({KERNELS[i][:2]}): LLVM IR differs with the patch"
+        want, got = ((d / f"kernel_{i}.types.json").read_text() for d in (original, patched))
+        assert len(json.loads(want)["calltypes"]) > 10 and got == want, f"kernel {i}: typing differs with the patches"
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[2]), sys.argv[1] == "patched")
+    if sys.argv[1] == "memo":
+        _check_memo_per_compile()
+        print("per-compile")
+        _check_memo_threads()
+        print("threads")
+    else:
+        _worker(Path(sys.argv[2]), sys.argv[1] == "patched")
