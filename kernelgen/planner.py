@@ -301,7 +301,10 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
     setting here: the API functions resolve that."""
     check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
     target = target_for(backend)
-    automatic_depthwise = algo is None and problem.groups > 1  # (C = 1, groups = 1 is an ordinary convolution)
+    # groups == C > 1 takes the depthwise template unless the call names another: an algo, or a GEMM tile config
+    # (C = 1, groups = 1 is an ordinary convolution)
+    automatic_depthwise = algo is None and problem.groups > 1 and (config is None or
+                                                                  isinstance(config, depthwise.DepthwiseConfig))
     if (automatic_depthwise or algo == depthwise.NAME) and depthwise.VARIANT.applies(problem, precision):
         return _depthwise_plan(problem, backend, config, precision, target)
     if precision != "fp32":

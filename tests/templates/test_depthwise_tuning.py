@@ -161,3 +161,14 @@ def test_bench_reports_percent_of_the_memory_roofline():
     assert "lowest on maps of 3136 pixels or more: 50% (bar 60%)" in md
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert len(table) == 5 and len({line.count("|") for line in table}) == 1  # a failed row keeps the columns
+
+
+def test_a_gemm_tile_config_names_a_gemm_variant_on_a_depthwise_problem():
+    """groups == C > 1 is planned on the depthwise template, unless the call's config is a GEMM TileConfig: that
+    names the GEMM variants (as algo= would), and a DepthwiseConfig keeps the depthwise template."""
+    p = make_problem("bwd_data", (1, 4, 4, 2), (2, 1, 1, 1), stride=2, groups=2)
+    assert planner.make_plan(p, "cpu").variant == "depthwise"
+    gemm = planner.make_plan(p, "cpu", config=TileConfig(1, 2, 1, 1, 2))
+    assert gemm.variant != "depthwise" and gemm.decided_by == "config="
+    dw = depthwise.VARIANT.default_config(p, KNOWN_TARGETS["h100"], "fp32")
+    assert planner.make_plan(p, "cpu", config=dw).variant == "depthwise"
