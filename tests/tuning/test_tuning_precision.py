@@ -400,6 +400,7 @@ def test_compile_signature_and_poisoned_output_follow_the_storage_dtype(monkeypa
 
     class Launcher:
         kernel, params, outputs, threads, tensor_maps = Kernel(), ("x", "w", "y", "m"), ("y",), 128, (("m",),)
+        widened = ()  # no float32 workspace (runtime/launch.py Launcher.widened)
     tuner._compile(Launcher(), "float16")
     tuner._compile(Launcher())
     assert [str(t) for t in signatures[0]] == ["array(float16, 1d, C)"] * 3 + ["array(uint64, 1d, C)"]
