@@ -11,6 +11,7 @@ An import names the module it imports: `from kernelgen.nn import functional` is 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,16 @@ def test_the_checks_see_what_they_forbid(tmp_path):
     assert ("kernelgen.sub.a", "kernelgen.sub.b", 1, False) in edges
     assert ("kernelgen.sub.b", "kernelgen.sub.a", 2, True) in edges
     assert find_cycles([(a, b) for a, b, _, _ in edges]) == [["kernelgen.sub.a", "kernelgen.sub.b"]]
+
+
+def test_every_core_module_is_placed_in_the_layers_contract():
+    """pyproject's layers contract is exhaustive: a new module of kernelgen/ left out of it breaks lint-imports in CI
+    (after the whole test run). This says so at once, wherever pytest runs."""
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c for c in config["contracts"] if c["id"] == "layers"]
+    placed = {name.strip().strip("()") for layer in layers["layers"] for name in layer.split("|")}
+    ignored = set(layers.get("exhaustive_ignores", ()))
+    modules = {p.stem for p in (root / "kernelgen").glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in (root / "kernelgen").glob("*/__init__.py")}
+    assert modules - placed - ignored == set(), "place these modules in pyproject's layers contract"
