@@ -152,3 +152,16 @@ def assert_close(got, want, dtype=None, what="result", tol=None, precision="fp32
     err = rel_err(got, want)
     tol = tol or tolerance(dtype, precision)
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:g} ({dtype}, {precision})"
+
+
+class DLPackProducer:
+    """An array known to kernelgen only through DLPack (as a JAX or TensorFlow array is): wraps one that speaks it."""
+
+    def __init__(self, a):
+        self._a, self.shape = a, tuple(a.shape)
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()

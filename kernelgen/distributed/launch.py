@@ -109,15 +109,20 @@ def _describe(code):
     return f"exited with code {code}"
 
 
-def _stop(procs, sig=signal.SIGTERM):
-    """Signal every rank still running (its whole process group: a rank's own workers go too), then wait
-    GRACE_S for them and SIGKILL what is left."""
+def _signal_all(procs, sig):
+    """Send `sig` to the process group of every rank still running (a rank's own workers get it too)."""
     for p in procs:
         if p.poll() is None:
             try:
                 os.killpg(p.pid, sig)
-            except ProcessLookupError:
+            except ProcessLookupError:  # it exited between the poll and the kill
                 pass
+
+
+def _stop(procs, sig=signal.SIGTERM):
+    """Signal every rank still running (its whole process group: a rank's own workers go too), then wait
+    GRACE_S for them and SIGKILL what is left."""
+    _signal_all(procs, sig)
     deadline = time.monotonic() + GRACE_S
     for p in procs:
         try:
@@ -156,12 +161,7 @@ def launch(args, out=None):
     previous = {}
 
     def forward(signum, _frame):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signum)
-                except ProcessLookupError:
-                    pass
+        _signal_all(procs, signum)
 
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, forward)

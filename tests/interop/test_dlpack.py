@@ -14,26 +14,13 @@ import numpy as np
 import pytest
 
 import kernelgen
-from harness import assert_close, poisoned, random_array, reference
+from harness import DLPackProducer as Producer, assert_close, poisoned, random_array, reference
 from kernelgen import arrays, bfloat16, dlpack
 
 torch = pytest.importorskip("torch")
 
 KW = dict(stride=2, padding=1, dilation=2, groups=2)
 X, W, Y = (2, 7, 7, 4), (6, 3, 3, 2), (2, 3, 3, 6)
-
-
-class Producer:
-    """An array known to kernelgen only through DLPack (as a JAX or TensorFlow array is)."""
-
-    def __init__(self, a):
-        self._a, self.shape = a, tuple(a.shape)
-
-    def __dlpack__(self, **kwargs):
-        return self._a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 def data_ptr(a):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kernelgen
-from harness import assert_close, random_array, reference
+from harness import DLPackProducer as Producer, assert_close, random_array, reference
 from kernelgen import arrays, dlpack
 from kernelgen.bfloat16 import widen_bits
 
@@ -30,19 +30,6 @@ X, W, Y = (4, 15, 15, 8), (16, 3, 3, 4), (4, 7, 7, 16)
 def cuda_device():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
-
-
-class Producer:
-    """An array known to kernelgen only through DLPack."""
-
-    def __init__(self, a):
-        self._a, self.shape = a, tuple(a.shape)
-
-    def __dlpack__(self, **kwargs):
-        return self._a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 def address(view):
