@@ -300,6 +300,8 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
     """precision: "fp32" (the fp32 variants) or "tf32" / "fp16" / "bf16" (the tensor-core implicit GEMM); never the global
     setting here: the API functions resolve that."""
     check_dtype_precision(problem.dtype, check_precision(precision))  # float16 tensors: precision="fp16" only
+    if algo is not None:
+        get_variant(algo)  # a TypeError / ValueError naming algo before any precision's own checks
     target = target_for(backend)
     # groups == C > 1 takes the depthwise template unless the call names another: an algo, or a GEMM tile config
     # (C = 1, groups = 1 is an ordinary convolution)

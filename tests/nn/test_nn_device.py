@@ -209,8 +209,11 @@ def test_resnet_training_step_matches_the_host(rng):
         opt.step()
         losses[device], params[device] = loss.item(), model.state_dict()
     assert abs(losses["cuda"] - losses["cpu"]) <= 1e-5 * abs(losses["cpu"]), losses
+    # Two float32 summation orders: a gradient that is a small sum of larger, cancelling terms (a conv weight just
+    # before a batch norm, on 2 images) differs by ~1e-7 absolute, 2.8e-4 of its own largest value for one seed
+    # (9620050595337640951, identical with and without the CUDA renderer's fresh names); a wrong kernel is O(1) off.
     for i, (d, h) in enumerate(zip(grads["cuda"], grads["cpu"])):
-        assert rel_err(d, h.astype(np.float64)) <= 1e-4, f"gradient of parameter {i}"
+        assert rel_err(d, h.astype(np.float64)) <= 1e-3, f"gradient of parameter {i}"
     for k, v in params["cpu"].items():  # weights after the update, running statistics
         assert rel_err(params["cuda"][k], v.astype(np.float64)) <= 1e-4, k
 
