@@ -37,7 +37,9 @@ def as_array_arg(a, name):
     they are; another DLPack array as a view of its memory (kernelgen.dlpack: NumPy on the host, a DeviceView on
     CUDA, a BFloat16Array for bfloat16); anything else (nested lists, scalars) as a NumPy array, so that a
     call's memo key is its shape and dtype, never an object's id()."""
-    if a is None or type(a) is np.ndarray or is_torch(a):
+    if is_torch(a):  # detached: torch gives no __cuda_array_interface__ of a tensor that requires grad
+        return a.detach() if a.requires_grad else a
+    if a is None or type(a) is np.ndarray:
         return a
     if is_cuda_array(a) and not is_bfloat16(a):  # (the CUDA array interface has no bfloat16: DLPack reads those)
         return a

@@ -36,6 +36,8 @@ def array_signature(a):
     if t is np.ndarray:
         return t, a.shape, a.dtype, a.strides
     if t.__module__.startswith("torch"):
+        if a.requires_grad:  # (the full route reads it through a detached view: torch refuses its CUDA interface)
+            raise Unkeyable("a torch tensor that requires grad")
         return t, a.shape, a.dtype, a.stride(), a.device
     dtype = getattr(a, "dtype", None)
     if _viewed_through_dlpack(a, t, dtype):  # (each call needs its own DLPack view: the full route)

@@ -47,12 +47,23 @@ def _write(args, name, result):
         print(json.dumps(result)[:2000])
 
 
+def _precompile(model, comm, *input_shapes):
+    """Compile the step's kernels for each input shape in parallel processes (kernelgen.precompile), sharing this
+    host's cores among its ranks; one compiled in the calling process, kernel after kernel, costs minutes."""
+    world = comm.world_size if comm else 1
+    for shape in input_shapes:
+        model.precompile(shape, workers=max(1, (os.cpu_count() or 1) // world))
+    if comm:
+        comm.barrier()
+
+
 def check(args):
     comm = init_process_group("nccl")
     world, rank = comm.world_size, comm.rank
     x, y = _data(args.batch * world, args.classes)
     mine = slice(rank * args.batch, (rank + 1) * args.batch)
     model = convert_sync_batchnorm(resnet18(args.classes, width=args.width, stem="cifar", seed=0)).to("cuda")
+    _precompile(model, comm, (args.batch, 32, 32, 3))
     ddp = DistributedDataParallel(model, bucket_mb=args.bucket_mb)
     opt = SGD(model.parameters(), lr=0.1)
     F.cross_entropy(ddp(Tensor(x[mine]).to("cuda")), Tensor(y[mine]).to("cuda").data).backward()
@@ -62,6 +73,7 @@ def check(args):
         comm.barrier()
         return
     twin = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")  # one GPU, whole batch
+    _precompile(twin, None, x.shape)
     opt = SGD(twin.parameters(), lr=0.1)
     F.cross_entropy(twin(Tensor(x).to("cuda")), Tensor(y).to("cuda").data).backward()
     opt.step()
@@ -80,6 +92,7 @@ def speed(args):
     comm = init_process_group("nccl") if world > 1 else None
     x, y = _data(args.batch, args.classes, seed=int(settings.process_environment().get("RANK", "0")))
     model = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
+    _precompile(model, comm, (args.batch, 32, 32, 3))
     net = DistributedDataParallel(model, bucket_mb=args.bucket_mb, timeline=True) if comm else model
     opt = SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     xd, yd = Tensor(x).to("cuda"), Tensor(y).to("cuda").data

@@ -20,8 +20,10 @@ from kernelgen.problem import conv_out_size
 
 
 def channels_last(t):
-    """(N, C, *spatial) as (N, *spatial, C), C-contiguous: a view when t is stored channels-last, else a copy."""
-    v = t.permute(0, *range(2, t.dim()), 1)
+    """(N, C, *spatial) as (N, *spatial, C), C-contiguous: a view when t is stored channels-last, else a copy.
+    Detached: the autograd formulas below carry the gradients, and torch refuses __cuda_array_interface__ on a
+    tensor that requires grad (the ops run under autograd's redispatch with the caller's tensors)."""
+    v = t.detach().permute(0, *range(2, t.dim()), 1)
     return v if v.is_contiguous() else v.contiguous()
 
 
@@ -44,7 +46,7 @@ def _where(t, precision):
 
 
 def _bias(bias):
-    return None if bias is None else bias.contiguous()
+    return None if bias is None else bias.detach().contiguous()
 
 
 @torch.library.custom_op("kernelgen::conv", mutates_args=())

@@ -189,6 +189,21 @@ def test_signature_keys_types_layouts_and_refuses_unknown_objects():
     assert len(cache) <= 2 and cache.get(("k", 2)) == 2
 
 
+def test_a_torch_tensor_that_requires_grad_takes_the_full_route(rng, assert_close):
+    """torch refuses the CUDA array interface of a tensor that requires grad: such a call is never keyed, and the
+    full route reads the tensor through a detached view (the GPU's failure of 2026-11-26 on the converted
+    ResNet-18)."""
+    torch = pytest.importorskip("torch")
+    x, w = torch.from_numpy(random_array(rng, (2, 5, 5, 3))), torch.from_numpy(random_array(rng, (4, 3, 3, 3)))
+    w.requires_grad_()
+    assert dispatch.signature("conv", (x, w), {}) is None
+    assert dispatch.signature("conv", (x, w.detach()), {}) is not None
+    for _ in range(2):
+        got = kernelgen.conv(x, w, padding=1)
+        assert not got.requires_grad
+        assert_close(got.numpy(), ref.conv_forward(x.numpy(), w.detach().numpy(), padding=(1, 1)))
+
+
 @pytest.fixture
 def stand_in_gpu():
     """kernelgen's dispatch believing in a GPU (bench_launch.stubbed_launch) whose launches record their
