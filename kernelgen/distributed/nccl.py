@@ -93,7 +93,10 @@ class NcclCommunicator(Communicator):
         require()
         self.rank, self.world_size, self.device_id = rank, world_size, device_id
         cupy.cuda.Device(device_id).use()
-        self._comm = _nccl.NcclCommunicator(world_size, tuple(uid), rank)
+        try:  # CuPy 13+ takes the id as bytes (get_unique_id's), older CuPy as a tuple of signed chars
+            self._comm = _nccl.NcclCommunicator(world_size, bytes(b & 0xFF for b in uid), rank)
+        except TypeError:
+            self._comm = _nccl.NcclCommunicator(world_size, tuple((b + 128) % 256 - 128 for b in uid), rank)
         self._one = None
 
     def all_reduce(self, array, stream=None, op="sum"):
