@@ -24,7 +24,7 @@ from .runtime.cuda_call import CudaRoute, bound_call, run_cuda
 from .runtime.driver import as_numba_stream, fill_device, quiet_launches
 from .runtime.elementwise import add_channel_bias
 from .storage import PRECISIONS  # noqa: F401 (re-exported)
-from .tuning import database
+from .tuning import autotune, database
 
 
 def set_precision(precision):
@@ -39,6 +39,17 @@ def set_precision(precision):
 
 def get_precision():
     return settings.get("precision")
+
+
+def set_autotune(enabled: bool) -> bool:
+    """First-call autotuning on or off for every later call, in every thread (like torch.backends.cudnn.benchmark;
+    for one block of one thread: `with kernelgen.settings.scope(autotune=True):`).  On, the first call of a problem
+    no tuned entry decides compiles the planner's pick and the next candidates side by side, verifies them against
+    float64, times them within the autotune_budget setting's seconds and keeps the fastest in the user's tuned
+    database, which later calls and processes plan from (kernelgen.tuning.autotune).  Returns the previous value."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    return settings.set("autotune", enabled)
 
 
 def resolve_backend(backend, *inputs):
@@ -129,6 +140,8 @@ def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
         if problem.empty:  # nothing runs, but the call's algo / config / precision are checked as for any size
             make_plan(_stand_in(problem), backend, algo, config, precision)
         plan = None if problem.empty else make_plan(problem, backend, algo, config, precision)
+        if autotune.wanted(plan, config):  # (opt-in: the first call of an untuned problem times its candidates)
+            plan = autotune.autotune(plan, algo)
         hit = Prepared(problem, plan, backend)
         if key is not None:
             _PREPARED[key] = hit

@@ -3,12 +3,15 @@
 One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
-  "tuned"            the tuned database's entry for exactly this problem (and precision) on this GPU;
+  "tuned"            the tuned database's entry for exactly this problem (and precision) on this GPU - or, on the
+                     CPU backend, the entry first-call autotuning (tuning/autotune.py) measured on this machine;
   "nearest tuned K"  fp32: the entry of the nearest tuned problem K, where it is near enough (tuning/database.py);
   "model"            the performance model fitted on the tuner's measurements (tuning/perf_model.py) ranks the
                      variant's configs (automatic fp32: every candidate variant's) and its best-scored one runs;
   "untuned sm_90 TMA tile"  fp16 on an sm_90 GPU without a model: the TMA tile measured best on average;
   "default"          the variant's cost-model default.
+With the autotune setting on, kernelgen.api hands a plan that no tuned entry decided to tuning/autotune.py, which
+times it against the next candidates, records the fastest verified one and plans again (then "tuned" decides).
 The database and model links are per GPU: they answer where a GPU is present (the model also offline where the
 `model` setting is "on": then for the `target` setting's GPU), never on the CPU backend, and a GPU without a
 database or model falls through them.  Every choice is made for the Target in effect (kernelgen.target: the GPU's
@@ -158,6 +161,19 @@ def _tuned_fp32(problem, variant, forced) -> Choice | None:
                                                         f"{database.NEAREST_MAX_DISTANCE} (sum of log size ratios)")
 
 
+def _cpu_tuned(problem, precision, target: Target, variant_names) -> Choice | None:
+    """The CPU backend's tuned link: the entry first-call autotuning (tuning/autotune.py) measured on this machine
+    for exactly this problem at `precision` (the user's database only: none ships for CPUs), if its variant is one
+    of `variant_names`; None under the no_tuned setting."""
+    if settings.get("no_tuned"):
+        return None
+    hit = database.exact(problem, target.device_name, precision)
+    if hit is None or hit[0] not in variant_names:
+        return None
+    return Choice(hit[0], hit[1], "tuned", f"the user's tuned database of {target.device_name} has this problem: "
+                                          f"first-call autotuning measured it fastest")
+
+
 def _model_choice(problem, variants, precision, target: Target) -> Choice | None:
     """The performance model's best-scored config of the variants (perf_model_predict.choose), or None where the link
     is off or the device has no model at this precision."""
@@ -215,6 +231,10 @@ def _tensor_core_choice(problem, backend, config, precision, target: Target) -> 
         if tile is not None:
             return Choice(variant.name, tile, "untuned sm_90 TMA tile", "fp16 on an sm_90 GPU with no tuned entry or "
                                                                         "model: the TMA tile measured best on average")
+    else:
+        chosen = _cpu_tuned(problem, precision, target, {variant.name})
+        if chosen is not None:
+            return chosen
     return _default(problem, variant, backend, precision, target)
 
 
@@ -259,6 +279,8 @@ def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan
     elif tuned is not None:
         choice = Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem: its "
                                                       f"fastest depthwise config")
+    elif backend != "cuda" and (mine := _cpu_tuned(problem, precision, target, {variant.name})) is not None:
+        choice = mine
     else:
         choice = Choice(variant.name, variant.default_config(problem, target, precision), "default",
                         f"depthwise's cost-model default on {target.name}: no tuned entry for this problem")
@@ -291,9 +313,9 @@ def _fp32_choice(problem, backend, algo, config, target: Target) -> Choice:
         return _given(variant, config)
     if backend == "cuda":
         chosen = _tuned_fp32(problem, variant, algo is not None) or _model_choice(problem, variants, "fp32", target)
-        if chosen is not None:
-            return chosen
-    return _default(problem, variant, backend, "fp32", target)
+    else:
+        chosen = _cpu_tuned(problem, "fp32", target, {v.name for v in variants})
+    return chosen or _default(problem, variant, backend, "fp32", target)
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:

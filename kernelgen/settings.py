@@ -110,6 +110,28 @@ def _target_name(text):
     return text.strip().lower()
 
 
+def _seconds_budget(value) -> float:
+    """A time budget in seconds: a number >= 0 (text parsed)."""
+    try:
+        seconds = float(value) if isinstance(value, str) or not isinstance(value, bool) else None
+    except ValueError:
+        seconds = None
+    if seconds is None or not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _positive_int(value) -> int:
+    """A count >= 1 (text parsed)."""
+    try:
+        n = int(value) if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)) else None
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise ValueError(f"expected an int >= 1, got {value!r}")
+    return n
+
+
 def _model_mode(value):
     """The `model` setting: "auto", "on" or "off" (booleans and their words too: True / "1" -> "on")."""
     if isinstance(value, bool):
@@ -144,6 +166,15 @@ _ALL = (
     Setting("model", "KERNELGEN_MODEL", "auto", _model_mode,
             "the planner's performance model (tuning/perf_model.py) where no tuned entry answers: auto (on a GPU), "
             "on (also planning offline, for the target setting's GPU) or off", check=_model_mode),
+    Setting("autotune", "KERNELGEN_AUTOTUNE", False, parse_bool,
+            "first-call autotuning (kernelgen.set_autotune): an untuned problem's first call times the planner's pick "
+            "and the model's next candidates and keeps the fastest verified one in the user's tuned database"),
+    Setting("autotune_budget", "KERNELGEN_AUTOTUNE_BUDGET", 10.0, _seconds_budget,
+            "seconds one problem's first-call autotuning may spend (compiling included) before it stops timing",
+            check=_seconds_budget, affects_calls=False),
+    Setting("autotune_candidates", "KERNELGEN_AUTOTUNE_CANDIDATES", 8, _positive_int,
+            "candidates one problem's first-call autotuning compiles and times, the planner's pick among them",
+            check=_positive_int, affects_calls=False),
     Setting("target", "KERNELGEN_TARGET", "h100", _target_name,
             "the GPU planned for where none is present (kernelgen.target.KNOWN_TARGETS: h100, h200, a100, l40s)",
             affects_code=True, check=_target_name),

@@ -1,7 +1,8 @@
 """The tuned database: problem -> fastest verified (variant, config) per GPU.
 
 One JSON file per device key ("sm_90" + GPU name) holding {problem key: entry}.  Shipped databases
-live in kernelgen/tuning/db; the user's own (written by `python -m kernelgen tune`) live in the cache
+live in kernelgen/tuning/db; the user's own (written by `python -m kernelgen tune`, and by first-call
+autotuning, tuning/autotune.py, which also writes the CPU backend's, "sm_00_cpu") live in the cache
 dir and take precedence.  Unseen problems fall back to the nearest tuned neighbour of the same
 direction and filter size, else to the template's heuristic default.
 
@@ -20,6 +21,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, fields
 from functools import lru_cache
 from pathlib import Path
@@ -199,6 +202,46 @@ def tuned_config(problem, device_key: str, variant, precision="fp32"):
     e = entries_for(device_key).get(entry_key(problem, precision))
     hit = None if e is None else _pick(problem, e, variant, precision)
     return None if hit is None else hit[1]
+
+
+def exact(problem, device_key: str, precision="fp32"):
+    """(variant, config) of the entry for exactly this problem at `precision` (its fastest candidate usable now),
+    or None: what the CPU backend's planner reads of the entries first-call autotuning wrote."""
+    e = entries_for(device_key).get(entry_key(problem, precision))
+    return None if e is None else _pick(problem, e, None, precision)
+
+
+_RECORD_LOCK = threading.Lock()
+
+
+@contextmanager
+def _locked(path: Path):
+    """This process's threads one at a time, and (POSIX) other processes too, through a lock file beside `path`:
+    a read-modify-write of the database never loses another writer's entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _RECORD_LOCK, open(path.with_suffix(".lock"), "a") as lock:
+        try:
+            import fcntl
+        except ImportError:  # (Windows: threads only)
+            yield
+            return
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def record(problem, device_key: str, new_entry: dict, precision="fp32") -> Path:
+    """Add one entry to the user's database of `device_key` (read again under the lock, then written atomically),
+    and forget the loaded databases so that the next plan reads it.  Returns the database's path."""
+    path = user_db_dir() / db_name(device_key)
+    with _locked(path):
+        entries = load(path)
+        entries[entry_key(problem, precision)] = new_entry
+        save(path, entries, device_key)
+    entries_for.cache_clear()
+    return path
 
 
 def entry(problem, variant, config, ms, candidates_tried, precision="fp32"):

@@ -8,6 +8,7 @@ import tempfile
 
 import numpy as np
 
+from kernelgen import settings
 from kernelgen.nn import functional as F
 from kernelgen.nn.precompile_step import precompile_model
 from kernelgen.nn.tensor import Tensor, _on_device, as_tensor, to_device_array
@@ -80,6 +81,15 @@ class Module:
         them one by one.  Call it after .to(device).  The model is left as it was.  Returns a
         kernelgen.precompile.PrecompileReport."""
         return precompile_model(self, input_shape, dtype, workers)
+
+    def autotune(self, input_shape, dtype="float32", workers=None):
+        """precompile, with first-call autotuning on (kernelgen.set_autotune) while the step is traced: each of
+        its convolutions that no tuned entry decides has its candidates compiled, verified against float64 and
+        timed, and the fastest recorded in the user's tuned database, which this and later processes then plan
+        from (within the autotune_budget setting's seconds a problem).  Returns the PrecompileReport of the
+        kernels chosen."""
+        with settings.scope(autotune=True):
+            return precompile_model(self, input_shape, dtype, workers)
 
     def state_dict(self):
         """Host copies (NumPy) of every parameter and buffer, wherever the model lives."""

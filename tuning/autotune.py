@@ -1,0 +1,184 @@
+"""Opt-in first-call autotuning (issue 25), as torch.backends.cudnn.benchmark does it for cuDNN.
+
+With the `autotune` setting on (kernelgen.set_autotune(True), KERNELGEN_AUTOTUNE=1, nn's Module.autotune), the first
+call of a problem that no tuned entry decides - the planner's pick came from the nearest tuned problem, the
+performance model or a default - comes here before it runs:
+  1. candidates: the planner's pick, the heuristic variant's default (so the entry also answers the planner's
+     "tuned" lookup, which asks for that variant), then the next best configs - ranked by the performance model
+     where the device has one, else each variant's cheapest under its own cost model - up to the
+     `autotune_candidates` setting;
+  2. they compile side by side in worker processes (tuning/compile_pool.compile_plans, as kernelgen.precompile);
+  3. each runs on scratch inputs (the caller's arrays and `out=` are never touched) and is verified against the
+     float64 reference, as the tuner verifies: batch item 0 holds random data and the others zeros, so the
+     reference of one batch item checks the whole output (a kernel that writes a wrong or stray value anywhere
+     fails) at the cost of one item;
+  4. the verified ones are timed on random data, the planner's pick first, until the `autotune_budget` setting's
+     seconds (compiling included) are spent;
+  5. the fastest is recorded in the user's tuned database (tuning/database.record: locked, atomic), so the next
+     call - in this process or a later one - plans it as "tuned" without tuning again.
+A problem where nothing verifies records nothing and runs the planner's pick.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from kernelgen import planner, settings
+from kernelgen.planner import Plan
+from kernelgen.runtime.cache import key_digest
+from kernelgen.target import gpu_present
+from kernelgen.templates import candidates as variant_candidates
+from kernelgen.templates import depthwise, get_variant
+from kernelgen.tuning import database, perf_model_predict, tuner
+from kernelgen.tuning.compile_pool import compile_plans
+from kernelgen.tuning.timing import time_cuda, time_host
+
+# the links whose plans autotuning leaves alone: the caller's config, and a measured entry for exactly the problem
+DECIDED = ("config=", "tuned")
+
+
+def wanted(plan: Plan | None, config=None) -> bool:
+    """Does this call's plan go through autotuning?  The setting is on, no config= was given, no tuned entry
+    decided, and its kernels can be timed here (the CPU backend, or CUDA on a real GPU: not the simulator)."""
+    return plan is not None and config is None and settings.get("autotune") and plan.decided_by not in DECIDED \
+        and (plan.backend == "cpu" or gpu_present())
+
+
+def device_key(plan: Plan) -> str:
+    """The tuned database a plan's entries go to: the GPU's ("sm_90_NVIDIA H100 80GB HBM3") or this CPU's."""
+    return planner.tuned_device() if plan.backend == "cuda" else plan.target.device_name
+
+
+def candidate_plans(plan: Plan, algo=None, k=None) -> list:
+    """Up to k plans (the `autotune_candidates` setting): the planner's pick, the heuristic variant's default,
+    then the best-ranked others of the variants the call may run (algo: that one only)."""
+    k = k or settings.get("autotune_candidates")
+    problem, precision, target = plan.problem, plan.precision, plan.target
+    if plan.variant == depthwise.NAME:
+        pairs = tuner.depthwise_candidates(problem, precision, keep=k, target=target)
+    elif precision != "fp32":
+        pairs = tuner.tc_candidates(problem, precision, keep=k, target=target)
+    else:
+        pairs = tuner.candidates(problem, [algo] if algo else None, keep=k, target=target)
+        heuristic = get_variant(algo) if algo else variant_candidates(problem)[0]
+        pairs.insert(0, (heuristic.name, heuristic.default_config(problem, target, precision)))
+    pairs = [(v, c) for v, c in _ranked(plan, pairs) if _runs_here(plan, v, c)]
+    out, seen = [plan], {(plan.variant, plan.config)}
+    for v, c in pairs:
+        if len(out) < k and (v, c) not in seen:
+            seen.add((v, c))
+            out.append(Plan(problem, v, c, plan.backend, precision, target, "autotune", "a first-call candidate"))
+    return out
+
+
+def _ranked(plan: Plan, pairs):
+    """pairs best first by the performance model of the plan's GPU and precision (a pair of a variant it does not
+    know after those it does), or as given (each variant's cheapest first) where there is none.  The first pair
+    (the heuristic's default, where one was put first) stays first."""
+    device = planner.model_device() if plan.backend == "cuda" else None
+    model = None if device is None else perf_model_predict.model_for(device, plan.precision)
+    if model is None or len(pairs) < 3:
+        return pairs
+    head, rest = pairs[:1], pairs[1:]
+    known = [p for p in rest if p[0] in model.variants]
+    scores = model.scores(plan.problem, known, plan.target) if known else []
+    order = [known[i] for i in np.argsort(scores, kind="stable")]
+    return head + order + [p for p in rest if p[0] not in model.variants]
+
+
+def _runs_here(plan: Plan, variant, config) -> bool:
+    """Can the candidate run for this call: the variant accepts the config at the precision, the CPU backend takes
+    no split-K, and a CUDA tensor-core tile uses only what the GPU has."""
+    v = get_variant(variant)
+    if not (v.applies(plan.problem, plan.precision) and v.accepts(plan.problem, config, plan.precision)):
+        return False
+    if plan.backend != "cuda":
+        return getattr(config, "split_k", 1) == 1
+    return not any(getattr(config, kind, False) and not plan.target.has(kind) for kind in ("wgmma", "tma"))
+
+
+def autotune(plan: Plan, algo=None) -> Plan:
+    """Time the plan against its candidates, record the fastest verified one, and return the plan the planner now
+    makes (decided by "tuned"), or `plan` itself where none verified."""
+    start = time.perf_counter()
+    budget = settings.get("autotune_budget")
+    plans = candidate_plans(plan, algo)
+    failed = compile_plans(plans).failed
+    check_inputs, ref = _verification_case(plan.problem)
+    timing_inputs = tuner.random_inputs(plan.problem, np.random.default_rng(1))
+    tried, best = [], None
+    for i, cand in enumerate(plans):
+        label = {"variant": cand.variant, "config": str(cand.config)}
+        if key_digest(cand.key()) in failed:
+            tried.append({**label, "error": "compile failed"})
+            continue
+        if i > 0 and time.perf_counter() - start > budget:
+            break
+        try:
+            ms = _measure(cand, check_inputs, ref, timing_inputs)
+        except Exception as e:  # a candidate that fails to run or verify is recorded and skipped, as the tuner does
+            tried.append({**label, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            continue
+        tried.append({**label, "ms": ms})
+        if best is None or ms < best[1]:
+            best = (cand, ms)
+    if best is None:
+        return plan
+    cand, ms = best
+    entry = database.entry(plan.problem, cand.variant, cand.config, ms, tried, plan.precision)
+    entry["autotuned"] = {"seconds": round(time.perf_counter() - start, 3), "decided_before": plan.decided_by}
+    database.record(plan.problem, device_key(plan), entry, plan.precision)
+    again = planner.make_plan(plan.problem, plan.backend, algo, None, plan.precision)
+    return again if again.decided_by == "tuned" else dataclasses.replace(
+        again, variant=cand.variant, config=cand.config, decided_by="tuned",
+        reason=f"first-call autotuning measured {cand.variant} {cand.config} fastest of {len(tried)} candidates")
+
+
+def _verification_case(problem):
+    """(inputs, float64 reference of the whole output): random data in batch item 0, zeros in the others, and the
+    reference of that one item placed in an output of zeros (a weight gradient sums over the batch: it is the one
+    item's gradient)."""
+    rng = np.random.default_rng(0)
+    inputs = tuner.random_inputs(problem, rng)
+    if problem.N > 1:
+        for name, a in inputs.items():
+            if name != "w":
+                a[1:] = 0
+    one = dataclasses.replace(problem, N=1)
+    ref_one = tuner.reference_output(one, {n: (a if n == "w" else a[:1]) for n, a in inputs.items()})
+    if problem.direction == "bwd_weight":
+        return inputs, ref_one
+    ref = np.zeros(problem.output_shape, np.float64)
+    ref[:1] = ref_one
+    return inputs, ref
+
+
+def _measure(plan: Plan, check_inputs, ref, timing_inputs) -> float:
+    """Milliseconds of the plan's kernel on timing_inputs, after its output on check_inputs (poisoned first) was
+    verified against ref within the tuner's bound for its precision; raises if it fails to run or verify."""
+    launcher = planner.get_launcher(plan)
+    problem = plan.problem
+    if plan.backend == "cuda":
+        from numba import cuda  # optional: numba-cuda
+
+        def args_for(inputs):
+            args = {n: cuda.to_device(np.ascontiguousarray(a).reshape(-1)) for n, a in inputs.items()}
+            args[launcher.outputs[0]] = cuda.to_device(np.full(ref.size, np.nan, problem.dtype))
+            return args
+        args = args_for(check_inputs)
+        launcher(args)
+        tuner.check_result(args[launcher.outputs[0]].copy_to_host().reshape(ref.shape), ref, plan.precision)
+        timed = args_for(timing_inputs)
+        return time_cuda(lambda: launcher(timed), warmup=2, repeat=10)
+
+    def host_args(inputs):  # (the launcher passes float16 storage to a CPU kernel as its bits)
+        args = {n: np.ascontiguousarray(a).reshape(-1) for n, a in inputs.items()}
+        args[launcher.outputs[0]] = np.full(ref.size, np.nan, problem.dtype)
+        return args
+    args = host_args(check_inputs)
+    launcher(args)
+    tuner.check_result(args[launcher.outputs[0]].reshape(ref.shape), ref, plan.precision)
+    timed = host_args(timing_inputs)
+    return time_host(lambda: launcher(timed), warmup=1, repeat=3)
