@@ -18,6 +18,9 @@
 #   ncu: Nsight Compute sections of one layer's kernel (scripts/profile_conv.py; NCU_LAYER, NCU_DIR, NCU_SETS), and cuDNN's
 #   launch-cost: scripts/launch_cost.py (a TMA launcher's call: rounding kernels, conv kernel, host time; args go to it)
 #   wino-sweep: scripts/wino_sweep.py (Winograd state counts x tiles vs cuDNN, $OUT/wino_sweep.json; args passed on)
+#   autotune-bench: scripts/autotune_bench.py BENCH_TABLE (default unseen): first-call autotuning of each problem,
+#   then the bench against cuDNN on what it recorded ($OUT/autotune_*.json, bench_autotuned_*.json; args passed on,
+#   e.g. --precision tf32 --directions fwd)
 #   fuzz: tests/api/test_fuzz_api.py on the CPU backend with FUZZ_N (5000) more examples over FUZZ_SHARDS (16) processes
 #   runtime: µs per call against torch (bench_launch) and first-call times cold, then warm, over BENCH_TABLE
 #   tune-bench: TUNE_TABLES (default gpu_md) are tuned within TUNE_BUDGET seconds each, then the bench runs
@@ -161,6 +164,10 @@ fi
 if has launch-cost; then  # a TMA launcher's call taken apart: rounding, conv, host time (scripts/launch_cost.py)
   python3 "$REPO/scripts/launch_cost.py" --out "$OUT/launch_cost.json" "$@" 2>&1 | tee "$OUT/launch_cost.log" | grep -v "Warning\|warn("
   pack
+fi
+if has autotune-bench; then  # first-call autotuning, then the bench on its entries (scripts/autotune_bench.py)
+  python3 "$REPO/scripts/autotune_bench.py" "${BENCH_TABLE:-unseen}" --out-dir "$OUT" "$@" 2>&1 \
+    | tee "$OUT/autotune_bench.log" | grep -v "Warning\|warn(\|bench:"
 fi
 if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/wino_sweep.py; args go to it)
   python3 "$REPO/scripts/wino_sweep.py" --out "$OUT/wino_sweep.json" "$@" 2>&1 | tee "$OUT/wino_sweep.log" | grep -v "Warning\|warn("

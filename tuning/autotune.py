@@ -5,8 +5,8 @@ call of a problem that no tuned entry decides - the planner's pick came from the
 performance model or a default - comes here before it runs:
   1. candidates: the planner's pick, the heuristic variant's default (so the entry also answers the planner's
      "tuned" lookup, which asks for that variant), then the next best configs - ranked by the performance model
-     where the device has one, else each variant's cheapest under its own cost model - up to the
-     `autotune_candidates` setting;
+     where the device has one (the variants taking turns), else each variant's cheapest under its own cost
+     model - up to the `autotune_candidates` setting;
   2. they compile side by side in worker processes (tuning/compile_pool.compile_plans, as kernelgen.precompile);
   3. each runs on scratch inputs (the caller's arrays and `out=` are never touched) and is verified against the
      float64 reference, as the tuner verifies: batch item 0 holds random data and the others zeros, so the
@@ -85,7 +85,22 @@ def _ranked(plan: Plan, pairs):
     known = [p for p in rest if p[0] in model.variants]
     scores = model.scores(plan.problem, known, plan.target) if known else []
     order = [known[i] for i in np.argsort(scores, kind="stable")]
-    return head + order + [p for p in rest if p[0] not in model.variants]
+    return head + _alternating(order) + [p for p in rest if p[0] not in model.variants]
+
+
+def _alternating(pairs):
+    """pairs with the variants taking turns, each in its own order (the variant of the best pair first): where the
+    model misjudges a whole variant (Winograd against implicit GEMM at a new batch size, say), the timed
+    candidates still hold the best of each."""
+    by_variant = {}
+    for v, c in pairs:
+        by_variant.setdefault(v, []).append((v, c))
+    queues = list(by_variant.values())
+    out = []
+    while queues:
+        out += [q.pop(0) for q in queues]
+        queues = [q for q in queues if q]
+    return out
 
 
 def _runs_here(plan: Plan, variant, config) -> bool:

@@ -141,3 +141,17 @@ def test_module_autotune_tunes_every_convolution_of_a_training_step(user_db):
     assert len(_entries(user_db)) == 2
     with settings.scope(autotune=False):
         assert {plan.decided_by for plan in trace_plans(model, (2, 5, 5, 3))} == {"tuned"}
+
+
+def test_candidates_start_with_the_planner_s_pick_and_take_turns_across_variants():
+    """Offline, for the H100 (model "on"): ResNet-50's 3x3 256->256 at batch 64, whose model pick (a Winograd tile)
+    ran at 0.52x cuDNN on the GPU; the candidates hold the pick and the best of the other variants too."""
+    assert autotune._alternating([("a", 1), ("a", 2), ("b", 3), ("c", 4), ("b", 5)]) == \
+        [("a", 1), ("b", 3), ("c", 4), ("a", 2), ("b", 5)]
+    p = make_problem("fwd", (64, 14, 14, 256), (256, 3, 3, 256), padding=1)
+    with settings.scope(model="on", autotune_candidates=6):
+        plan = planner.make_plan(p, "cuda")
+        plans = autotune.candidate_plans(plan)
+    assert plans[0] is plan and len(plans) == 6 == len({(c.variant, c.config) for c in plans})
+    assert len({c.variant for c in plans}) >= 2
+    assert all(c.target == plan.target and c.precision == plan.precision for c in plans)
