@@ -1,6 +1,6 @@
 """Autograd tensors, layers, optimisers and training, with every convolution a kernelgen kernel."""
 from kernelgen.nn import arithmetic  # noqa: F401 (binds Tensor's operators: +, -, *, /, **, unary -)
-from kernelgen.nn import functional
+from kernelgen.nn import amp, functional
 from kernelgen.nn.mixed_precision import precision
 from kernelgen.nn.models import VGG, MBConv, MobileNetV2, ResNet, mobilenet_v2, resnet18, resnet34, vgg16_bn
 from kernelgen.nn.modules import (GELU, AdaptiveAvgPool2d, AvgPool2d, BasicBlock, BatchNorm2d, Conv1d, Conv2d, Conv3d,
@@ -9,7 +9,7 @@ from kernelgen.nn.modules import (GELU, AdaptiveAvgPool2d, AvgPool2d, BasicBlock
 from kernelgen.nn.optim import SGD, Adam, RAdam, RMSprop
 from kernelgen.nn.tensor import Tensor, no_grad
 
-__all__ = ["functional", "Tensor", "no_grad", "precision", "Module", "Conv1d", "Conv2d", "Conv3d",
+__all__ = ["amp", "functional", "Tensor", "no_grad", "precision", "Module", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Linear", "BatchNorm2d", "ReLU", "LeakyReLU",
            "GELU", "Sigmoid", "Tanh", "GlobalAvgPool", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
            "Dropout", "Sequential", "BasicBlock", "SmallResNet", "ResNet", "resnet18", "resnet34", "VGG", "vgg16_bn",

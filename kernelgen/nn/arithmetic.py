@@ -54,10 +54,10 @@ def _operands(a, b, names):
     if ca is None:
         a = _as_tensor(a)
         b = _scalar_tensor(b, cb, a.dtype, names[1])
-        return a, b, b.dtype
+        return a, (b.to("cuda") if a.is_cuda else b), b.dtype  # (a scalar goes where the tensor is)
     b = _as_tensor(b)
     a = _scalar_tensor(a, ca, b.dtype, names[0])
-    return a, b, a.dtype
+    return (a.to("cuda") if b.is_cuda else a), b, a.dtype
 
 
 def _cast(data, dtype):

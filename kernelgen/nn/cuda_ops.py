@@ -438,3 +438,20 @@ def sgd_step(p, g, v, lr, momentum, wd):
 def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t):
     _adam_k(_grid(p.size), BLOCK, p, g, m, v, p.size, float(lr), float(b1), float(b2), float(eps), float(wd),
             int(decoupled), float(1 - b1 ** t), float(1 - b2 ** t))
+
+
+# ---- loss scaling (kernelgen.nn.amp) ------------------------------------------------------------------------
+
+@kernel
+def _unscale_k(g, n, inv_scale, found):
+    i = cuda.grid(1)
+    if i < n:
+        v = g[i] * inv_scale
+        g[i] = v
+        if not math.isfinite(v):
+            found[0] = 1  # (any writer: every one writes the same value)
+
+
+def unscale_(g, inv_scale, found):
+    """g *= inv_scale in place; found[0] (int64) set to 1 if any result is inf or nan."""
+    _unscale_k(_grid(g.size), BLOCK, g, g.size, float(inv_scale), found)

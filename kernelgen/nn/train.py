@@ -2,7 +2,8 @@
 
 Every convolution of the forward and backward passes is a kernelgen kernel; with --device cuda the whole
 step runs on the GPU (kernelgen.nn.cuda_ops), the loss coming to the host once per step for the log;
---precision tf32|fp16|bf16 runs the convolutions on tensor cores, parameters staying float32 (mixed_precision.py).
+--precision tf32|fp16|bf16 runs the convolutions on tensor cores, parameters staying float32 (mixed_precision.py);
+--amp adds dynamic loss scaling to fp16 (kernelgen.nn.amp.GradScaler), as PyTorch AMP trains.
 Prints loss and accuracy per epoch (tqdm progress), optionally plots the curves, and returns non-zero when
 the final test accuracy misses --min-accuracy.
 
@@ -26,6 +27,7 @@ from kernelgen.nn import functional as F
 from kernelgen.distributed import launch
 from kernelgen.distributed.process_group import destroy_process_group, init_process_group
 from kernelgen.nn.data import DistributedSampler, Loader, load_digits_split, save_digits
+from kernelgen.nn.amp import GradScaler
 from kernelgen.nn.mixed_precision import precision as conv_precision
 from kernelgen.nn.modules import SmallResNet
 from kernelgen.nn.optim import Adam
@@ -49,8 +51,10 @@ def evaluate(model, loader, device="cpu"):
 
 
 def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cpu", quick=False, plot=None,
-                 device="cpu", data=None, precision="fp32", comm=None, save=None):
+                 device="cpu", data=None, precision="fp32", comm=None, save=None, amp=False):
     """precision: the convolutions' in training and evaluation ("fp32", "tf32", "fp16", "bf16").
+    amp: mixed precision as torch.amp's recipe: convolutions in fp16 (unless `precision` names another 16-bit
+    format) with dynamic loss scaling (kernelgen.nn.amp.GradScaler; bf16 runs without a scaler).
     comm: a communicator (kernelgen.distributed): train data-parallel, this process one rank of it, each rank
     batch_size // world_size images per step.  save: a checkpoint path, written by rank 0 only.
     Returns (model, history): history has one (mean training loss, test accuracy) per epoch, and for
@@ -79,6 +83,9 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     test_loader = Loader(xte, yte, batch_size, shuffle=False)
     say = print if rank == 0 else (lambda *a, **k: None)
     history = []
+    if amp and precision not in ("fp16", "bf16"):
+        precision = "fp16"
+    scaler = GradScaler(enabled=amp and precision == "fp16")
     with conv_precision(precision):
         for epoch in range(1, epochs + 1):
             t0, losses = time.perf_counter(), []
@@ -87,8 +94,9 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
             for x, y in tqdm(train_loader, desc=f"epoch {epoch}/{epochs}", leave=False, disable=rank != 0):
                 loss = F.cross_entropy(net(Tensor(x).to(device)), y)
                 opt.zero_grad()
-                loss.backward()
-                opt.step()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
                 losses.append(loss.item())
             acc = evaluate(model, test_loader, device)
             history.append((float(np.mean(losses)), acc))
@@ -137,6 +145,8 @@ def main(argv=None):
     ap.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this final test accuracy")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32",
                     help="the convolutions': fp32, or tensor cores (fp32 accumulation, float32 parameters)")
+    ap.add_argument("--amp", action="store_true",
+                    help="mixed precision: fp16 convolutions (or --precision bf16) with dynamic loss scaling")
     ap.add_argument("--data", default=None, help="the digits as an .npz (from --save-data) instead of scikit-learn's")
     ap.add_argument("--save-data", default=None, metavar="PATH", help="write the digits to PATH (.npz) and exit")
     args = ap.parse_args(argv)
@@ -152,13 +162,15 @@ def main(argv=None):
     t = time.perf_counter()
     try:
         _, history = train_digits(epochs=epochs, batch_size=args.batch_size, quick=args.quick, plot=args.plot,
-                                  device=device, data=args.data, precision=args.precision, comm=comm, save=args.save)
+                                  device=device, data=args.data, precision=args.precision, comm=comm, save=args.save,
+                                  amp=args.amp)
     finally:
         if comm is not None:
             destroy_process_group()
     acc = history[-1][1]
     if comm is not None and comm.rank != 0:
         return 0  # rank 0 reports and decides the exit code
-    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {args.precision}, "
+    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {args.precision}"
+          f"{' (amp: fp16 unless bf16, loss scaling)' if args.amp else ''}, "
           f"{time.perf_counter() - t:.0f} s" + (f", {args.gpus} processes ({device})" if args.gpus else ""))
     return 0 if acc >= args.min_accuracy else 1
