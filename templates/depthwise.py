@@ -200,10 +200,17 @@ def cpu_config(p: ConvProblem) -> DepthwiseConfig:
 def default_config(p: ConvProblem, target: Target, precision="fp32") -> DepthwiseConfig:
     if target.backend != "cuda":
         return cpu_config(p)
-    cands = candidate_configs(p, target, precision, DEFAULT_THREADS, windows=((1, 0),))
-    if not cands:
-        raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
-    return cands[0]
+    cands = candidate_configs(p, target, precision, DEFAULT_THREADS, windows=((1, 0),)) or \
+        candidate_configs(p, target, precision)
+    if cands:
+        return cands[0]
+    # a problem smaller than any block the search keeps (it drops blocks with more than twice the threads the
+    # output has work for: a map of a pixel or two and two channels, say): one warp, a channel and a pixel each
+    for halo in (1, 0):
+        cfg = DepthwiseConfig(TC=1, TW=target.warp_size, TH=1, VC=1, PW=1, PH=1, halo=halo)
+        if not unmet(p, cfg) and not over_limits(geometry(p, cfg), **_limits(p, target)):
+            return cfg
+    raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
 
 
 class Depthwise:

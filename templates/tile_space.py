@@ -12,7 +12,7 @@ from kernelgen.ir import Kernel
 from kernelgen.problem import ConvProblem
 from kernelgen.target import Target
 
-from .config import CPU_DEFAULT, TileConfig
+from .config import CPU_DEFAULT, CPU_SMALL, CPU_SMALL_FLOPS, TileConfig
 from .tiled_gemm import _cdiv
 
 # Relative per-FLOP efficiency and resident blocks per SM of each CUDA tile (H100 measurements,
@@ -74,9 +74,10 @@ def default_tile_config(problem, target: Target, accepts: Callable[[TileConfig],
     """Heuristic schedule when no tuned entry exists: the CPU default (shrunk until the variant accepts it), or
     the cheapest CUDA tile under the cost model above that the variant accepts."""
     if target.backend != "cuda":
-        for bm in (32, 16, 8, 4, 2, 1):
+        base = CPU_SMALL if problem.flops < CPU_SMALL_FLOPS else CPU_DEFAULT
+        for bm in (bm for bm in (32, 16, 8, 4, 2, 1) if bm <= base.BM):
             for bk in (8, 4, 2, 1):
-                cfg = TileConfig(bm, CPU_DEFAULT.BN, bk, min(bm, CPU_DEFAULT.TM), CPU_DEFAULT.TN)
+                cfg = TileConfig(bm, base.BN, bk, min(bm, base.TM), base.TN)
                 if accepts(cfg):
                     return cfg
         raise ValueError(f"no CPU schedule fits variant {name} on {problem.key()}")

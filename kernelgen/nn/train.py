@@ -170,7 +170,8 @@ def main(argv=None):
     acc = history[-1][1]
     if comm is not None and comm.rank != 0:
         return 0  # rank 0 reports and decides the exit code
-    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {args.precision}"
-          f"{' (amp: fp16 unless bf16, loss scaling)' if args.amp else ''}, "
+    shown = "fp16" if args.amp and args.precision not in ("fp16", "bf16") else args.precision
+    print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {shown}"
+          f"{' with loss scaling' if args.amp and shown == 'fp16' else ''}, "
           f"{time.perf_counter() - t:.0f} s" + (f", {args.gpus} processes ({device})" if args.gpus else ""))
     return 0 if acc >= args.min_accuracy else 1

@@ -191,6 +191,27 @@ def test_variant_protocol_and_applies():
         v.build(dw, TileConfig())
 
 
+@pytest.mark.sim
+@pytest.mark.parametrize("x_shape, w_shape, padding", [((1, 1, 2), (2, 1, 1), 0), ((1, 2, 2), (2, 1, 1), 0),
+                                                        ((2, 3, 3, 4), (4, 3, 3, 1), 1)])
+def test_cuda_default_on_problems_smaller_than_any_searched_block(x_shape, w_shape, padding, rng):
+    """A map of a pixel or a few and 2-4 channels: the search keeps no block (each has more than twice the threads
+    the output has work for), so the default is one warp with a channel and a pixel a thread; every direction runs
+    it (numba's simulator) and matches float64 (the API fuzz found "no CUDA block fits" on a 1x1 1D map)."""
+    groups, nd = x_shape[-1], len(x_shape) - 2
+    kw = dict(groups=groups, padding=padding, backend="cuda")
+    ref_kw = dict(groups=groups, padding=(padding,) * nd)
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    want = reference.conv_forward(x, w, **ref_kw)
+    dy = rng.standard_normal(want.shape).astype(np.float32)
+    assert kernelgen.explain("conv", x, w, **kw).variant == depthwise.NAME
+    assert_close(kernelgen.conv(x, w, **kw), want)
+    assert_close(kernelgen.conv_backward_data(dy, w, x_shape, **kw),
+                 reference.conv_backward_data(dy, w, x_shape, **ref_kw))
+    assert_close(kernelgen.conv_backward_weight(x, dy, w_shape, **kw),
+                 reference.conv_backward_weight(x, dy, w_shape, **ref_kw))
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS)
 def test_cuda_default_and_space(direction):
     """The CUDA default and the tuner's space on the issue's layer (batch 32, 56x56, 64 channels): configs that
