@@ -130,6 +130,9 @@ def autotune(plan: Plan, algo=None) -> Plan:
             tried.append({**label, "error": "compile failed"})
             continue
         if i > 0 and time.perf_counter() - start > budget:
+            # the rest listed untimed: the planner's lookup asks whether the heuristic's variant was a candidate
+            tried += [{"variant": c.variant, "config": str(c.config), "error": "not timed: budget spent"}
+                      for c in plans[i:]]
             break
         try:
             ms = _measure(cand, check_inputs, ref, timing_inputs)

@@ -78,7 +78,9 @@ def test_budget_zero_times_the_planner_s_pick_only(rng, user_db):
     with settings.scope(autotune_budget=0):
         kernelgen.conv(x, w, backend="cpu")
     (entry,) = _entries(user_db).values()
-    assert [(t["variant"], t["config"]) for t in entry["tried"]] == [(pick.variant, str(pick.config))]
+    timed = [(t["variant"], t["config"]) for t in entry["tried"] if "ms" in t]
+    assert timed == [(pick.variant, str(pick.config))] and len(entry["tried"]) == 3  # the others listed untimed
+    assert (entry["variant"], entry["config"]) == (pick.variant, pick.config.as_dict())
 
 
 def test_threads_tuning_different_problems_keep_both_entries(rng, user_db):
