@@ -46,7 +46,7 @@ def wanted(plan: Plan | None, config=None) -> bool:
         and (plan.backend == "cpu" or gpu_present())
 
 
-def device_key(plan: Plan) -> str:
+def database_device(plan: Plan) -> str:
     """The tuned database a plan's entries go to: the GPU's ("sm_90_NVIDIA H100 80GB HBM3") or this CPU's."""
     return planner.tuned_device() if plan.backend == "cuda" else plan.target.device_name
 
@@ -147,7 +147,7 @@ def autotune(plan: Plan, algo=None) -> Plan:
     cand, ms = best
     entry = database.entry(plan.problem, cand.variant, cand.config, ms, tried, plan.precision)
     entry["autotuned"] = {"seconds": round(time.perf_counter() - start, 3), "decided_before": plan.decided_by}
-    database.record(plan.problem, device_key(plan), entry, plan.precision)
+    database.record(plan.problem, database_device(plan), entry, plan.precision)
     again = planner.make_plan(plan.problem, plan.backend, algo, None, plan.precision)
     return again if again.decided_by == "tuned" else dataclasses.replace(
         again, variant=cand.variant, config=cand.config, decided_by="tuned",
