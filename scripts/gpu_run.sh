@@ -6,7 +6,9 @@
 #   MODES: one or more of tests, runtime, bench, all (= tests bench), tune-bench, tune, probe, wino-sweep,
 #   comma-separated
 #   tests: `pytest -m gpu` over tests/ (TEST_FILES: a subset, e.g. "tests/templates/test_variants_gpu.py"; TEST_SHARDS=N: N
-#   pytest processes side by side, each every N-th test), then the demo
+#   pytest processes side by side, each every N-th test), then the demo; with TEST_SHARDS the tests that passed or were skipped
+#   are listed in $OUT/gpu-tests-done.txt, and TEST_DONE=FILE (a repo path: such a list, carried) leaves those out,
+#   so a second call finishes what the first one's time limit cut off
 #   train (= nn-tests,nn-bench,nn-digits): kernelgen.nn on the GPU - nn-tests: tests/nn/test_nn_gpu.py (ops vs
 #   PyTorch); nn-bench: bench_step (ResNet-18 training step vs PyTorch, $OUT/bench_step.json, STEP_ARGS passed
 #   on); nn-digits: `train digits --device cuda` (data from .whl/digits.npz, written by --fetch-wheels).  One mode per call fits 10 minutes.
@@ -69,14 +71,23 @@ if has tests; then
       [ "${#alone[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
         -p no:cacheprovider -rfE "${alone[@]}" > "$OUT/gpu-tests-alone.log" 2>&1)
       grep -v "test_arena_faults.py" "$OUT/gpu-test-ids.txt" > "$OUT/gpu-test-ids-shared.txt" || true
+      if [ -n "${TEST_DONE:-}" ] && [ -f "$REPO/$TEST_DONE" ]; then  # an earlier call's passed and skipped tests
+        grep -vxF -f "$REPO/$TEST_DONE" "$OUT/gpu-test-ids-shared.txt" > "$OUT/gpu-test-ids-todo.txt" || true
+        mv "$OUT/gpu-test-ids-todo.txt" "$OUT/gpu-test-ids-shared.txt"
+      fi
       for i in $(seq 0 $((TEST_SHARDS - 1))); do
         mapfile -t ids < <(awk -v n="$TEST_SHARDS" -v i="$i" -v r="$REPO/" 'NR % n == i {print r $0}' \
           "$OUT/gpu-test-ids-shared.txt")
-        [ "${#ids[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
+        # -v: each test's outcome on its own line as it finishes (a shard killed at the limit keeps what it did)
+        [ "${#ids[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -v -m gpu \
           -p no:cacheprovider -rfE "${ids[@]}" > "$OUT/gpu-tests-$i.log" 2>&1) &
       done
       wait
       cat "$OUT"/gpu-tests-*.log > "$OUT/gpu-tests.log"
+      { [ -n "${TEST_DONE:-}" ] && [ -f "$REPO/$TEST_DONE" ] && cat "$REPO/$TEST_DONE"
+        grep -hE "::[^ ]* (PASSED|SKIPPED)" "$OUT"/gpu-tests-[0-9]*.log | sed -E 's#^.*(tests/[^ ]*) (PASSED|SKIPPED).*$#\1#'
+      } | sort -u > "$OUT/gpu-tests-done.txt"
+      echo "done so far: $(wc -l < "$OUT/gpu-tests-done.txt") of $(wc -l < "$OUT/gpu-test-ids.txt") tests"
       grep -h "passed\|failed\|^FAILED\|^ERROR" "$OUT"/gpu-tests-*.log | tail -40 || true
     else
       timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider "${files[@]}" 2>&1 \
