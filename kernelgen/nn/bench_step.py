@@ -10,12 +10,14 @@ and writes JSON (--out).  torch is optional: without it only kernelgen's numbers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 
 import numpy as np
 
+from kernelgen.nn import amp
 from kernelgen.nn import functional as F
 from kernelgen.nn.mobilenet import as_torch
 from kernelgen.nn.models import mobilenet_v2, resnet18
@@ -57,9 +59,13 @@ def bench_kernelgen(x, labels, args):
     from numba import cuda  # here, not at the top: numba.cuda is slow to import, and absent without numba-cuda
     model = build_model(args).to("cuda")
     compiled = {}
+    amp_on = getattr(args, "amp", False)
+    autocast = (lambda: amp.autocast("fp16")) if amp_on else contextlib.nullcontext
+    scaler = amp.GradScaler(enabled=amp_on)
     if getattr(args, "precompile", False):  # every conv kernel of the step compiled side by side, before it
         t = time.perf_counter()
-        report = model.precompile(x.shape, x.dtype, workers=args.precompile_workers)
+        with autocast():  # (the step's precision: its kernels)
+            report = model.precompile(x.shape, x.dtype, workers=args.precompile_workers)
         compiled = {"precompile_s": time.perf_counter() - t, "precompile_kernels": report.kernels,
                     "precompile_cached": report.cached, "precompile_compiled": report.compiled,
                     "precompile_workers": report.workers, "precompile_errors": report.errors}
@@ -69,9 +75,11 @@ def bench_kernelgen(x, labels, args):
 
     def step():
         opt.zero_grad()  # first: last step's gradients are gone before this forward pass
-        loss = F.cross_entropy(model(xd), yd)
-        loss.backward()
-        opt.step()
+        with autocast():  # --amp: fp16 convolutions, float32 master weights
+            loss = F.cross_entropy(model(xd), yd)
+        scaler.scale(loss).backward()  # (a pass-through without --amp)
+        scaler.step(opt)
+        scaler.update()
         losses.append(loss.data)  # the device scalar, read back after the timing (the Tensor would keep the graph)
 
     pool = arena.device_pool()
@@ -132,11 +140,16 @@ def bench_torch(x, labels, args):
     loss_fn = torch.nn.CrossEntropyLoss()
     losses = []
 
+    amp_on = getattr(args, "amp", False)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_on)
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xt), yt)
-        loss.backward()
-        opt.step()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp_on):  # --amp: PyTorch AMP, channels_last
+            loss = loss_fn(model(xt), yt)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         losses.append(loss.detach())
 
     warm, _ = median_step(step, args.warmup, 0, torch.cuda.synchronize)
@@ -168,6 +181,9 @@ def main(argv=None):
                     "(timed apart: precompile_s; warmup_s is then the steps that load them)")
     ap.add_argument("--precompile-workers", type=int, default=None, help="processes for --precompile (default: "
                     "one per kernel, at most one per CPU)")
+    ap.add_argument("--amp", action="store_true",
+                    help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
+                    "torch.autocast fp16 with torch.amp.GradScaler")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.warmup < 1:
@@ -177,7 +193,7 @@ def main(argv=None):
     labels = rng.integers(0, args.classes, args.batch).astype(np.int64)
     from numba import cuda
     name = getattr(cuda.get_current_device(), "name", "simulator")
-    result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup,
+    result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup, "amp": args.amp,
               "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
     result["kernelgen"] = bench_kernelgen(x, labels, args)
     if not args.no_torch:
@@ -187,7 +203,9 @@ def main(argv=None):
             print("torch is not installed: PyTorch comparison skipped")
         else:
             result["torch"] = bench_torch(x, labels, args)
-    rows = [("kernelgen.nn", result["kernelgen"])] + ([("torch fp32", result["torch"])] if "torch" in result else [])
+    mode = "amp" if args.amp else "fp32"
+    rows = [(f"kernelgen {mode}", result["kernelgen"])] + ([(f"torch {mode}", result["torch"])] if "torch" in result
+                                                           else [])
     print(f"{describe(args)}, batch {args.batch}, {args.image}x{args.image}x3, SGD momentum, "
           f"median of {args.steps} steps after {args.warmup} warm-up, {result['device']}")
     print(f"{'':14}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
