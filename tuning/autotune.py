@@ -12,8 +12,9 @@ performance model or a default - comes here before it runs:
      float64 reference, as the tuner verifies: batch item 0 holds random data and the others zeros, so the
      reference of one batch item checks the whole output (a kernel that writes a wrong or stray value anywhere
      fails) at the cost of one item;
-  4. the verified ones are timed on random data, the planner's pick first, until the `autotune_budget` setting's
-     seconds (compiling included) are spent;
+  4. the verified ones are timed on those inputs (on CUDA by the tuner's own measure, which also refuses a
+     kernel that spills), the planner's pick first, until the `autotune_budget` setting's seconds (compiling
+     included) are spent;
   5. the fastest is recorded in the user's tuned database (tuning/database.record: locked, atomic), so the next
      call - in this process or a later one - plans it as "tuned" without tuning again.
 A problem where nothing verifies records nothing and runs the planner's pick.
@@ -21,6 +22,7 @@ A problem where nothing verifies records nothing and runs the planner's pick.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -33,7 +35,7 @@ from kernelgen.templates import candidates as variant_candidates
 from kernelgen.templates import depthwise, get_variant
 from kernelgen.tuning import database, perf_model_predict, tuner
 from kernelgen.tuning.compile_pool import compile_plans
-from kernelgen.tuning.timing import time_cuda, time_host
+from kernelgen.tuning.timing import time_host
 
 # the links whose plans autotuning leaves alone: the caller's config, and a measured entry for exactly the problem
 DECIDED = ("config=", "tuned")
@@ -121,8 +123,8 @@ def autotune(plan: Plan, algo=None) -> Plan:
     budget = settings.get("autotune_budget")
     plans = candidate_plans(plan, algo)
     failed = compile_plans(plans).failed
-    check_inputs, ref = _verification_case(plan.problem)
-    timing_inputs = tuner.random_inputs(plan.problem, np.random.default_rng(1))
+    inputs, ref = _verification_case(plan.problem)
+    device_sets = functools.cache(lambda: tuner.device_sets(inputs))  # (CUDA only, at its first candidate)
     tried, best = [], None
     for i, cand in enumerate(plans):
         label = {"variant": cand.variant, "config": str(cand.config)}
@@ -135,7 +137,7 @@ def autotune(plan: Plan, algo=None) -> Plan:
                       for c in plans[i:]]
             break
         try:
-            ms = _measure(cand, check_inputs, ref, timing_inputs)
+            ms = _measure(cand, inputs, ref, device_sets)
         except Exception as e:  # a candidate that fails to run or verify is recorded and skipped, as the tuner does
             tried.append({**label, "error": f"{type(e).__name__}: {str(e)[:200]}"})
             continue
@@ -173,30 +175,17 @@ def _verification_case(problem):
     return inputs, ref
 
 
-def _measure(plan: Plan, check_inputs, ref, timing_inputs) -> float:
-    """Milliseconds of the plan's kernel on timing_inputs, after its output on check_inputs (poisoned first) was
-    verified against ref within the tuner's bound for its precision; raises if it fails to run or verify."""
-    launcher = planner.get_launcher(plan)
-    problem = plan.problem
+def _measure(plan: Plan, inputs, ref, device_sets) -> float:
+    """Milliseconds of the plan's kernel after its output on `inputs` (poisoned first) was verified against ref
+    within the tuner's bound for its precision; raises if it fails to run or verify.  CUDA: the tuner's own
+    measure (device_sets: the inputs' rotated device copies, made once a problem; it also refuses a kernel that
+    spills); the CPU backend: the same on host arrays."""
     if plan.backend == "cuda":
-        from numba import cuda  # optional: numba-cuda
-
-        def args_for(inputs):
-            args = {n: cuda.to_device(np.ascontiguousarray(a).reshape(-1)) for n, a in inputs.items()}
-            args[launcher.outputs[0]] = cuda.to_device(np.full(ref.size, np.nan, problem.dtype))
-            return args
-        args = args_for(check_inputs)
-        launcher(args)
-        tuner.check_result(args[launcher.outputs[0]].copy_to_host().reshape(ref.shape), ref, plan.precision)
-        timed = args_for(timing_inputs)
-        return time_cuda(lambda: launcher(timed), warmup=2, repeat=10)
-
-    def host_args(inputs):  # (the launcher passes float16 storage to a CPU kernel as its bits)
-        args = {n: np.ascontiguousarray(a).reshape(-1) for n, a in inputs.items()}
-        args[launcher.outputs[0]] = np.full(ref.size, np.nan, problem.dtype)
-        return args
-    args = host_args(check_inputs)
+        return tuner.measure(plan.problem, plan.variant, plan.config, device_sets(), ref, precision=plan.precision)[0]
+    launcher = planner.get_launcher(plan)
+    # (float16 storage reaches a CPU kernel as its bits: the launcher does that)
+    args = {n: np.ascontiguousarray(a).reshape(-1) for n, a in inputs.items()}
+    args[launcher.outputs[0]] = np.full(ref.size, np.nan, plan.problem.dtype)
     launcher(args)
     tuner.check_result(args[launcher.outputs[0]].reshape(ref.shape), ref, plan.precision)
-    timed = host_args(timing_inputs)
-    return time_host(lambda: launcher(timed), warmup=1, repeat=3)
+    return time_host(lambda: launcher(args), warmup=1, repeat=3)

@@ -199,16 +199,15 @@ def resolve(problem, device_key: str, preferred=None):
 def tuned_config(problem, device_key: str, variant, precision="fp32"):
     """The fastest measured config of one variant for exactly this problem at `precision` (a call that
     forces the variant with algo=, or a tensor-core call), or None."""
-    e = entries_for(device_key).get(entry_key(problem, precision))
-    hit = None if e is None else _pick(problem, e, variant, precision)
+    hit = exact(problem, device_key, precision, variant)
     return None if hit is None else hit[1]
 
 
-def exact(problem, device_key: str, precision="fp32"):
-    """(variant, config) of the entry for exactly this problem at `precision` (its fastest candidate usable now),
-    or None: what the CPU backend's planner reads of the entries first-call autotuning wrote."""
+def exact(problem, device_key: str, precision="fp32", variant=None):
+    """(variant, config) of the entry for exactly this problem at `precision`: its fastest candidate usable now
+    (of `variant`, if given), or None.  The CPU backend's planner reads first-call autotuning's entries with it."""
     e = entries_for(device_key).get(entry_key(problem, precision))
-    return None if e is None else _pick(problem, e, None, precision)
+    return None if e is None else _pick(problem, e, variant, precision)
 
 
 _RECORD_LOCK = threading.Lock()

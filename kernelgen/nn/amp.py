@@ -25,6 +25,11 @@ from kernelgen.nn.mixed_precision import precision as autocast  # noqa: F401 (th
 from kernelgen.nn.tensor import _on_device, device_kernels
 
 
+def amp_precision(precision: str) -> str:
+    """The convolutions' precision under AMP (train --amp): a 16-bit format as given, fp16 otherwise."""
+    return precision if precision in ("fp16", "bf16") else "fp16"
+
+
 def _positive(name, value, above_one=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")

@@ -27,7 +27,7 @@ from kernelgen.nn import functional as F
 from kernelgen.distributed import launch
 from kernelgen.distributed.process_group import destroy_process_group, init_process_group
 from kernelgen.nn.data import DistributedSampler, Loader, load_digits_split, save_digits
-from kernelgen.nn.amp import GradScaler
+from kernelgen.nn.amp import GradScaler, amp_precision
 from kernelgen.nn.mixed_precision import precision as conv_precision
 from kernelgen.nn.modules import SmallResNet
 from kernelgen.nn.optim import Adam
@@ -83,8 +83,7 @@ def train_digits(epochs=8, batch_size=64, lr=3e-3, width=16, seed=0, backend="cp
     test_loader = Loader(xte, yte, batch_size, shuffle=False)
     say = print if rank == 0 else (lambda *a, **k: None)
     history = []
-    if amp and precision not in ("fp16", "bf16"):
-        precision = "fp16"
+    precision = amp_precision(precision) if amp else precision
     scaler = GradScaler(enabled=amp and precision == "fp16")
     with conv_precision(precision):
         for epoch in range(1, epochs + 1):
@@ -170,7 +169,7 @@ def main(argv=None):
     acc = history[-1][1]
     if comm is not None and comm.rank != 0:
         return 0  # rank 0 reports and decides the exit code
-    shown = "fp16" if args.amp and args.precision not in ("fp16", "bf16") else args.precision
+    shown = amp_precision(args.precision) if args.amp else args.precision
     print(f"final test accuracy {100 * acc:.2f}% after {epochs} epochs, precision {shown}"
           f"{' with loss scaling' if args.amp and shown == 'fp16' else ''}, "
           f"{time.perf_counter() - t:.0f} s" + (f", {args.gpus} processes ({device})" if args.gpus else ""))
