@@ -65,7 +65,7 @@ if has tests; then
     files=(); for f in ${TEST_FILES:-tests}; do files+=("$REPO/$f"); done  # paths relative to the repo root
     if [ "${TEST_SHARDS:-1}" -gt 1 ]; then
       # TEST_SHARDS processes share the GPU, each running every N-th test: compiling, not the GPU, is what they wait for
-      python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "${files[@]}" 2>/dev/null | grep "^tests/.*::" > "$OUT/gpu-test-ids.txt" || true
+      python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "${files[@]}" 2>/dev/null | grep -E "^tests/[^ :]+\.py::" > "$OUT/gpu-test-ids.txt" || true  # not the warnings' "file.py:56:" lines
       # the arena fault tests read the whole device's free memory: alone first, never beside the shards
       mapfile -t alone < <(grep "test_arena_faults.py" "$OUT/gpu-test-ids.txt" | sed "s|^|$REPO/|")
       [ "${#alone[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \

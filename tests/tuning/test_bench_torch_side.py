@@ -48,9 +48,8 @@ def _reference(layer, direction, x, w, dy):
 
 
 def _cases():
-    for name, layer in LAYERS.items():
-        for direction in ("fwd",) if layer.transposed else ("fwd", "bwd_data", "bwd_weight"):
-            yield pytest.param(layer, direction, id=f"{name}-{direction}")
+    return [pytest.param(layer, direction, id=f"{name}-{direction}") for name, layer in LAYERS.items()
+            for direction in (("fwd",) if layer.transposed else ("fwd", "bwd_data", "bwd_weight"))]
 
 
 @pytest.mark.parametrize("layer, direction", _cases())
