@@ -68,7 +68,7 @@ if has tests; then
       python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "${files[@]}" 2>/dev/null | grep -E "^tests/[^ :]+\.py::" > "$OUT/gpu-test-ids.txt" || true  # not the warnings' "file.py:56:" lines
       # the arena fault tests read the whole device's free memory: alone first, never beside the shards
       mapfile -t alone < <(grep "test_arena_faults.py" "$OUT/gpu-test-ids.txt" | sed "s|^|$REPO/|")
-      [ "${#alone[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -q -m gpu \
+      [ "${#alone[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -v -m gpu \
         -p no:cacheprovider -rfE "${alone[@]}" > "$OUT/gpu-tests-alone.log" 2>&1)
       grep -v "test_arena_faults.py" "$OUT/gpu-test-ids.txt" > "$OUT/gpu-test-ids-shared.txt" || true
       if [ -n "${TEST_DONE:-}" ] && [ -f "$REPO/$TEST_DONE" ]; then  # an earlier call's passed and skipped tests
@@ -85,7 +85,7 @@ if has tests; then
       wait
       cat "$OUT"/gpu-tests-*.log > "$OUT/gpu-tests.log"
       { [ -n "${TEST_DONE:-}" ] && [ -f "$REPO/$TEST_DONE" ] && cat "$REPO/$TEST_DONE"
-        grep -hE "::[^ ]* (PASSED|SKIPPED)" "$OUT"/gpu-tests-[0-9]*.log | sed -E 's#^.*(tests/[^ ]*) (PASSED|SKIPPED).*$#\1#'
+        grep -hE "::[^ ]* (PASSED|SKIPPED)" "$OUT"/gpu-tests-[0-9]*.log "$OUT"/gpu-tests-alone.log | sed -E 's#^.*(tests/[^ ]*) (PASSED|SKIPPED).*$#\1#'
       } | sort -u > "$OUT/gpu-tests-done.txt"
       echo "done so far: $(wc -l < "$OUT/gpu-tests-done.txt") of $(wc -l < "$OUT/gpu-test-ids.txt") tests"
       grep -h "passed\|failed\|^FAILED\|^ERROR" "$OUT"/gpu-tests-*.log | tail -40 || true

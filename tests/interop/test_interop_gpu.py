@@ -121,6 +121,9 @@ def test_converted_resnet18_trains_like_torch():
     def worst(a, b):
         return max(abs(x - y) / abs(y) for x, y in zip(a, b))
     rel, floor = worst(got, want), worst(noise, want)
-    assert np.isfinite(got).all() and worst(got[:5], want[:5]) <= 1e-3, (got[:5], want[:5])
+    # the first steps too against torch's noise: it grows ~10x a step from the first update on (random labels,
+    # momentum), measured 1.6e-3 at step 5 on the H100
+    first = max(1e-3, 10 * worst(noise[:5], want[:5]))
+    assert np.isfinite(got).all() and worst(got[:5], want[:5]) <= first, (got[:5], want[:5], noise[:5])
     assert rel <= max(1e-2, 10 * floor), f"loss curves differ by {rel:.2e} relative, torch's own noise " \
                                           f"{floor:.2e} (kernelgen {got[-5:]}, torch {want[-5:]})"

@@ -359,11 +359,13 @@ def test_gpu_fp16_tma(config, direction, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
 def test_gpu_untuned_fp16_calls_take_the_tma_tile(direction, rng, monkeypatch):
-    """A call no tune has seen (the tuned databases off) runs tuner.untuned_tma_config on the H100, right on every
-    TMA shape; backward-data reads w as stored (no flipped copy) where that config says so."""
+    """A call no tune has seen (the tuned databases off) and no model answers (its link off: it comes first, and its
+    pick may be a TMA tile where this one is not) runs untuned_tma_config on the H100, right on every TMA shape;
+    backward-data reads w as stored (no flipped copy) where that config says so."""
     from kernelgen.problem import make_problem
     from kernelgen.templates.implicit_gemm_tc import untuned_tma_config
     monkeypatch.setenv("KERNELGEN_NO_TUNED", "1")
+    monkeypatch.setenv("KERNELGEN_MODEL", "off")
     shapes = [(s, untuned_tma_config(make_problem(direction, *s[:2], dtype="float16", **s[2]), "fp16"))
               for s in FP16_TMA_SHAPES[direction]]
     assert sum(config is not None for _, config in shapes) >= 3  # the others: GEMMs of 24 columns
