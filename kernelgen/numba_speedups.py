@@ -41,7 +41,9 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 NUMBA_CUDA_VERSIONS = ("0.30.4",)  # what the replacements were written against
-NUMBA_VERSIONS = ("0.68.1",)  # ... and, for the one that replaces a method of numba's own, numba's
+# ... and, for the one that replaces a method of numba's own, numba's: the GPU machine has 0.68.0, whose
+# numba/core/types/functions.py is byte-identical to 0.68.1's (checked against both wheels, 2026-11-26)
+NUMBA_VERSIONS = ("0.68.0", "0.68.1")
 
 
 def _find_singly_assigned_variable(self):

@@ -21,6 +21,8 @@ cache's key (tinygrad's realize.py keeps one such key the same way); which link 
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from kernelgen import settings
@@ -114,8 +116,26 @@ class Plan:
         return get_variant(self.variant).build(self.problem, self.config, self.precision)
 
     def render(self):
+        """The kernel's module source, from the last few rendered (a large tile's takes seconds to build and print,
+        and explain() asks for it on every call)."""
+        key = self.key()
+        with _RENDERED_LOCK:
+            source = _RENDERED.get(key)
+            if source is not None:
+                _RENDERED.move_to_end(key)
+                return source
         k = self.kernel_ir()
-        return render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
+        source = render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
+        with _RENDERED_LOCK:
+            _RENDERED[key] = source
+            while len(_RENDERED) > _RENDERED_KEEP:
+                _RENDERED.popitem(last=False)
+        return source
+
+
+_RENDERED: OrderedDict = OrderedDict()  # Plan.key() -> source, least recently used first
+_RENDERED_LOCK = threading.Lock()
+_RENDERED_KEEP = 16  # sources of large tiles are ~200 KB
 
 
 @dataclass(frozen=True)
