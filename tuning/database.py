@@ -231,10 +231,12 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def record(problem, device_key: str, new_entry: dict, precision="fp32") -> Path:
-    """Add one entry to the user's database of `device_key` (read again under the lock, then written atomically),
-    and forget the loaded databases so that the next plan reads it.  Returns the database's path."""
-    path = user_db_dir() / db_name(device_key)
+def record(problem, device_key: str, new_entry: dict, precision="fp32", path: Path | None = None) -> Path:
+    """Add one entry to the database at `path` (default: the user's database of `device_key`), read again under
+    the lock and written atomically, so that the first-call autotuner, the offline tuner and other processes
+    never drop each other's entries; then forget the loaded databases so that the next plan reads it.  Returns
+    the database's path."""
+    path = Path(path) if path is not None else user_db_dir() / db_name(device_key)
     with _locked(path):
         entries = load(path)
         entries[entry_key(problem, precision)] = new_entry

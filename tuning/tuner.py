@@ -241,10 +241,10 @@ def tune(table, *, db_path=None, workers=None, variants=None, limit=None, direct
                 tried.append({"variant": v, "config": str(c), "error": err})
                 failures.append((p.key(), str(c), err))
             phases["measure"] += time.perf_counter() - t
-            if best is not None:
-                entries[database.entry_key(p, precision)] = database.entry(p, best[0], best[1], best[2], tried,
-                                                                           precision)
-                database.save(db_path, entries, dev)
+            if best is not None:  # recorded under the database's lock: what others wrote since the start is kept
+                entries[database.entry_key(p, precision)] = new = database.entry(p, best[0], best[1], best[2], tried,
+                                                                                 precision)
+                database.record(p, dev, new, precision, path=db_path)
     print(f"tune {name}: parent waited {phases['wait']:.0f} s for workers, measured for {phases['measure']:.0f} s")
     database.entries_for.cache_clear()
     return db_path, entries, failures

@@ -157,3 +157,14 @@ def test_candidates_start_with_the_planner_s_pick_and_take_turns_across_variants
     assert plans[0] is plan and len(plans) == 6 == len({(c.variant, c.config) for c in plans})
     assert len({c.variant for c in plans}) >= 2
     assert all(c.target == plan.target and c.precision == plan.precision for c in plans)
+
+
+def test_an_entry_recorded_at_a_path_keeps_what_another_writer_put_there(tmp_path):
+    """The offline tuner records each problem through database.record at its own path (not a save of the entries it
+    read at its start), so an entry that a first-call autotune wrote meanwhile survives."""
+    path = tmp_path / database.db_name("sm_90_test")
+    a, b = (make_problem("fwd", (2, 5, 5, c), (3, 1, 1, c)) for c in (2, 3))
+    database.save(path, {database.entry_key(a): {"ms": 1.0}}, "sm_90_test")  # the other writer's entry
+    database.record(b, "sm_90_test", {"ms": 2.0}, path=path)
+    assert set(database.load(path)) == {database.entry_key(a), database.entry_key(b)}
+
