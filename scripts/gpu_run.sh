@@ -80,7 +80,7 @@ if has tests; then
           "$OUT/gpu-test-ids-shared.txt")
         # -v: each test's outcome on its own line as it finishes (a shard killed at the limit keeps what it did)
         [ "${#ids[@]}" -gt 0 ] && (timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python3 -m pytest -v -m gpu \
-          -p no:cacheprovider -rfE "${ids[@]}" > "$OUT/gpu-tests-$i.log" 2>&1) &
+          -p no:cacheprovider -rfE --durations=15 "${ids[@]}" > "$OUT/gpu-tests-$i.log" 2>&1) &
       done
       wait
       cat "$OUT"/gpu-tests-*.log > "$OUT/gpu-tests.log"
