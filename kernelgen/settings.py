@@ -187,6 +187,10 @@ _ALL = (
             affects_calls=False),
     Setting("arena", "KERNELGEN_ARENA", False, parse_bool,
             "install kernelgen's pooled arena as numba's memory manager at first GPU use"),
+    Setting("auto_precompile", "KERNELGEN_AUTO_PRECOMPILE", True, parse_bool,
+            "kernelgen.nn: a CUDA model's first call on a new input shape first compiles every convolution kernel of "
+            "a step on that shape side by side in worker processes (Module.precompile), not one by one",
+            affects_calls=False),
     Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
             "launch compiled kernels through prepacked cuLaunchKernel calls (not numba's dispatcher)"),
     Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,

@@ -5,21 +5,39 @@ import contextlib
 import os
 import stat
 import tempfile
+from contextvars import ContextVar
 
 import numpy as np
 
 from kernelgen import settings
+from kernelgen.api import RECORDING
 from kernelgen.nn import functional as F
-from kernelgen.nn.precompile_step import precompile_model
+from kernelgen.nn.precompile_step import precompile_model, precompile_new_input
 from kernelgen.nn.tensor import Tensor, _on_device, as_tensor, to_device_array
 from kernelgen.planner import check_precision
+
+
+# the module whose call is running (None outside any): only the outermost call may precompile a step
+_OUTERMOST: ContextVar = ContextVar("kernelgen_nn_outermost", default=None)
 
 
 class Module:
     training = True
 
     def __call__(self, *args):
-        return self.forward(*args)
+        if _OUTERMOST.get() is not None or RECORDING.get() is not None:
+            return self.forward(*args)
+        token = _OUTERMOST.set(self)
+        try:
+            precompile_new_input(self, args)
+            return self.forward(*args)
+        finally:
+            _OUTERMOST.reset(token)
+
+    def precompile_target(self):
+        """The module whose step the first call on a new input precompiles: this one (DistributedDataParallel:
+        none, since its ranks' traces would have to meet in collectives)."""
+        return self
 
     def children(self):
         return [v for v in vars(self).values() if isinstance(v, Module)] + \
@@ -172,7 +190,7 @@ class _ConvNd(Module):
         if precision is not None:
             check_precision(precision)  # at construction, not at the first forward
         _check_channels(c_in, c_out, groups)
-        rng = rng or np.random.default_rng()
+        rng = np.random.default_rng(rng)  # a seed (0 included), a Generator, or None: fresh
         ks = (k,) * self.NDIM if isinstance(k, int) else tuple(k)
         if len(ks) != self.NDIM or not all(_is_int(n) and n > 0 for n in ks):
             raise ValueError(f"kernel_size must be a positive int or {self.NDIM} of them, got {k!r}")
@@ -273,7 +291,7 @@ class Linear(Module):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
-        rng = rng or np.random.default_rng()
+        rng = np.random.default_rng(rng)
         self.weight = Tensor(kaiming_uniform((f_out, f_in), f_in, rng, dtype), True)
         self.bias = Tensor(np.zeros(f_out, dtype), True)
 

@@ -124,6 +124,11 @@ class DistributedDataParallel(Module):
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         _give_comm(module, comm)
 
+    def precompile_target(self):
+        """None: a first call's trace would run SyncBatchNorm's collectives, and a rank whose batch differs (the
+        last one of an epoch) would trace alone.  Call self.module.precompile(shape) on every rank instead."""
+        return None
+
     @property
     def bucket_sizes(self):
         """Each bucket's parameter count and element count, in the order they are reduced."""

@@ -12,10 +12,15 @@ in a training-mode forward) are restored, and so are the parameters' gradients.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
+from kernelgen import settings
 from kernelgen.nn.tensor import Tensor, to_device_array
 from kernelgen.precompile import PrecompileReport, compile_plans, recording
+
+log = logging.getLogger(__name__)
 
 
 def model_device(model) -> str:
@@ -24,9 +29,10 @@ def model_device(model) -> str:
     return "cuda" if params and params[0].is_cuda else "cpu"
 
 
-def trace_plans(model, input_shape, dtype="float32") -> list:
+def trace_plans(model, input_shape, dtype="float32", backward=True) -> list:
     """The plans of every convolution call of one training step of `model` on an input of `input_shape`
-    (N, *spatial, C) and `dtype`; the model is left unchanged."""
+    (N, *spatial, C) and `dtype` (backward=False: of its forward only); the model is left unchanged, the
+    random generators of its layers (dropout's) included."""
     if not isinstance(input_shape, (tuple, list)) or not input_shape or \
             not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in input_shape):
         raise ValueError(f"input_shape must be a tuple of positive ints (N, *spatial, C), got {input_shape!r}")
@@ -38,16 +44,55 @@ def trace_plans(model, input_shape, dtype="float32") -> list:
     state = model.state_dict()
     params = model.parameters()
     grads = [p.grad for p in params]
+    generators = [(g, g.bit_generator.state) for g in _generators(model)]
     try:
         with recording() as plans:
             x = Tensor(to_device_array(np.zeros(tuple(input_shape), dtype), device))
             y = model(x)
-            y.backward(to_device_array(np.ones(y.shape, y.dtype), device))
+            if backward:
+                y.backward(to_device_array(np.ones(y.shape, y.dtype), device))
     finally:
         model.load_state_dict(state)
         for p, g in zip(params, grads):
             p.grad = g
+        for g, generator_state in generators:
+            g.bit_generator.state = generator_state
     return [plan for plan in plans if plan is not None]
+
+
+def _compiles_for_real() -> bool:
+    """False in numba's CUDA simulator, whose kernels are Python: nothing there is worth compiling ahead."""
+    return not settings.get("cuda_simulator")
+
+
+def _generators(module) -> list:
+    """The numpy Generators held by `module` and its children (a Dropout's masks come from one)."""
+    found = [v for v in vars(module).values() if isinstance(v, np.random.Generator)]
+    for child in module.children():
+        found += _generators(child)
+    return found
+
+
+def precompile_new_input(model, args):
+    """Module.__call__'s step for the outermost module: on a CUDA model's first call on an input of a new shape
+    and dtype (per train / eval mode), the kernels of a step on it - forward and, in training mode, backward - are
+    compiled side by side first (the auto_precompile setting).  Anything the trace cannot do (a forward of
+    several inputs, an output that is not one tensor, a model that refuses the zero input) leaves the call to
+    compile its kernels itself, as it would without this: the trace is only a head start."""
+    if len(args) != 1 or not isinstance(args[0], Tensor) or not args[0].is_cuda or \
+            not settings.get("auto_precompile") or not _compiles_for_real():
+        return
+    x = args[0]
+    key = (x.shape, x.dtype.str, model.training)
+    seen = model.__dict__.setdefault("_precompiled_inputs", set())
+    target = model.precompile_target()
+    if key in seen or target is None or model_device(target) != "cuda":
+        return
+    seen.add(key)
+    try:
+        compile_plans(trace_plans(target, x.shape, x.dtype, backward=model.training))
+    except Exception as e:  # noqa: BLE001 (a head start only: the call itself raises what is wrong)
+        log.debug("no precompile for %s on %s: %s: %s", type(model).__name__, x.shape, type(e).__name__, e)
 
 
 def precompile_model(model, input_shape, dtype="float32", workers=None) -> PrecompileReport:

@@ -148,3 +148,45 @@ def test_demo_compiles_its_kernels_beforehand_and_passes(tmp_path):
     assert "kernels: 3, 0 from the disk cache, 3 compiled" in first.stdout and not first.stderr.strip()
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "kernels: 3, 3 from the disk cache, 0 compiled" in again.stdout, again.stdout
+
+
+@pytest.mark.sim
+def test_a_cuda_model_s_first_call_on_a_new_input_precompiles_its_step(monkeypatch, rng):
+    """auto_precompile: the outermost module's first call on each new (shape, dtype, mode) traces a step and hands
+    its plans to the compile pool - forward and backward in training, forward only in eval - and never again for
+    the same input; inner modules never trace; the setting turns it off.  (The simulator compiles nothing, so
+    there the pool is stood in for.)"""
+    from kernelgen.nn import precompile_step
+    batches = []
+    monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
+    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans: batches.append(plans))
+    model = _small_net().to("cuda")
+    x = Tensor(random_array(rng, (2, 6, 7, 3))).to("cuda")
+    model(x)
+    model(x)
+    # conv 1: forward and backward-weight; conv 2 and the Linear (a 1x1 convolution on the device): all three
+    assert [len(b) for b in batches] == [8]
+    model(Tensor(random_array(rng, (1, 6, 7, 3))).to("cuda"))
+    assert [b[0].problem.N for b in batches] == [2, 1]
+    model.eval()
+    model(x)
+    assert [len(b) for b in batches] == [8, 8, 3]  # eval: the forward's three
+    with settings.scope(auto_precompile=False):
+        model(Tensor(random_array(rng, (3, 6, 7, 3))).to("cuda"))
+    assert len(batches) == 3
+
+
+@pytest.mark.sim
+def test_the_first_call_s_trace_leaves_dropout_masks_as_they_would_be(monkeypatch, rng):
+    """The trace draws dropout seeds from the layers' generators and puts their states back: the step computes
+    what it computes with auto_precompile off."""
+    from kernelgen.nn import precompile_step
+    monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
+    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans: None)
+    x = random_array(rng, (2, 6, 7, 3))
+    outputs = []
+    for auto in (True, False):
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, rng=0), nn.Dropout(0.5, rng=7)).to("cuda")
+        with settings.scope(auto_precompile=auto):
+            outputs.append(model(Tensor(x).to("cuda")).numpy())
+    assert np.array_equal(outputs[0], outputs[1])
