@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, bfloat16, settings
+from . import arrays, bfloat16, compile_profile, settings
 from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher, gpu_present,  # noqa: F401
                       make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
@@ -139,9 +139,12 @@ def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
         problem, backend = build()
         if problem.empty:  # nothing runs, but the call's algo / config / precision are checked as for any size
             make_plan(_stand_in(problem), backend, algo, config, precision)
-        plan = None if problem.empty else make_plan(problem, backend, algo, config, precision)
-        if autotune.wanted(plan, config):  # (opt-in: the first call of an untuned problem times its candidates)
-            plan = autotune.autotune(plan, algo)
+        with compile_profile.kernel_scope(problem.key()):
+            with compile_profile.stage("plan"):
+                plan = None if problem.empty else make_plan(problem, backend, algo, config, precision)
+            if autotune.wanted(plan, config):  # (opt-in: the first call of an untuned problem times its candidates)
+                with compile_profile.stage("autotune"):
+                    plan = autotune.autotune(plan, algo)
         hit = Prepared(problem, plan, backend)
         if key is not None:
             _PREPARED[key] = hit

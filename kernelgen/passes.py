@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 from dataclasses import replace
 
+from . import compile_profile
 from .cse import assignment_counts, eliminate_common_subexpressions
 from .ir import (AsyncCopy, Assign, BinOp, Call, Const, Expr, For, If, Kernel, Load, Pipeline, Select, Store,
                  TensorCopy, Var, WarpgroupMma)
@@ -261,15 +262,20 @@ def scalarize_registers(kernel: Kernel) -> Kernel:
 
 
 def lower(kernel: Kernel, target: str) -> Kernel:
-    """The pass pipeline for a target ('cuda' or 'cpu')."""
+    """The pass pipeline for a target ('cuda' or 'cpu'), each pass a stage of kernelgen.profile_compile."""
     memo = {}  # fold_expr's results, by node: shared by every folding below
-    k = fold_constants(kernel, memo)
+    k = _pass(fold_constants, kernel, memo)
     if target == "cuda":
-        k = scalarize_registers(fold_constants(unroll(k, memo), memo))
+        k = _pass(scalarize_registers, _pass(fold_constants, _pass(unroll, k, memo), memo))
     else:
-        k = demote_unroll(k)
-    k = fold_constants(flatten_buffers(k, memo=memo), memo)
-    return eliminate_common_subexpressions(propagate_constants(k, memo))
+        k = _pass(demote_unroll, k)
+    k = _pass(fold_constants, _pass(flatten_buffers, k, memo=memo), memo)
+    return _pass(eliminate_common_subexpressions, _pass(propagate_constants, k, memo))
+
+
+def _pass(fn, *args, **kwargs):
+    with compile_profile.stage("pass:" + fn.__name__):
+        return fn(*args, **kwargs)
 
 
 def propagate_constants(kernel: Kernel, memo=None) -> Kernel:

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from kernelgen import settings
+from kernelgen import compile_profile, settings
 from kernelgen.problem import ConvProblem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
@@ -124,8 +124,10 @@ class Plan:
             if source is not None:
                 _RENDERED.move_to_end(key)
                 return source
-        k = self.kernel_ir()
-        source = render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
+        with compile_profile.stage("ir"):
+            k = self.kernel_ir()
+        with compile_profile.stage("print"):  # (less its passes, stages of their own)
+            source = render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
         with _RENDERED_LOCK:
             _RENDERED[key] = source
             while len(_RENDERED) > _RENDERED_KEEP:
@@ -361,4 +363,9 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
 
 
 def get_launcher(plan: Plan):
-    return KERNELS.get(plan.key(), plan.render, lambda module: Launcher.from_module(module, plan.backend))
+    label = plan.problem.key()  # (its name in kernelgen.profile_compile's report)
+    build = lambda module: Launcher.from_module(module, plan.backend, label)  # noqa: E731
+    if compile_profile.active():  # (the cache's and the render's stages are this kernel's)
+        with compile_profile.kernel_scope(label):
+            return KERNELS.get(plan.key(), plan.render, build)
+    return KERNELS.get(plan.key(), plan.render, build)

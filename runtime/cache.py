@@ -39,7 +39,7 @@ from pathlib import Path
 
 import kernelgen.templates
 import kernelgen.version
-from kernelgen import settings
+from kernelgen import compile_profile, settings
 from kernelgen.version import __version__
 
 _HEADER = "# kernelgen-cache {version} {digest} {checksum}\n"
@@ -241,7 +241,9 @@ class KernelCache:
             if hit is not None:
                 self.stats.memory_hits += 1
                 return hit
-            obj = build(self._load(key_digest(key), render))
+            with compile_profile.stage("cache"):  # (less the render inside a miss: stages of their own)
+                module = self._load(key_digest(key), render)
+            obj = build(module)
             with self._lock:
                 self._memory[key] = obj
                 self._building.pop(key, None)

@@ -6,13 +6,14 @@ ctypes) and hand the prepared cuda.core kernel its flattened arguments directly.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernelgen import numba_speedups, settings
+from kernelgen import compile_profile, numba_speedups, settings
 from kernelgen.arrays import cpu_kernel_arg, to_device_view
 from kernelgen.runtime.driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared,
                                       configure, fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle,
@@ -61,6 +62,7 @@ class Launcher:
     # atomically, and there are no 16-bit atomic adds): the launcher passes its own zeroed float32 workspace and
     # rounds it into the caller's array after the kernel.  params and outputs name the caller's arrays.
     widened: tuple = ()
+    label: str = ""  # the kernel's name in kernelgen.profile_compile's report (its problem's key)
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
@@ -72,7 +74,7 @@ class Launcher:
     _general_path: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @classmethod
-    def from_module(cls, module, backend):
+    def from_module(cls, module, backend, label=""):
         allow_deep_cfg_walks()
         if backend == "cuda" and not settings.get("cuda_simulator"):
             numba_speedups.install()  # numba-cuda's quadratic lowering and SSA steps, linear (same LLVM IR)
@@ -82,7 +84,7 @@ class Launcher:
         return cls(module.KERNEL, tuple(map(caller, module.PARAMS)), tuple(map(caller, module.OUTPUTS)),
                    module.GRID, module.THREADS, module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""),
                    getattr(module, "DYNAMIC_SHARED", 0), getattr(module, "KERNEL_ANY_ALIGNMENT", None),
-                   getattr(module, "TENSOR_MAPS", ()), widened=widened)
+                   getattr(module, "TENSOR_MAPS", ()), widened=widened, label=label)
 
     @property
     def caller_params(self) -> tuple:
@@ -255,7 +257,20 @@ class Launcher:
         if self.zero_output:
             for name in self.outputs:
                 args[name][:] = 0
-        self.kernel(*(cpu_kernel_arg(args[name]) for name in self.params))
+        ordered = [cpu_kernel_arg(args[name]) for name in self.params]
+        with self._profiled_first_launch(ordered):
+            self.kernel(*ordered)
+
+    def _profiled_first_launch(self, ordered):
+        """Under kernelgen.profile_compile, a first launch's numba compile on its own (stage numba), then a context
+        for the launch that follows it (stage load: on a GPU, NVVM, ptxas and the module load); otherwise a
+        context that does nothing."""
+        kernel = self.kernel
+        if not compile_profile.active() or getattr(kernel, "overloads", True):  # (compiled, or the simulator's)
+            return contextlib.nullcontext()
+        with compile_profile.stage("numba", self.label):
+            kernel.compile(tuple(kernel.typeof_pyval(a) for a in ordered))
+        return compile_profile.stage("load", self.label)
 
     def _launch_general(self, args, ordered, stream):
         """Through numba's dispatcher: the first call (which compiles), unaligned arrays, the simulator."""
@@ -264,12 +279,15 @@ class Launcher:
         if self.kernel_any is not None and not self.aligned([_device_pointer(a) for a in ordered]):
             return self._launch_any_alignment(ordered, stream)
         launch = self._configured.get(stream)
+        first = contextlib.nullcontext()
         if launch is None:
+            first = self._profiled_first_launch(ordered)
             if needs_opt_in(self.shared_bytes):
                 allow_dynamic_shared(self.kernel, ordered, self.shared_bytes)
             launch = configure(self.kernel, self.grid, self.threads, stream or 0, self.shared_bytes)
             self._configured[stream] = launch
-        launch(*ordered)
+        with first:
+            launch(*ordered)
         if self._fast is None and _fast_launch_available():
             self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params), self.shared_bytes)
 

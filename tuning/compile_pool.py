@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernelgen import planner, settings
+from kernelgen import compile_profile, planner, settings
 from kernelgen.runtime.cache import KERNELS, key_digest
 
 
@@ -50,8 +50,9 @@ def compile_launcher(launcher, dtype="float32"):
     maps = {spec[0] for spec in launcher.tensor_maps}
     arr, wide = from_dtype(np.dtype(dtype))[::1], from_dtype(np.dtype(np.float32))[::1]
     if hasattr(launcher.kernel, "compile"):  # a widened output is the launcher's float32 workspace (runtime/launch.py)
-        launcher.kernel.compile(tuple(uint64[::1] if name in maps else wide if name in launcher.widened else arr
-                                      for name in launcher.params))
+        with compile_profile.stage("numba"):
+            launcher.kernel.compile(tuple(uint64[::1] if name in maps else wide if name in launcher.widened else arr
+                                          for name in launcher.params))
 
 
 @dataclass
@@ -80,7 +81,9 @@ def compile_plans(plans, workers=None) -> PrecompileReport:
     if todo:
         jobs = [(digest, plan, _worker_settings()) for digest, plan in todo.items()]
         results, report.workers = _compile_jobs(jobs, workers)
-        for (digest, plan, _), error in zip(jobs, results):
+        for i, ((digest, plan, _), (error, seconds)) in enumerate(zip(jobs, results)):
+            if i and report.workers:  # (what compiled here recorded its stages as it ran)
+                compile_profile.record(plan.problem.key(), "workers", seconds)
             if error:
                 failed.add(digest)
                 report.errors.append(f"{plan.problem.key()} {plan.variant}: {error}")
@@ -88,7 +91,8 @@ def compile_plans(plans, workers=None) -> PrecompileReport:
         report.failed = failed
     for digest, plan in unique.items():
         if digest not in failed:
-            compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))  # loads numba's cached code
+            with compile_profile.kernel_scope(plan.problem.key()):  # loads numba's cached code
+                compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -107,7 +111,7 @@ def _compile_jobs(jobs, workers):
             here = compile_job(jobs[0])
             return [here] + list(pending), n
     except BrokenProcessPool as e:  # a worker died (killed, out of memory): those calls compile for themselves
-        return [None] + [f"BrokenProcessPool: {e}"] * len(rest), n
+        return [(None, 0.0)] + [(f"BrokenProcessPool: {e}", 0.0)] * len(rest), n
 
 
 def _idle_cpus() -> int:
@@ -184,15 +188,17 @@ def _compiled_on_disk(digest: str) -> bool:
 
 def compile_job(job):
     """Worker (or here, for workers=0): render and compile one kernel into the disk cache under the caller's
-    settings.  Returns None, or the error as one line (with the innermost frames)."""
+    settings.  Returns (None, or the error as one line with the innermost frames; its seconds)."""
     digest, plan, values = job
+    start = time.perf_counter()
     try:
         with settings.scope(**values):
             if key_digest(plan.key()) != digest:
-                return "the worker computes another cache key than the caller (a setting not passed on?)"
-            compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))
-        return None
+                return "the worker computes another cache key than the caller (a setting not passed on?)", 0.0
+            with compile_profile.kernel_scope(plan.problem.key()):
+                compile_launcher(planner.get_launcher(plan), _signature_dtype(plan))
+        return None, time.perf_counter() - start
     except Exception as e:  # reported by the parent, whose call then compiles (and raises) itself
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
                             for f in traceback.extract_tb(e.__traceback__)[:-4:-1])
-        return f"{type(e).__name__}: {str(e)[:200]} (at {where})"
+        return f"{type(e).__name__}: {str(e)[:200]} (at {where})", time.perf_counter() - start

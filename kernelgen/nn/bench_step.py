@@ -13,10 +13,13 @@ import argparse
 import contextlib
 import json
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
+from kernelgen import settings
+from kernelgen.compile_profile import profile_compile
 from kernelgen.nn import amp
 from kernelgen.nn import functional as F
 from kernelgen.nn.mobilenet import as_torch
@@ -162,6 +165,18 @@ def bench_torch(x, labels, args):
             "cudnn": torch.backends.cudnn.version()}
 
 
+@contextlib.contextmanager
+def _cold(args):
+    """--cold: kernelgen's run on an empty kernel cache (a fresh directory, numba's cache inside it), under
+    kernelgen.profile_compile (the report, or None without --cold)."""
+    if not getattr(args, "cold", False):
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="kernelgen_cold_") as directory, \
+            settings.scope(cache_dir=directory), profile_compile() as profile:
+        yield profile
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelgen.nn.bench_step", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=128)
@@ -176,6 +191,8 @@ def main(argv=None):
                     help="the network (mobilenet_v2: width 1.0, its depthwise layers on the depthwise template)")
     ap.add_argument("--image", type=int, default=32, help="input height and width (mobilenet_v2: 224 for the "
                     "ImageNet stem)")
+    ap.add_argument("--cold", action="store_true", help="kernelgen's run from an empty kernel cache, with "
+                    "kernelgen.profile_compile's report: where the first step's time goes, per stage and kernel")
     ap.add_argument("--precompile", action="store_true",
                     help="model.precompile(...) before the first step: its conv kernels compiled in a process pool "
                     "(timed apart: precompile_s; warmup_s is then the steps that load them)")
@@ -195,7 +212,11 @@ def main(argv=None):
     name = getattr(cuda.get_current_device(), "name", "simulator")
     result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup, "amp": args.amp,
               "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
-    result["kernelgen"] = bench_kernelgen(x, labels, args)
+    with _cold(args) as profile:
+        result["kernelgen"] = bench_kernelgen(x, labels, args)
+    if profile is not None:
+        result["kernelgen"]["compile_profile"] = profile.as_dict()
+        print(profile.table())
     if not args.no_torch:
         try:
             import torch  # noqa: F401

@@ -1,0 +1,59 @@
+"""kernelgen.profile_compile (issue 27): where a cold start's time goes, per kernel and stage."""
+from __future__ import annotations
+
+import time
+
+import kernelgen
+from kernelgen import compile_profile, settings
+from harness import random_array
+
+KW = dict(padding=1)
+
+
+def test_a_cold_call_s_stages_are_its_kernel_s_and_a_warm_call_adds_none(rng, tmp_path):
+    x, w = random_array(rng, (2, 7, 6, 3)), random_array(rng, (5, 3, 3, 3))
+    with settings.scope(cache_dir=str(tmp_path)):
+        with kernelgen.profile_compile() as report:
+            kernelgen.conv(x, w, **KW)
+        before = {k: dict(v) for k, v in report.seconds.items()}
+        with kernelgen.profile_compile() as warm:
+            kernelgen.conv(x, w, **KW)
+    (kernel, stages), = before.items()
+    assert kernel == kernelgen.explain(kernelgen.conv, x, w, **KW).problem.key()
+    assert {"plan", "ir", "print", "cache", "numba", "load", "pass:fold_constants", "pass:flatten_buffers",
+            "pass:eliminate_common_subexpressions"} <= set(stages)
+    assert all(s >= 0 for s in stages.values()) and sum(stages.values()) <= report.wall
+    assert warm.seconds == {}  # planned, rendered and compiled already: nothing to profile
+    assert report.seconds == before  # the second block's calls went to its own report
+    assert "numba" in report.table() and kernel[:40] in report.table()
+
+
+def test_a_stage_counts_its_own_time_not_its_nested_stages():
+    with kernelgen.profile_compile() as report:
+        with compile_profile.kernel_scope("k"):
+            with compile_profile.stage("outer"):
+                time.sleep(0.02)
+                with compile_profile.stage("inner"):
+                    time.sleep(0.05)
+    outer, inner = report.seconds["k"]["outer"], report.seconds["k"]["inner"]
+    assert 0.04 <= inner and 0.015 <= outer < 0.04  # not 0.07
+
+
+def test_nothing_is_recorded_outside_a_profile():
+    assert not compile_profile.active()
+    with compile_profile.kernel_scope("k"), compile_profile.stage("s"):
+        compile_profile.record("k", "workers", 1.0)
+    with kernelgen.profile_compile() as report:
+        assert compile_profile.active()
+    assert report.seconds == {} and not compile_profile.active()
+
+
+def test_precompile_reports_its_workers_seconds_per_kernel(rng, tmp_path):
+    calls = [(kernelgen.conv, (random_array(rng, (2, 5, 5, c)), random_array(rng, (4, 3, 3, c))), KW) for c in (2, 3)]
+    with settings.scope(cache_dir=str(tmp_path)), kernelgen.profile_compile() as report:
+        result = kernelgen.precompile(calls, workers=1)
+    assert result.compiled == 2 and result.workers == 1
+    workers = {k for k, row in report.seconds.items() if "workers" in row}
+    here = {k for k, row in report.seconds.items() if "numba" in row}
+    assert len(workers) == 1 and len(here) == 2  # one compiled in the worker, both loaded here after
+    assert all(report.seconds[k]["workers"] > 0 for k in workers)
