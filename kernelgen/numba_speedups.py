@@ -10,6 +10,13 @@ thousands of IR statements:
 * SSA reconstruction locates a statement in its block by a linear scan for each use of each variable assigned
   more than once (ssa._FixSSAVars._stmt_index).
 
+Three more are quadratic in the number of blocks (every `and` of a generated predicate is a branch): SSA
+reconstruction rewrites every block for each variable assigned more than once, the post-processor's liveness
+(run ~9 times per compile) builds, per block, the set of every variable defined on a path to it, and the closure
+inliner checks every variable against every block's (shared) scope.  Their
+replacements live in kernelgen/numba_dataflow.py (its docstring says how); on the TF32 wgmma backward-weight kernel
+of issue 27 they are most of a ~175 s front end.
+
 The replacements compute the same results in one pass per block (Assign targets counted once; statement
 positions indexed once), and install() puts them in place of numba-cuda's.  They replace numba-cuda code, so they
 are written against one version: install() patches a method only where numba-cuda's version and that method's
@@ -37,6 +44,9 @@ import threading
 import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+
+from .numba_dataflow import (RunSSA, compute_dead_maps, compute_live_map, fixup_var_define_in_scope,
+                             strip_phi_nodes)
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +220,8 @@ class Patch:
     owner: str | None  # the class in it (None: a module attribute)
     name: str        # the method (or attribute) replaced
     replacement: object  # what goes in its place; with wraps, a callable making that from the original
-    signature: str | None  # the original's (None: not a function, and source_sha256 is of the whole module's)
+    signature: str | None  # the original's (None: source_sha256 is of the whole module's: for an attribute that is
+                           # no function, or a replacement that relies on the module's other functions too)
     source_sha256: str  # of the original's source, each line stripped of its indentation, blank lines dropped
     numba: bool = False  # a method of numba's own (not numba-cuda's): numba's version is checked too
     wraps: bool = False
@@ -234,6 +245,19 @@ PATCHES = (
           "(self, args, kws)", "6b97706ea3409d70adf54675299cc7d5f12130a17c1ed1273694833776518e40"),
     Patch("numba.cuda.core.ssa", None, "_logger", _QuietLogger,
           None, "b143dcb979a2359fff7414d0857da7b9d5c79c79492b8ee3c5ef916004cd837b", wraps=True),
+    # (run_ssa calls the ssa module's helpers and mirrors two of them: the whole module is pinned)
+    Patch("numba.cuda.core.ssa", None, "_run_ssa", RunSSA,
+          None, "b143dcb979a2359fff7414d0857da7b9d5c79c79492b8ee3c5ef916004cd837b", wraps=True),
+    Patch("numba.cuda.core.analysis", None, "compute_live_map", compute_live_map,
+          "(cfg, blocks, var_use_map, var_def_map)",
+          "71ebabd8a4148c116f6ba4c335c52322b2f230f71bca5b6dfa557bdb80f54ea1"),
+    Patch("numba.cuda.core.analysis", None, "compute_dead_maps", compute_dead_maps,
+          "(cfg, blocks, live_map, var_def_map)", "e6904c915cb01867ebaa216c92740b9bd664acd74b116a053be3efeb269265d9"),
+    Patch("numba.cuda.core.typed_passes", "PreLowerStripPhis", "_strip_phi_nodes", strip_phi_nodes,
+          "(self, func_ir)", "6172e2563c11ffb0c95915ccdf0b92a4c88ae3a19b93d86cccedff49a3f8915f"),
+    # (ir_utils' function, as untyped_passes imported it: the name that InlineClosureCallPass calls)
+    Patch("numba.cuda.core.untyped_passes", None, "fixup_var_define_in_scope", fixup_var_define_in_scope,
+          "(blocks)", "aa924ac1dd8116a08040d03b1deb69e3ffebb6b3c97bf19eb24e2512d890e42a"),
 )
 
 _lock = threading.Lock()

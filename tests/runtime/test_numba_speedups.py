@@ -24,20 +24,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernelgen import numba_speedups
+from kernelgen import numba_dataflow, numba_speedups
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "scripts" / "compile_time.py"
 
 lowering = pytest.importorskip("numba.cuda.lowering")
-from numba.cuda.core import ir, ssa  # noqa: E402  (numba-cuda present: importorskip above)
+from numba.cuda.core import (analysis, ir, ssa, typed_passes,  # noqa: E402  (numba-cuda present: importorskip)
+                             untyped_passes)
 
 from numba.core.types import functions  # noqa: E402
 from numba.cuda.typing import templates  # noqa: E402
 
 SAV = "_find_singly_assigned_variable"
 OWNERS = {SAV: lowering.Lower, "_stmt_index": ssa._FixSSAVars, "get_call_type": functions.BaseFunction,
-          "generic": templates._IntrinsicTemplate, "_logger": ssa}
+          "generic": templates._IntrinsicTemplate, "_logger": ssa, "_run_ssa": ssa, "compute_live_map": analysis,
+          "compute_dead_maps": analysis, "_strip_phi_nodes": typed_passes.PreLowerStripPhis,
+          "fixup_var_define_in_scope": untyped_passes}
 
 
 def _current(name):
@@ -322,13 +325,17 @@ def _worker(out_dir: Path, patched: bool):
             checked["variables"] += len(want)
             checked["different"] += list(want) != list(self._singly_assigned_vars)
 
-        def both_stmt_index(self, defstmt, block, stop=-1):
-            got = numba_speedups._stmt_index(self, defstmt, block, stop)
-            checked["positions"] += 1
-            checked["different positions"] += got != stmt_index(self, defstmt, block, stop)
-            return got
+        def checked_index(mine):  # ours, counted and compared with numba's scan
+            def index(self, defstmt, block, stop=-1):
+                got = mine(self, defstmt, block, stop)
+                checked["positions"] += 1
+                checked["different positions"] += got != stmt_index(self, defstmt, block, stop)
+                return got
+            return index
         lowering.Lower._find_singly_assigned_variable = both_sav
-        ssa._FixSSAVars._stmt_index = both_stmt_index
+        ssa._FixSSAVars._stmt_index = checked_index(numba_speedups._stmt_index)
+        # (with numba_dataflow.run_ssa installed its handlers place statements from its own index: that one)
+        numba_dataflow._stmt_index = checked_index(numba_dataflow._stmt_index)
     for i, (variant, direction, x, w, kw, precision, tile, extra) in enumerate(KERNELS):
         problem = make_problem(direction, x, w, **kw)
         config = TileConfig(*tile, **extra) if tile else None
