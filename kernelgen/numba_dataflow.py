@@ -325,3 +325,26 @@ class RunSSA:
         if ssa._logger.isEnabledFor(logging.DEBUG):
             return self._original(blocks)
         return run_ssa(blocks)
+
+
+def find_topo_order(self):
+    """numba-cuda's CFGraph._find_topo_order without recursion: the same depth-first walk (successors in their
+    order, back edges skipped, a node entered once) with an explicit stack, so the same reverse post-order, and no
+    Python frame per block of the longest chain (the recursive walk needed the interpreter's recursion limit raised
+    for kernels of > 1000 blocks in a chain)."""
+    succs, back_edges = self._succs, self._back_edges
+    entry = self._entry_point
+    post_order, seen = [], {entry}
+    stack = [(entry, iter(succs[entry]))]
+    while stack:
+        node, successors = stack[-1]
+        for dest in successors:
+            if dest not in seen and (node, dest) not in back_edges:
+                seen.add(dest)
+                stack.append((dest, iter(succs[dest])))
+                break
+        else:
+            stack.pop()
+            post_order.append(node)
+    post_order.reverse()
+    return post_order

@@ -33,6 +33,10 @@ the H200 host: -18 % of the compile time for the first, a few % for the others):
   an @intrinsic; see _intrinsic_generic);
 * SSA's module logger, whose debug() runs ~5M times on a large kernel, swapped for one whose debug() does
   nothing, when numba's SSA debug logging is off at install (see _QuietLogger).
+
+And one removes a recursion: CFGraph._find_topo_order walks the blocks depth-first with one Python frame per block
+of the longest chain (numba_dataflow.find_topo_order: the same order on an explicit stack), so loading a kernel no
+longer raises the interpreter's recursion limit for the whole process (runtime.driver.allow_deep_cfg_walks).
 """
 from __future__ import annotations
 
@@ -45,8 +49,8 @@ import weakref
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from .numba_dataflow import (RunSSA, compute_dead_maps, compute_live_map, fixup_var_define_in_scope,
-                             strip_phi_nodes)
+from .numba_dataflow import (RunSSA, compute_dead_maps, compute_live_map,
+                             find_topo_order, fixup_var_define_in_scope, strip_phi_nodes)
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +262,9 @@ PATCHES = (
     # (ir_utils' function, as untyped_passes imported it: the name that InlineClosureCallPass calls)
     Patch("numba.cuda.core.untyped_passes", None, "fixup_var_define_in_scope", fixup_var_define_in_scope,
           "(blocks)", "aa924ac1dd8116a08040d03b1deb69e3ffebb6b3c97bf19eb24e2512d890e42a"),
+    # (no recursion: with it installed, runtime.driver.allow_deep_cfg_walks leaves the recursion limit alone)
+    Patch("numba.cuda.core.controlflow", "CFGraph", "_find_topo_order", find_topo_order,
+          "(self)", "14ca4b98abfa7cb31ce79d56ff6563eb8ec36cc77441f9056600f6689a3a2606"),
 )
 
 _lock = threading.Lock()

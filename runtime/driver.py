@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from kernelgen import arrays, settings
+from kernelgen import arrays, numba_speedups, settings
 
 _fill_kernel = None
 
@@ -215,16 +215,24 @@ def stream_handle(stream) -> int:
     return 0 if stream is None else int(stream.handle)
 
 
-# numba-cuda orders a function's blocks by a recursive walk (CFGraph._find_topo_order), one Python frame per
-# block of the longest chain; an unrolled kernel with many guarded stores (the 16-state, 12-wide
-# Winograd epilogue in 4 state groups: > 1000 blocks under CPython 3.12's bytecode) exceeds the default
-# limit of 1000.  Since 3.11 Python-to-Python calls take no C stack, so a much higher limit is safe there.
+# numba-cuda 0.30.4 orders a function's blocks by a recursive walk (CFGraph._find_topo_order), one Python frame
+# per block of the longest chain; an unrolled kernel with many guarded stores (the 16-state, 12-wide Winograd
+# epilogue in 4 state groups: > 1000 blocks under CPython 3.12's bytecode) exceeds the default limit of 1000.
+# kernelgen.numba_speedups replaces that walk with one on an explicit stack (the same order), and numba's own CPU
+# pipeline has one since 0.61 (CFGraph._find_postorder); only where neither is in place is the limit raised.
+# Since 3.11 Python-to-Python calls take no C stack, so a much higher limit is safe there.
 CFG_RECURSION_LIMIT = 20000 if sys.version_info >= (3, 11) else 8000
 
 
-def allow_deep_cfg_walks():
-    """Raise (never lower) the interpreter's recursion limit to CFG_RECURSION_LIMIT before numba compiles."""
-    if sys.getrecursionlimit() < CFG_RECURSION_LIMIT:
+def allow_deep_cfg_walks(backend="cuda"):
+    """Before numba compiles a `backend` kernel: raise (never lower) the interpreter's recursion limit to
+    CFG_RECURSION_LIMIT where numba would walk the kernel's blocks recursively (see above); else leave it."""
+    if backend == "cuda":
+        iterative = "_find_topo_order" in numba_speedups.installed_names()
+    else:
+        from numba.core.controlflow import CFGraph  # (numba is slow to import: only where a kernel is loaded)
+        iterative = hasattr(CFGraph, "_find_postorder")
+    if not iterative and sys.getrecursionlimit() < CFG_RECURSION_LIMIT:
         sys.setrecursionlimit(CFG_RECURSION_LIMIT)
 
 

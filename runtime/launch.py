@@ -75,9 +75,9 @@ class Launcher:
 
     @classmethod
     def from_module(cls, module, backend, label=""):
-        allow_deep_cfg_walks()
         if backend == "cuda" and not settings.get("cuda_simulator"):
             numba_speedups.install()  # numba-cuda's quadratic lowering and SSA steps, linear (same LLVM IR)
+        allow_deep_cfg_walks(backend)
         def caller(name):  # the kernel names a widened output's workspace: name + WIDE_SUFFIX
             return name[:-len(WIDE_SUFFIX)] if name.endswith(WIDE_SUFFIX) else name
         widened = tuple(caller(name) for name in module.OUTPUTS if name.endswith(WIDE_SUFFIX))

@@ -69,9 +69,13 @@ import harness  # noqa: E402
 
 def pytest_sessionstart(session):
     """The recursion limit every kernelgen process has once it loads a kernel (runtime.driver), set before any
-    test: hypothesis warns when a test's first kernel load changes it mid-example."""
+    test: hypothesis warns when a test's first kernel load changes it mid-example.  (With numba's block order
+    walked without recursion - kernelgen.numba_speedups, numba's own CPU pipeline - it stays as it is.)"""
+    from kernelgen import numba_speedups
     from kernelgen.runtime.driver import allow_deep_cfg_walks
-    allow_deep_cfg_walks()
+    numba_speedups.install()
+    for backend in ("cuda", "cpu"):
+        allow_deep_cfg_walks(backend)
 
 
 settings.register_profile("kernelgen", deadline=None, suppress_health_check=[HealthCheck.too_slow])

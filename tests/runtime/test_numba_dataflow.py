@@ -202,3 +202,29 @@ def test_strip_phis_as_numba(rng):
         assert dump(ours) == dump(theirs)
         inserted += sum(len(b.body) for b in theirs.blocks.values()) - before
     assert inserted > 100
+
+
+def test_the_block_order_is_numba_cuda_s_on_random_graphs_and_needs_no_recursion():
+    """find_topo_order: numba-cuda's recursive depth-first reverse post-order, on an explicit stack - the same order
+    on random control-flow graphs (loops, joins, unreachable blocks), and a chain deeper than the recursion limit."""
+    import random
+    import sys
+    from numba.cuda.core.controlflow import CFGraph
+    original = numba_speedups.original("_find_topo_order")
+
+    def graph(n, edges):
+        g = CFGraph()
+        for i in range(n):
+            g.add_node(i)
+        for a, b in edges:
+            g.add_edge(a, b)
+        g.set_entry_point(0)
+        g.process()
+        return g
+    for seed in range(200):
+        r = random.Random(seed)
+        n = r.randint(1, 40)
+        g = graph(n, [(i, r.randrange(n)) for i in range(n) for _ in range(r.randint(0, 3))])
+        assert numba_dataflow.find_topo_order(g) == original(g), seed
+    chain = graph(3 * sys.getrecursionlimit(), [(i, i + 1) for i in range(3 * sys.getrecursionlimit() - 1)])
+    assert numba_dataflow.find_topo_order(chain) == list(range(3 * sys.getrecursionlimit()))

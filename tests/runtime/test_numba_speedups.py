@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "scripts" / "compile_time.py"
 
 lowering = pytest.importorskip("numba.cuda.lowering")
-from numba.cuda.core import (analysis, ir, ssa, typed_passes,  # noqa: E402  (numba-cuda present: importorskip)
+from numba.cuda.core import (analysis, controlflow, ir, ssa, typed_passes,  # noqa: E402  (numba-cuda present: importorskip)
                              untyped_passes)
 
 from numba.core.types import functions  # noqa: E402
@@ -40,7 +40,7 @@ SAV = "_find_singly_assigned_variable"
 OWNERS = {SAV: lowering.Lower, "_stmt_index": ssa._FixSSAVars, "get_call_type": functions.BaseFunction,
           "generic": templates._IntrinsicTemplate, "_logger": ssa, "_run_ssa": ssa, "compute_live_map": analysis,
           "compute_dead_maps": analysis, "_strip_phi_nodes": typed_passes.PreLowerStripPhis,
-          "fixup_var_define_in_scope": untyped_passes}
+          "fixup_var_define_in_scope": untyped_passes, "_find_topo_order": controlflow.CFGraph}
 
 
 def _current(name):
