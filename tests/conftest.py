@@ -72,8 +72,10 @@ def pytest_sessionstart(session):
     test: hypothesis warns when a test's first kernel load changes it mid-example.  (With numba's block order
     walked without recursion - kernelgen.numba_speedups, numba's own CPU pipeline - it stays as it is.)"""
     from kernelgen import numba_speedups
+    from kernelgen import settings as kernelgen_settings
     from kernelgen.runtime.driver import allow_deep_cfg_walks
-    numba_speedups.install()
+    if not kernelgen_settings.get("cuda_simulator"):  # (as Launcher.from_module: the simulator compiles nothing)
+        numba_speedups.install()
     for backend in ("cuda", "cpu"):
         allow_deep_cfg_walks(backend)
 
