@@ -283,8 +283,31 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
     return Plan(problem, variant.name, config, backend, precision, target, choice.decided_by, choice.reason)
 
 
-def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan:
-    """The direct depthwise template (groups == C) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
+def _narrow_groups_reason(problem, backend, precision, target: Target):
+    """Narrow groups (2..8 channels a group), no config given: why the direct template computes them, or None where
+    the GEMM variants should.  A measurement decides first: the fastest candidate of the tuned entry for exactly
+    this problem (the GPU's database; on the CPU backend, first-call autotuning's), which a tune takes over both the
+    direct configs and the GEMM variants' (tuning/tuner.py); else the two cost models."""
+    if backend == "cuda":
+        db, device = _tuned_db(), tuned_device()
+    else:
+        db, device = (None if settings.get("no_tuned") else database), target.device_name
+    for at in ((precision, "fp32") if precision == "tf32" else (precision,)) if db is not None else ():
+        hit = db.exact(problem, device, at)
+        if hit is not None:
+            return f"narrow groups: the tuned entry's fastest candidate is {hit[0]}" if hit[0] == depthwise.NAME \
+                else None
+    cuda = target_for("cuda")  # the cost models are the GPU's; the CPU backend plans as the GPU would
+    faster, direct, gemm = depthwise.narrow_groups_verdict(problem, cuda)
+    if not faster:
+        return None
+    return (f"narrow groups ({problem.Cg} channels, {problem.Kg} filters a group): the direct template's cost model "
+            f"on {cuda.name} ({direct:.3g}) is below the GEMM variants' ({gemm:.3g})")
+
+
+def _depthwise_plan(problem, backend, config, precision, target: Target, why=None) -> Plan:
+    """The direct depthwise template (groups == C, or narrow groups: `why` says why it was chosen over the GEMM
+    variants) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
     tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The given config, else (CUDA) the
     tuned database's fastest depthwise config for exactly this problem at this precision ("tf32" also reads the
     fp32 entry: the same fp32 FMAs), else its cost model's.  No nearest neighbour (a depthwise block's shape follows
@@ -305,7 +328,8 @@ def _depthwise_plan(problem, backend, config, precision, target: Target) -> Plan
         choice = mine
     else:
         choice = Choice(variant.name, variant.default_config(problem, target, precision), "default",
-                        f"depthwise's cost-model default on {target.name}: no tuned entry for this problem")
+                        f"depthwise's cost-model default on {target.name}: no tuned entry for this problem"
+                        + (f"; {why}" if why else ""))
     if not variant.accepts(problem, choice.config, precision):
         raise ValueError(f"config must be a DepthwiseConfig that fits {problem.key()} for algo='depthwise', "
                          f"got {choice.config}")
@@ -348,11 +372,14 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
         get_variant(algo)  # a TypeError / ValueError naming algo before any precision's own checks
     target = target_for(backend)
     # groups == C > 1 takes the depthwise template unless the call names another: an algo, or a GEMM tile config
-    # (C = 1, groups = 1 is an ordinary convolution)
+    # (C = 1, groups = 1 is an ordinary convolution); narrow groups take it where it is tuned or modeled faster
     automatic_depthwise = algo is None and problem.groups > 1 and (config is None or
                                                                   isinstance(config, depthwise.DepthwiseConfig))
     if (automatic_depthwise or algo == depthwise.NAME) and depthwise.VARIANT.applies(problem, precision):
-        return _depthwise_plan(problem, backend, config, precision, target)
+        automatic_narrow = algo is None and config is None and problem.Cg > 1
+        why = _narrow_groups_reason(problem, backend, precision, target) if automatic_narrow else None
+        if why or not automatic_narrow:
+            return _depthwise_plan(problem, backend, config, precision, target, why)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)
     choice = _fp32_choice(problem, backend, algo, config, target)

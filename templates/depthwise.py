@@ -7,7 +7,10 @@ the filter taps of its channels in registers, and the block's input window (the 
 memory (`halo`).  Forward fuses bias and relu; backward-data is the same gather on the flipped filter, strides as
 residue classes (a strip gathers only the taps that land on it); backward-weight reduces per channel over the batch
 and pixels, split over blocks that add into a zeroed dw (`split_k`; float16 tensors: into a float32 workspace the
-launcher rounds into dw).  The geometry is depthwise_geometry.py, the
+launcher rounds into dw).  Narrow groups (issue 28: C / groups = Cg in 2..8, ResNeXt's 4 and 8 channels a group)
+are the same kernels with each output summing its group's Cg sources, not a GEMM per group (whose N is Kg = 4):
+forward and backward-data; their backward-weight stays with the GEMM variants.  The geometry is
+depthwise_geometry.py, the
 IR depthwise_ir.py and depthwise_kernels.py, the config depthwise_config.py; the cost model and the tuner's space
 are here.
 
@@ -25,7 +28,8 @@ from kernelgen.problem import ConvProblem
 from kernelgen.storage import PRECISIONS_BY_DTYPE
 from kernelgen.target import Target
 from kernelgen.templates.depthwise_config import DepthwiseConfig
-from kernelgen.templates.depthwise_geometry import Geometry, cdiv, geometry, over_limits, unmet
+from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, Geometry, cdiv, geometry, narrow_problem_unmet,
+                                                    over_limits, unmet)
 from kernelgen.templates.depthwise_kernels import gather_kernel, weight_kernel
 
 NAME = "depthwise"
@@ -40,16 +44,17 @@ NO_HALO_TRAFFIC = 1.3
 ATOMIC_BYTES = 16
 SATURATING_THREADS = 1024
 THREADS_PER_SM = 2048
-# the most filter taps x multiplier a thread holds (at VC = 1): 3x3 up to m = 14, 5x5 m = 5, 7x7 m = 2, 3x3x3 m = 4
-MAX_FILTER_WORDS = 128
 SECTOR = 32
 DEFAULT_THREADS = (256,)  # the default's block size, the window in shared memory (the tuner tries 64..512, both)
 
 
 def applies(p: ConvProblem) -> bool:
     """Depthwise (groups = C), with the m filters of a channel's taps few enough for a thread's registers (a C = 1
-    layer of 64 filters is a GEMM, better served by the GEMM variants)."""
-    return p.groups == p.C and math.prod(p.filter_size) * (p.K // p.C) <= MAX_FILTER_WORDS
+    layer of 64 filters is a GEMM, better served by the GEMM variants); or narrow groups (2..8 channels and at most 8
+    filters a group, forward and backward-data, a group's taps x sources within a thread's filter registers)."""
+    if p.groups == p.C:
+        return math.prod(p.filter_size) * (p.K // p.C) <= MAX_FILTER_WORDS
+    return p.Cg > 1 and not narrow_problem_unmet(p)
 
 
 def _rounding(p, precision):
@@ -87,15 +92,19 @@ def build(p: ConvProblem, cfg: DepthwiseConfig, precision="fp32") -> Kernel:
         raise ValueError(f"precision: {NAME} computes {p.dtype} tensors at {PRECISIONS_BY_DTYPE[p.dtype]}, got "
                          f"{precision!r}")
     if not applies(p):
-        raise ValueError(f"{NAME} computes depthwise problems (groups = C), got {p.key()}")
+        raise ValueError(f"{NAME} computes depthwise problems (groups = C) and narrow groups (C / groups <= 8, forward "
+                         f"and backward-data), got {p.key()}")
     why = unmet(p, cfg)
     if why:
         raise ValueError(f"config: {cfg} needs {'; '.join(why)} on {p.key()}")
     g = geometry(p, cfg)
     rnd = _rounding(p, precision)
     k = weight_kernel(g, rnd) if p.direction == "bwd_weight" else gather_kernel(g, rnd)
-    work = p.N * math.prod(p.out_size) * p.K * g.taps
-    doc = (f"direct depthwise {p.direction}: {g.m} filter(s) per channel, {g.h.classes * g.w.classes} residue "
+    work = p.N * math.prod(p.out_size) * p.K * g.taps * p.Cg
+    kind = (f"narrow groups {p.direction}: {p.Cg} channel(s) and {p.Kg} filter(s) a group, each thread 1/"
+            f"{cfg.group_split} of a group's outputs" if g.narrow else f"depthwise {p.direction}: {g.m} filter(s) per "
+                                                                       f"channel")
+    doc = (f"direct {kind}, {g.h.classes * g.w.classes} residue "
            f"class(es), window {'in shared memory' if cfg.halo else 'read through the caches'}; "
            f"{precision_note(p, precision, cfg.split_k > 1)}")
     meta = {"doc": doc, "problem": p.key(), "template": NAME, "config": str(cfg), "zero_output": cfg.split_k > 1,
@@ -125,14 +134,14 @@ def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry
     else:
         blocks = g.spatial_tiles * g.channel_blocks
         traffic = (window * blocks + outputs * g.channel_blocks * _sectors(cfg.block_groups * g.out_per_group * item)
-                   + blocks * cfg.block_groups * g.m * g.taps * item)
+                   + blocks * cfg.block_groups * p.Kg * p.Cg * g.taps * item)
     shared = g.shared_words * _limits(p, target)["itemsize"]
     resident = max(1, min(THREADS_PER_SM // cfg.threads, target.registers_per_sm // (g.registers * cfg.threads),
                           target.shared_per_sm // shared if shared else THREADS_PER_SM))
     waves = cdiv(blocks, target.sm_count * resident)
     fill = blocks / (waves * target.sm_count * resident)
     parallel = min(1.0, resident * cfg.threads / SATURATING_THREADS) * fill
-    return (traffic + 2.0 * p.N * math.prod(p.out_size) * p.K * g.taps / FLOPS_PER_BYTE) / parallel
+    return (traffic + 2.0 * p.N * math.prod(p.out_size) * p.K * g.taps * p.Cg / FLOPS_PER_BYTE) / parallel
 
 
 def _split_choices(p, channel_blocks, target: Target):
@@ -142,22 +151,32 @@ def _split_choices(p, channel_blocks, target: Target):
     return tuple(sorted({1, h, 4 * h}))
 
 
+def group_splits(p: ConvProblem):
+    """The group_split choices: 1 for depthwise; for narrow groups every divisor of a group's outputs (y: Kg, dx:
+    Cg), the unmet filter-register limit dropping the small ones later."""
+    if p.Cg == 1:
+        return (1,)
+    outs = p.Cg if p.direction == "bwd_data" else p.Kg
+    return tuple(d for d in range(1, outs + 1) if outs % d == 0)
+
+
 def _shapes(p: ConvProblem, vector_widths, threads):
-    """(VC, TC, TW, TH, PW, PH) a CUDA block may have: `threads` threads; a block's channels at least one sector of
-    a pixel (or all of them), no more than twice the problem's channels, rows or columns."""
+    """(VC, TC, TW, TH, PW, PH, group_split) a CUDA block may have: `threads` threads; a block's channels at least
+    one sector of a pixel (or all of them), no more than twice the problem's groups, rows or columns."""
     (_, H, W), (_, OH, OW) = p.in_size, p.out_size
     rows, cols = (H, W) if p.direction == "bwd_data" else (OH, OW)
-    spg, item = (p.K // p.C if p.direction == "bwd_data" else 1), _itemsize(p)
+    spg, item = (p.Kg if p.direction == "bwd_data" else p.Cg), _itemsize(p)
     pow2 = (1, 2, 4, 8, 16, 32, 64)
-    for vc, tc, th, pw, ph in itertools.product(vector_widths, pow2, (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4)):
-        tw, groups = threads // (tc * th), tc * vc
-        if tw < 1 or tw * tc * th != threads or groups > 2 * max(p.C, vc):
+    for vc, tc, th, pw, ph, gs in itertools.product(vector_widths, pow2, (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4),
+                                                    group_splits(p)):
+        tw, groups = threads // (tc * th), tc // gs * vc
+        if tw < 1 or tw * tc * th != threads or tc % gs or groups > 2 * max(p.groups, vc):
             continue
-        if groups * spg * item < min(SECTOR, p.C * spg * item):
+        if groups * spg * item < min(SECTOR, p.groups * spg * item):
             continue
         if tw * pw > 2 * max(cols, pw) or th * ph > 2 * max(rows, ph):
             continue
-        yield vc, tc, tw, th, pw, ph
+        yield vc, tc, tw, th, pw, ph, gs
 
 
 def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=(64, 128, 256, 512),
@@ -167,10 +186,10 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
     widths = (1, 2, 4, 8) if p.dtype == "float16" else (1, 2, 4)
     limits, scored = _limits(p, target), []
     for n in threads:
-        for vc, tc, tw, th, pw, ph in _shapes(p, widths, n):
+        for vc, tc, tw, th, pw, ph, gs in _shapes(p, widths, n):
             for halo, pad in windows:
-                for split in _split_choices(p, cdiv(p.C, tc * vc), target):
-                    cfg = DepthwiseConfig(tc, tw, th, vc, pw, ph, halo, pad, split)
+                for split in _split_choices(p, cdiv(p.groups, tc // gs * vc), target):
+                    cfg = DepthwiseConfig(tc, tw, th, vc, pw, ph, halo, pad, split, gs)
                     g = geometry(p, cfg)
                     if not (unmet(p, cfg) or over_limits(g, **limits)):
                         scored.append((model_time(p, cfg, target, g), str(cfg), cfg))
@@ -178,22 +197,30 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
 
 
 def spread(configs, keep=None) -> list:
-    """`keep` of `configs` (model order) taken in turns from the groups of one (block size, channel vector, window),
+    """`keep` of `configs` (model order) taken in turns from the groups of one (block size, channel vector, window,
+    group split),
     each group's cheapest first: the model's order alone fills a short list with one shape's smem_pad and
     row variants, and the model is not yet fitted to measurements, so a tune should see every kind of block."""
     groups = {}
     for cfg in configs:
-        groups.setdefault((cfg.threads, cfg.VC, cfg.halo), []).append(cfg)
+        groups.setdefault((cfg.threads, cfg.VC, cfg.halo, cfg.group_split), []).append(cfg)
     turns = [cfg for rank in itertools.zip_longest(*groups.values()) for cfg in rank if cfg is not None]
     return turns[:keep or None]
 
 
 def cpu_config(p: ConvProblem) -> DepthwiseConfig:
     """Small blocks for the CPU backend (a block is one prange iteration; its threads a loop): the window read in
-    place, 4 channels and 4 pixels per thread."""
+    place, 4 channels and 4 pixels per thread (narrow groups: up to 4 groups, each thread the fewest sharers of a
+    group whose filter fits its registers)."""
     (_, _, OW) = p.out_size
-    vc = 4 if p.C >= 4 else (2 if p.C >= 2 else 1)
     rows = p.in_size[1] if p.direction == "bwd_data" else p.out_size[1]
+    if p.Cg > 1:
+        for vc, gs in itertools.product([v for v in (4, 2, 1) if v <= max(1, p.groups)], group_splits(p)):
+            cfg = DepthwiseConfig(TC=gs, TW=4, TH=2 if rows > 1 else 1, VC=vc, PW=4 if OW >= 4 else 1, PH=1, halo=0,
+                                  group_split=gs)
+            if not unmet(p, cfg):
+                return cfg
+    vc = 4 if p.C >= 4 else (2 if p.C >= 2 else 1)
     return DepthwiseConfig(TC=1, TW=4, TH=2 if rows > 1 else 1, VC=vc, PW=4 if OW >= 4 else 1, PH=1, halo=0)
 
 
@@ -206,11 +233,34 @@ def default_config(p: ConvProblem, target: Target, precision="fp32") -> Depthwis
         return cands[0]
     # a problem smaller than any block the search keeps (it drops blocks with more than twice the threads the
     # output has work for: a map of a pixel or two and two channels, say): one warp, a channel and a pixel each
-    for halo in (1, 0):
-        cfg = DepthwiseConfig(TC=1, TW=target.warp_size, TH=1, VC=1, PW=1, PH=1, halo=halo)
+    for halo, gs in itertools.product((1, 0), group_splits(p)):
+        cfg = DepthwiseConfig(TC=gs, TW=target.warp_size, TH=1, VC=1, PW=1, PH=1, halo=halo, group_split=gs)
         if not unmet(p, cfg) and not over_limits(geometry(p, cfg), **_limits(p, target)):
             return cfg
     raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
+
+
+def gemm_model_time(p: ConvProblem, target: Target) -> float:
+    """The GEMM variants' cost for a narrow-group problem in model_time's units: the tile_space cost model's padded
+    FMAs (per SM, over the tile's efficiency) of implicit_gemm's default tile, on all SMs at FLOPS_PER_BYTE, plus
+    one pass over the tensors (that model counts no bytes, and a per-group GEMM with N = Kg = 4 moves as many bytes as
+    the direct kernel's outputs: without them the comparison would favour it wherever padding is small)."""
+    from kernelgen.templates import implicit_gemm, tile_space
+    cfg = implicit_gemm.VARIANT.default_config(p, target)
+    tile = (cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN)
+    if tile not in tile_space.CUDA_TILES:
+        return math.inf
+    fmas = tile_space.estimated_cost(p, tile, target, cfg.split_k) * target.sm_count
+    tensors = (math.prod(p.x_shape) + math.prod(p.w_shape) + math.prod(p.y_shape)) * _itemsize(p)
+    return tensors + 2.0 * fmas / FLOPS_PER_BYTE
+
+
+def narrow_groups_verdict(p: ConvProblem, target: Target):
+    """(direct faster?, its model time, the GEMM's) of a narrow-group problem under the two cost models, on a CUDA
+    target (the CPU backend plans as the GPU would: a guess there as well, and the same IR on both)."""
+    direct = model_time(p, default_config(p, target), target)
+    gemm = gemm_model_time(p, target)
+    return direct < gemm, direct, gemm
 
 
 class Depthwise:

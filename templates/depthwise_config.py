@@ -7,6 +7,11 @@ input window (the halo) is staged once in shared memory when `halo` is on.  Back
 batch and pixels: its blocks each take a share of the spatial tiles (`split_k` shares, added into a zeroed dw
 with atomics, as TileConfig.split_k does for the GEMM variants).
 
+Narrow groups (C / groups = Cg in 2..8): a group is Cg input channels and its Kg = K / groups filters, and its
+filter taps x Kg x Cg words are more than a thread's registers hold (3x3, Cg = Kg = 4: 144), so `group_split`
+consecutive threads share a group's VC groups, each accumulating 1 / group_split of the group's outputs (forward:
+of its Kg output channels, backward-data: of its Cg input channels) from all of the group's sources.
+
 Strings read like TileConfig's and never start the same way (the tuned database stores both): str() and parse()
 are inverses, and so are as_dict() and from_dict().
 """
@@ -27,7 +32,9 @@ class DepthwiseConfig:
     PH: output rows per thread.  halo: the block's input window staged in shared memory once (1) or each thread
     reading global memory through the caches (0).  smem_pad: words after each pixel of the shared window (bank
     spreading).  split_k: blocks sharing backward-weight's reduction over batch and pixels (atomics into a
-    zeroed dw, a float32 workspace for float16 tensors; 1 in the other directions and on the CPU)."""
+    zeroed dw, a float32 workspace for float16 tensors; 1 in the other directions and on the CPU).  group_split:
+    consecutive threads (of TC) sharing the same VC groups, each with its share of their outputs (narrow groups
+    only; 1 for depthwise)."""
     TC: int = 8
     TW: int = 8
     TH: int = 2
@@ -37,6 +44,7 @@ class DepthwiseConfig:
     halo: int = 1
     smem_pad: int = 0
     split_k: int = 1
+    group_split: int = 1
 
     @property
     def threads(self) -> int:
@@ -44,12 +52,12 @@ class DepthwiseConfig:
 
     @property
     def block_groups(self) -> int:
-        """Channel groups a block covers."""
-        return self.TC * self.VC
+        """Channel groups a block covers (group_split threads share each thread's VC groups)."""
+        return self.TC // self.group_split * self.VC
 
     def validate(self):
         """self, or ValueError naming the first field out of its range."""
-        for name in ("TC", "TW", "TH", "PW", "PH", "split_k"):
+        for name in ("TC", "TW", "TH", "PW", "PH", "split_k", "group_split"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DepthwiseConfig: {name} must be an int >= 1, got {value!r} ({self})")
@@ -61,6 +69,8 @@ class DepthwiseConfig:
             raise ValueError(f"DepthwiseConfig: smem_pad must be 0..{MAX_PAD}, got {self.smem_pad!r} ({self})")
         if self.smem_pad and not self.halo:
             raise ValueError(f"DepthwiseConfig: smem_pad pads the shared window, which needs halo=1 ({self})")
+        if self.TC % self.group_split:
+            raise ValueError(f"DepthwiseConfig: group_split must divide TC, got {self.group_split} ({self})")
         if not 1 <= self.threads <= 1024:
             raise ValueError(f"DepthwiseConfig: {self.threads} threads per block, expected 1..1024 ({self})")
         return self
@@ -85,16 +95,18 @@ class DepthwiseConfig:
             s += f"_PAD{self.smem_pad}"
         if self.split_k > 1:
             s += f"_SK{self.split_k}"
+        if self.group_split > 1:
+            s += f"_GS{self.group_split}"
         return s
 
     @classmethod
     def parse(cls, text) -> DepthwiseConfig:
-        """The inverse of str(): "DW_TC8_TW8_TH2_VC4_PW4_PH1_HALO_SK4" -> DepthwiseConfig."""
+        """The inverse of str(): "DW_TC8_TW8_TH2_VC4_PW4_PH1_HALO_SK4_GS2" -> DepthwiseConfig."""
         parts = str(text).split("_")
         if parts[0] != PREFIX:
             raise ValueError(f"DepthwiseConfig.parse: {text!r} does not start with {PREFIX}_")
         names = {"TC": "TC", "TW": "TW", "TH": "TH", "VC": "VC", "PW": "PW", "PH": "PH", "PAD": "smem_pad",
-                 "SK": "split_k"}
+                 "SK": "split_k", "GS": "group_split"}
         kw = {"halo": 0}
         for part in parts[1:]:
             m = re.fullmatch(r"([A-Z]+)(\d+)", part)

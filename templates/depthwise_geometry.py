@@ -12,6 +12,12 @@ thread's register strip takes positions of one class, `stride` apart, so every t
 source positions are consecutive.  An `Axis` (H or W) holds that: per class a `TapRun` (the taps, the source offset
 of each), and the block's window of source positions.  Depth has no strips: each block is one output plane and its
 T tap planes (the window's first dim) are computed at run time, validity included.
+
+Channels come in groups: depthwise's group is one input channel and its m = K / C filters; a narrow group (C /
+groups = Cg in 2..8) is Cg input channels and their Kg = K / groups filters, every output channel of the group
+summing over all Cg.  The geometry is the same with Cg = 1 the depthwise case: a gather's source has
+`src_per_group` channels a group (forward x: Cg, backward-data dy: Kg), its output `out_per_group` (y: Kg, dx: Cg),
+and a thread holds taps x (its share of the outputs) x src_per_group filter words for each of its groups.
 """
 from __future__ import annotations
 
@@ -25,8 +31,13 @@ from kernelgen.templates.depthwise_config import DepthwiseConfig
 
 # copy chunks a thread stages per unrolled batch of the window copy (its staging registers: at most 32)
 STAGE_REGISTERS = 32
-REGISTER_OVERHEAD = 32
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's y: the channel blocks of a gather, the splits of backward-weight  # addresses, coordinates, loop state: a guess beside the counted arrays
+REGISTER_OVERHEAD = 32  # addresses, coordinates, loop state: a guess beside the counted arrays
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's y: the channel blocks of a gather, the splits of backward-weight
+# the most filter taps x multiplier a thread holds (at VC = 1): 3x3 up to m = 14, 5x5 m = 5, 7x7 m = 2, 3x3x3 m = 4;
+# a narrow group's thread holds at most this many filter words in all (taps x outputs x sources x VC)
+MAX_FILTER_WORDS = 128
+MAX_NARROW = 8  # the most input channels (and filters) of a narrow group: beyond it a group's GEMM is not tiny
+NARROW_DIRECTIONS = ("fwd", "bwd_data")  # backward-weight of narrow groups: the GEMM variants (not yet here)
 
 
 def cdiv(a, b):
@@ -166,22 +177,42 @@ class Geometry:
         return self.problem.K // self.problem.C
 
     @property
+    def narrow(self):
+        """Narrow groups (Cg > 1) rather than depthwise?"""
+        return self.problem.Cg > 1
+
+    @property
+    def groups(self):
+        return self.problem.groups
+
+    @property
+    def out_per_thread(self):
+        """Accumulated channels of each of a thread's groups per pixel: its share of out_per_group."""
+        return self.out_per_group // self.cfg.group_split
+
+    @property
+    def filter_words(self):
+        """Filter registers of a thread: taps x VC groups x its outputs of each x the group's sources (depthwise:
+        taps x VC x m)."""
+        return self.taps * self.cfg.VC * self.out_per_thread * self.src_per_group
+
+    @property
     def taps(self):
         return math.prod(self.problem.filter_size)
 
     @property
     def src_per_group(self):
-        """Source channels of a channel group: x has 1, dy m."""
-        return self.m if self.gather == "bwd_data" else 1
+        """Source channels of a channel group: x has Cg (depthwise 1), dy Kg (depthwise m)."""
+        return self.problem.Kg if self.gather == "bwd_data" else self.problem.Cg
 
     @property
     def out_per_group(self):
-        """Accumulated channels of a group per pixel: y has m, dx 1."""
-        return 1 if self.gather == "bwd_data" else self.m
+        """Accumulated channels of a group per pixel: y has Kg (depthwise m), dx Cg (depthwise 1)."""
+        return self.problem.Cg if self.gather == "bwd_data" else self.problem.Kg
 
     @property
     def src_channels(self):
-        return self.problem.C * self.src_per_group
+        return self.problem.groups * self.src_per_group
 
     @property
     def window_channels(self):
@@ -198,7 +229,7 @@ class Geometry:
 
     @_once
     def channel_blocks(self):
-        return cdiv(self.problem.C, self.cfg.block_groups)
+        return cdiv(self.problem.groups, self.cfg.block_groups)
 
     @_once
     def copy_vector(self):
@@ -230,8 +261,8 @@ class Geometry:
         cfg, vcm = self.cfg, self.cfg.VC * self.m
         seg = max(self.w.segment(run, cfg.PW)[1] for run in self.w.runs) * cfg.VC * self.src_per_group
         stage = min(STAGE_REGISTERS, cdiv(self.copy_chunks, cfg.threads) * self.copy_vector) if cfg.halo else 0
-        strip = cfg.PW * (vcm if self.problem.direction == "bwd_weight" else cfg.VC * self.out_per_group)
-        return self.taps * vcm + strip + seg + stage + REGISTER_OVERHEAD
+        strip = cfg.PW * (vcm if self.problem.direction == "bwd_weight" else cfg.VC * self.out_per_thread)
+        return self.filter_words + strip + seg + stage + REGISTER_OVERHEAD
 
 
 @functools.lru_cache(maxsize=4096)
@@ -258,9 +289,9 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
         cfg.validate()
     except ValueError as e:
         return [str(e)]
-    why = []
-    if p.groups != p.C:
-        why.append(f"a depthwise problem (groups = C), got groups={p.groups}, C={p.C}")
+    why = narrow_unmet(p, cfg) if p.Cg > 1 else []
+    if p.Cg == 1 and cfg.group_split > 1:
+        why.append(f"group_split=1 for depthwise (groups = C), got {cfg.group_split}")
     if cfg.VC == 8 and p.dtype != "float16":
         why.append("VC=8 (16 bytes of float16) for float16 tensors only")
     if cfg.split_k > 1 and p.direction != "bwd_weight":
@@ -270,6 +301,32 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
         why.append(f"split_k <= the {g.spatial_tiles} spatial tiles and {MAX_GRID_Y}, got {cfg.split_k}")
     if g.channel_blocks > MAX_GRID_Y:
         why.append(f"at most {MAX_GRID_Y} channel blocks (the grid's y), got {g.channel_blocks}")
+    return why
+
+
+def narrow_problem_unmet(p: ConvProblem) -> list[str]:
+    """Why the direct template cannot compute this narrow-group problem (Cg > 1) with any config."""
+    if p.direction not in NARROW_DIRECTIONS:
+        return [f"narrow groups in {'/'.join(NARROW_DIRECTIONS)} only, got {p.direction}"]
+    if p.Cg > MAX_NARROW or p.Kg > MAX_NARROW:
+        return [f"at most {MAX_NARROW} channels and filters a group, got {p.Cg} and {p.Kg}"]
+    # a thread's least filter: one output of its group (group_split = all of them), all of the group's sources
+    least = math.prod(p.filter_size) * (p.Kg if p.direction == "bwd_data" else p.Cg)
+    if least > MAX_FILTER_WORDS:
+        return [f"taps x a group's sources <= {MAX_FILTER_WORDS} filter words a thread, got {least}"]
+    return []
+
+
+def narrow_unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
+    why = narrow_problem_unmet(p)
+    if why:
+        return why
+    out_per_group = p.Cg if p.direction == "bwd_data" else p.Kg
+    if out_per_group % cfg.group_split:
+        return [f"group_split dividing a group's {out_per_group} outputs, got {cfg.group_split}"]
+    words = geometry(p, cfg).filter_words
+    if words > MAX_FILTER_WORDS:
+        why.append(f"at most {MAX_FILTER_WORDS} filter words a thread (taps x VC x outputs x sources), got {words}")
     return why
 
 

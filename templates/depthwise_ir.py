@@ -7,7 +7,8 @@ reused by every tap and pixel of the strip: from the shared window, or from glob
 Register arrays are indexed by unrolled loop variables only, so on CUDA they become scalars.
 
 Names: grid `blk` (spatial tile; backward-weight: channel block), `cb` (channel block; backward-weight: split);
-thread `tid` -> (tc, tw, th) channel-fastest; cg: the first channel group of the thread.
+thread `tid` -> (tc, tw, th) channel-fastest; cg: the first channel group of the thread; gs: its share of its
+groups' outputs where group_split threads share them (narrow groups).
 """
 from __future__ import annotations
 
@@ -35,11 +36,18 @@ def block_coords(g: Geometry, tile):
             Assign("bd", (rest // g.h.tiles) % g.out_depth), Assign("bn", rest // g.h.tiles // g.out_depth)]
 
 
+def group_lane(g: Geometry):
+    """The thread's lane among the block's VC-group lanes: tc, or tc // group_split where threads share groups."""
+    return Var("tc") // g.cfg.group_split if g.cfg.group_split > 1 else Var("tc")
+
+
 def thread_coords(g: Geometry, c0):
-    """tc, tw, th of thread tid (channel-fastest) and cg, its first channel group (block's first: c0)."""
+    """tc, tw, th of thread tid (channel-fastest), cg, its first channel group (block's first: c0), and (group_split
+    > 1) gs, its share of the groups' outputs (the sharing threads neighbours: their stores are)."""
     cfg, tid = g.cfg, Var("tid")
+    share = [Assign("gs", Var("tc") % cfg.group_split)] if cfg.group_split > 1 else []
     return [Assign("tc", tid % cfg.TC), Assign("tw", (tid // cfg.TC) % cfg.TW), Assign("th", tid // (cfg.TC * cfg.TW)),
-            Assign("cg", c0 + Var("tc") * cfg.VC)]
+            Assign("cg", c0 + group_lane(g) * cfg.VC)] + share
 
 
 def plane(g: Geometry, t):
@@ -123,12 +131,12 @@ def segment_loads(g: Geometry, src: str, window: Buffer | None, xin: Buffer, t, 
     col = Var("tw") * (cfg.PW * axis.step) + (run.off0 - axis.lo) + Var("u") * gap
     width = cfg.VC * g.src_per_group
     if window is not None:
-        first = Var("tc") * width
+        first = group_lane(g) * width
         body = [xin.store((Var("u"), ch), window[t, row, col, first + ch]) for ch in range(width)]
         return unroll("u", length, body)
     base, ok = src_index(g, t, row, col)
     base = base + Var("cg") * g.src_per_group
-    ragged = g.problem.C % cfg.block_groups
+    ragged = g.groups % cfg.block_groups
     body = []
     if width % 4 == 0 and g.src_channels % 4 == 0:
         for c in range(0, width, 4):
@@ -170,4 +178,4 @@ def filter_rows(g: Geometry, src, window, xin, rnd, run_h: TapRun, run_w: TapRun
 
 def channel_ok(g: Geometry, v):
     """Is group cg + v a channel (a ragged last channel block has fewer)?"""
-    return [Var("cg") + v < g.problem.C] if g.problem.C % g.cfg.block_groups else []
+    return [Var("cg") + v < g.groups] if g.groups % g.cfg.block_groups else []

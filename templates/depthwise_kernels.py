@@ -2,7 +2,9 @@
 
 Gather: one block per (spatial tile, channel block); the window copy, a barrier, then each thread loads the filter
 taps of its VC groups into registers once and, per output row and residue class, accumulates its PW-pixel strip
-over the taps that meet it, and stores it (bias and relu fused, forward).
+over the taps that meet it, and stores it (bias and relu fused, forward).  Narrow groups (Cg > 1) are the same
+gather with every output of a group summing over all of the group's sources: a thread's strip accumulates its
+share (group_split) of its groups' outputs from the segment of all their sources.
 
 Backward-weight: dw[k, tap] = sum over (n, o) of x[n, o * stride - pad + tap * dil, k / m] * dy[n, o, k].  One block
 per (channel block, split); a split walks its share of the spatial tiles, each thread accumulating dw of its VC
@@ -35,21 +37,39 @@ def _filter_registers(g: Geometry, wreg: Buffer, rnd):
     return unroll("tap", taps, body)
 
 
+def _narrow_filter_registers(g: Geometry, wreg: Buffer, rnd):
+    """Narrow groups: wreg[tap, (v * opt + o) * spg + s] = the filter word of the thread's output o of group cg + v
+    and the group's source s (forward: w[k, tap, s], k the output; backward-data: w[k, tap, c], k the source s and c
+    the output o), 0 past the last group; opt = out_per_thread, spg = src_per_group."""
+    p, cfg, opt, spg, taps = g.problem, g.cfg, g.out_per_thread, g.src_per_group, g.taps
+    share = Var("gs") * opt if cfg.group_split > 1 else None
+    body = []
+    for v in range(cfg.VC):
+        for o in range(opt):
+            mine = o if share is None else share + o  # the output's index in its group
+            for s in range(spg):
+                first = (Var("cg") + v) * p.Kg  # the group's first filter
+                k, c = (first + s, mine) if g.gather == "bwd_data" else (first + mine, s)
+                value = rounded(Load("w", ((k * taps + Var("tap")) * p.Cg + c,)), rnd)
+                cond = channel_ok(g, v)
+                body.append(wreg.store((Var("tap"), (v * opt + o) * spg + s),
+                                       select(all_of(cond), value, ZERO) if cond else value))
+    return unroll("tap", taps, body)
+
+
 def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
-    """One output row (ph) of class (rho_h, rho_w): zero the strip, accumulate its taps, store it."""
-    cfg, m, opg = g.cfg, g.m, g.out_per_group
+    """One output row (ph) of class (rho_h, rho_w): zero the strip, accumulate its taps, store it.  Each of the
+    thread's outputs sums all its group's sources (depthwise: forward has one, backward-data one output)."""
+    cfg, opg, opt, spg = g.cfg, g.out_per_group, g.out_per_thread, g.src_per_group
     acc, xin, wreg = bufs["acc"], bufs["xin"], bufs["wreg"]
     qh = Var("th") * cfg.PH + Var("ph")
 
     def product(tap, p, u):
-        out_ = []
-        for v in range(cfg.VC):
-            for j in range(m):
-                a, x = (v, v * m + j) if g.gather == "bwd_data" else (v * m + j, v)
-                out_.append(acc.store((p, a), xin[u, x] * wreg[tap, v * m + j], accumulate=True))
-        return out_
+        return [acc.store((p, v * opt + o), xin[u, v * spg + s] * wreg[tap, (v * opt + o) * spg + s],
+                          accumulate=True)
+                for v in range(cfg.VC) for o in range(opt) for s in range(spg)]
 
-    zero = [acc.store((p, a), ZERO) for p in range(cfg.PW) for a in range(cfg.VC * opg)]
+    zero = [acc.store((p, a), ZERO) for p in range(cfg.PW) for a in range(cfg.VC * opt)]
     rows = filter_rows(g, bufs["src"], bufs.get("window"), xin, rnd, g.h.runs[rho_h], g.w.runs[rho_w], qh, product)
     oh = Var("bh") * g.h.block_out + rho_h + g.h.classes * qh
     stores = []
@@ -58,9 +78,9 @@ def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
         pix = ([oh < g.h.out_size] if g.h.ragged else []) + ([ow < g.w.out_size] if g.w.ragged else [])
         at = ((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow
         for v in range(cfg.VC):
-            for j in range(opg):
-                ch = (Var("cg") + v) * opg + j
-                st = Store(out, ((at * (g.problem.C * opg) + ch),), epilogue_value(g.problem, acc[p, v * opg + j], ch))
+            for j in range(opt):
+                ch = (Var("cg") + v) * opg + (j if cfg.group_split == 1 else Var("gs") * opt + j)
+                st = Store(out, ((at * (g.groups * opg) + ch),), epilogue_value(g.problem, acc[p, v * opt + j], ch))
                 cond = pix + channel_ok(g, v)
                 stores.append(If(all_of(cond), (st,)) if cond else st)
     return [For("ph", cfg.PH, tuple(zero + rows + stores), "serial")]
@@ -70,9 +90,9 @@ def gather_kernel(g: Geometry, rnd) -> Kernel:
     p, cfg = g.problem, g.cfg
     src, w, out = TENSORS[g.gather]
     dtype = compute_dtype(p.dtype)
-    vcm = cfg.VC * g.m
-    bufs = {"src": src, "acc": Buffer("acc", (cfg.PW, cfg.VC * g.out_per_group), dtype, "register"),
-            "xin": segment_buffer(g, dtype), "wreg": Buffer("wreg", (g.taps, vcm), dtype, "register")}
+    bufs = {"src": src, "acc": Buffer("acc", (cfg.PW, cfg.VC * g.out_per_thread), dtype, "register"),
+            "xin": segment_buffer(g, dtype), "wreg": Buffer("wreg", (g.taps, g.filter_words // g.taps), dtype,
+                                                            "register")}
     c0 = Var("cb") * cfg.block_groups
     phases = []
     locals_ = [bufs["acc"], bufs["xin"], bufs["wreg"]]
@@ -81,7 +101,8 @@ def gather_kernel(g: Geometry, rnd) -> Kernel:
         bufs["window"] = window
         locals_ += [window, stage]
         phases += [For("tid", cfg.threads, tuple(window_copy(g, src, window, stage, c0, rnd)), "thread"), Barrier()]
-    compute = thread_coords(g, c0) + _filter_registers(g, bufs["wreg"], rnd)
+    filters = (_narrow_filter_registers if g.narrow else _filter_registers)(g, bufs["wreg"], rnd)
+    compute = thread_coords(g, c0) + filters
     for rho_h in range(g.h.classes):
         for rho_w in range(g.w.classes):
             compute += _gather_row(g, bufs, rnd, rho_h, rho_w, out)
@@ -90,12 +111,13 @@ def gather_kernel(g: Geometry, rnd) -> Kernel:
     grid = (g.spatial_tiles, g.channel_blocks)
     body = (For("blk", grid[0], (For("cb", grid[1], block, "grid", axis=1),), "grid", axis=0),)
     params = [Buffer(src, (p.N * g.src_depth * g.h.src_size * g.w.src_size * g.src_channels,), p.dtype),
-              Buffer(w, (p.K * g.taps,), p.dtype)]
+              Buffer(w, (p.K * g.taps * p.Cg,), p.dtype)]
     if p.has_bias:
         params.append(Buffer("bias", (p.K,), p.dtype))
-    params.append(Buffer(out, (p.N * g.out_depth * g.h.out_size * g.w.out_size * p.C * g.out_per_group,), p.dtype,
-                         role="out"))
-    return Kernel(f"depthwise_{p.direction}", tuple(params), tuple(locals_), body, grid, cfg.threads)
+    params.append(Buffer(out, (p.N * g.out_depth * g.h.out_size * g.w.out_size * g.groups * g.out_per_group,),
+                         p.dtype, role="out"))
+    name = f"{'narrow_groups' if g.narrow else 'depthwise'}_{p.direction}"
+    return Kernel(name, tuple(params), tuple(locals_), body, grid, cfg.threads)
 
 
 # --- backward-weight -----------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def candidate_plans(plan: Plan, algo=None, k=None) -> list:
     then the best-ranked others of the variants the call may run (algo: that one only)."""
     k = k or settings.get("autotune_candidates")
     problem, precision, target = plan.problem, plan.precision, plan.target
-    if plan.variant == depthwise.NAME:
+    if tuner.planned_depthwise(problem, precision) or (plan.variant == depthwise.NAME and algo == depthwise.NAME):
         pairs = tuner.depthwise_candidates(problem, precision, keep=k, target=target)
     elif precision != "fp32":
         pairs = tuner.tc_candidates(problem, precision, keep=k, target=target)

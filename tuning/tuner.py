@@ -64,8 +64,9 @@ MAX_REL_ERR = {"fp32": 1e-4, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
 def planned_depthwise(problem, precision="fp32") -> bool:
     """Does the planner run this problem on the depthwise template whatever the database says (groups == C > 1
     where it applies: planner.make_plan)?  Then a tune tries depthwise configs only (a GEMM variant's would never
-    be planned) at every precision."""
-    return problem.groups > 1 and depthwise.VARIANT.applies(problem, precision)
+    be planned) at every precision.  Narrow groups (Cg > 1) are not: the planner takes the direct template or the
+    GEMM variants by measurement or cost model, so their tune tries both."""
+    return problem.groups > 1 and problem.Cg == 1 and depthwise.VARIANT.applies(problem, precision)
 
 
 def depthwise_candidates(problem, precision, keep=None, tuned=None, target: Target | None = None):
@@ -100,7 +101,7 @@ def tc_candidates(problem, precision, keep=None, tuned=None, target: Target | No
     """(variant, config) pairs of a tensor-core tune at `precision`: each tensor-core variant's config_space where
     it computes the problem; `tuned`, the config a database already holds for the problem, is tried too (a re-tune
     never loses to it).  A problem the planner runs on the depthwise template at `precision` gets
-    depthwise_candidates instead (`tuned` then a depthwise config)."""
+    depthwise_candidates instead (`tuned` then a depthwise config); narrow groups get both."""
     target = target or target_for("cuda")
     if planned_depthwise(problem, precision):
         return depthwise_candidates(problem, precision, keep, tuned, target)
@@ -111,6 +112,8 @@ def tc_candidates(problem, precision, keep=None, tuned=None, target: Target | No
             if tuned is not None and tuned not in cfgs and v.accepts(problem, tuned, precision):
                 cfgs.append(tuned)
             out += [(v.name, c) for c in cfgs]
+    if problem.Cg > 1 and depthwise.VARIANT.applies(problem, precision):
+        out += depthwise_candidates(problem, precision, keep, tuned, target)
     return out
 
 

@@ -181,7 +181,7 @@ def test_variant_protocol_and_applies():
     v = depthwise.VARIANT
     assert isinstance(v, Variant) and v.name == "depthwise" and set(v.directions) == set(DIRECTIONS)
     dw = depthwise_problem("fwd", (1, 8, 8, 16), 2, (3, 3), {})
-    dense = make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 8), groups=2)
+    dense = make_problem("fwd", (1, 8, 8, 32), (16, 3, 3, 16), groups=2)  # 16 channels a group: not narrow
     assert v.applies(dw, "fp32") and v.applies(dw, "tf32") and not v.applies(dense, "fp32")
     assert not v.applies(make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 1), groups=16, dtype="float16"), "fp32")
     wide = make_problem("fwd", (1, 8, 8, 1), (64, 7, 7, 1))  # C = 1, 64 filters of 49 taps: a GEMM, not depthwise
@@ -272,7 +272,8 @@ def test_simulator_float16_storage(direction, rng):
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_planner_picks_depthwise_for_groups_equal_channels(precision):
     """kernelgen.conv and both backward ops with groups == C plan the depthwise template on their own (explain
-    says so) and match the float64 reference; a grouped layer with 2 channels a group does not take it."""
+    says so) and match the float64 reference; a grouped layer with 16 channels a group does not take it (narrow
+    groups, 2..8 a group: test_narrow_groups.py)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 9, 9, 6)).astype(np.float32)
     w = rng.standard_normal((12, 3, 3, 1)).astype(np.float32)
@@ -291,5 +292,5 @@ def test_planner_picks_depthwise_for_groups_equal_channels(precision):
             continue
         got = op(*args, **kw) if got is None else got
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-    grouped = rng.standard_normal((6, 3, 3, 2)).astype(np.float32)
-    assert kernelgen.explain(kernelgen.conv, x, grouped, padding=1, groups=3, backend="cpu").variant != "depthwise"
+    wide, grouped = np.zeros((2, 9, 9, 32), np.float32), np.zeros((6, 3, 3, 16), np.float32)
+    assert kernelgen.explain(kernelgen.conv, wide, grouped, padding=1, groups=2, backend="cpu").variant != "depthwise"
