@@ -271,3 +271,30 @@ def test_bench_step_reports_ratios(monkeypatch, tmp_path, capsys):
     assert "step time 1.20x" in capsys.readouterr().out
     with pytest.raises(ValueError, match="steps"):
         bench_step.main(["--steps", "0"])
+
+
+def test_bench_step_cold_profiles_kernelgen_on_an_empty_cache(monkeypatch, tmp_path, capsys, rng):
+    """--cold: kernelgen's run in a fresh cache directory (gone afterwards) under profile_compile, whose report is
+    printed and recorded; the stubbed run compiles one CPU convolution there."""
+    import json
+    import os
+
+    import kernelgen
+    from kernelgen import settings
+    from kernelgen.nn import bench_step
+    seen = {}
+    x, w = rng.standard_normal((1, 5, 5, 2)).astype(np.float32), rng.standard_normal((3, 3, 3, 2)).astype(np.float32)
+
+    def run(x_, labels, args):
+        seen["cache_dir"] = settings.get("cache_dir")
+        kernelgen.conv(x, w, padding=1, backend="cpu")
+        return dict(step_ms=1.0, step_ms_min=1.0, warmup_s=1.0, peak_bytes=1, between_steps_bytes=1,
+                    pool_cached_bytes=1, driver_used_bytes=1, loss_first=1.0, loss_last=1.0)
+    monkeypatch.setattr(bench_step, "bench_kernelgen", run)
+    monkeypatch.setattr(bench_step, "bench_torch", None)
+    bench_step.main(["--cold", "--no-torch", "--steps", "1", "--out", str(tmp_path / "r.json")])
+    profile = json.loads((tmp_path / "r.json").read_text())["kernelgen"]["compile_profile"]
+    (kernel, stages), = profile["kernels"].items()
+    assert kernel.startswith("fwd_n1_c2_k3") and {"plan", "numba", "cache"} <= set(stages)
+    assert seen["cache_dir"] != settings.get("cache_dir") and not os.path.exists(seen["cache_dir"])
+    assert "compile profile: 1 kernels" in capsys.readouterr().out
