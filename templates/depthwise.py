@@ -27,6 +27,7 @@ from kernelgen.ir import Kernel
 from kernelgen.problem import ConvProblem
 from kernelgen.storage import PRECISIONS_BY_DTYPE
 from kernelgen.target import Target
+from kernelgen.templates import implicit_gemm, tile_space
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, Geometry, cdiv, geometry, narrow_problem_unmet,
                                                     over_limits, unmet)
@@ -51,10 +52,11 @@ DEFAULT_THREADS = (256,)  # the default's block size, the window in shared memor
 def applies(p: ConvProblem) -> bool:
     """Depthwise (groups = C), with the m filters of a channel's taps few enough for a thread's registers (a C = 1
     layer of 64 filters is a GEMM, better served by the GEMM variants); or narrow groups (2..8 channels and at most 8
-    filters a group, forward and backward-data, a group's taps x sources within a thread's filter registers)."""
+    filters a group, forward and backward-data, a group's taps x sources within a thread's filter registers).  An
+    ungrouped convolution (groups = 1) is a GEMM, however few its channels."""
     if p.groups == p.C:
         return math.prod(p.filter_size) * (p.K // p.C) <= MAX_FILTER_WORDS
-    return p.Cg > 1 and not narrow_problem_unmet(p)
+    return p.groups > 1 and p.Cg > 1 and not narrow_problem_unmet(p)
 
 
 def _rounding(p, precision):
@@ -245,7 +247,6 @@ def gemm_model_time(p: ConvProblem, target: Target) -> float:
     FMAs (per SM, over the tile's efficiency) of implicit_gemm's default tile, on all SMs at FLOPS_PER_BYTE, plus
     one pass over the tensors (that model counts no bytes, and a per-group GEMM with N = Kg = 4 moves as many bytes as
     the direct kernel's outputs: without them the comparison would favour it wherever padding is small)."""
-    from kernelgen.templates import implicit_gemm, tile_space
     cfg = implicit_gemm.VARIANT.default_config(p, target)
     tile = (cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN)
     if tile not in tile_space.CUDA_TILES:
