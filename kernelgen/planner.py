@@ -391,8 +391,5 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
 
 def get_launcher(plan: Plan):
     label = plan.problem.key()  # (its name in kernelgen.profile_compile's report)
-    build = lambda module: Launcher.from_module(module, plan.backend, label)  # noqa: E731
-    if compile_profile.active():  # (the cache's and the render's stages are this kernel's)
-        with compile_profile.kernel_scope(label):
-            return KERNELS.get(plan.key(), plan.render, build)
-    return KERNELS.get(plan.key(), plan.render, build)
+    with compile_profile.kernel_scope(label):  # (the cache's and the render's stages are this kernel's)
+        return KERNELS.get(plan.key(), plan.render, lambda module: Launcher.from_module(module, plan.backend, label))
