@@ -15,8 +15,10 @@ The stages, in the order a kernel meets them:
   own cache);
 - load: the rest of the first launch. On a GPU that is NVVM, ptxas and the driver's module load; on the CPU,
   next to nothing.
-- workers: seconds a compile-pool worker spent on the kernel (precompile, autotune). Workers run side by side,
-  so these add up to more than the wall time.
+- workers:STAGE: the stages above as a compile-pool worker ran them for the kernel (precompile, autotune), and
+  workers: the rest of its time there (settings, the key check).  Workers run side by side, so these add up to
+  more than the wall time;
+- wait: this process waiting for the kernel's worker after it had nothing else to do.
 
 A stage's time is its own. The render inside the cache's miss is counted in ir, passes and print, not again in
 cache. Kernels are named by their problem's key. Nothing is recorded outside a `profile_compile()` block: every
@@ -66,7 +68,7 @@ class CompileProfile:
                  f"{'stage':<34} {'seconds':>9}"]
         lines += [f"{stage:<34} {s:9.3f}" for stage, s in sorted(totals.items(), key=lambda kv: -kv[1])]
         if self.wall:  # (imports, numba's own set-up, the calls themselves; workers' seconds run beside the wall)
-            outside = self.wall - sum(totals.values()) + totals.get("workers", 0.0)
+            outside = self.wall - sum(s for stage, s in totals.items() if not _in_worker(stage))
             lines.append(f"{'(outside the stages)':<34} {outside:9.3f}")
         ranked = sorted(self.seconds.items(), key=lambda kv: -sum(kv[1].values()))[:top]
         if ranked:
@@ -75,6 +77,10 @@ class CompileProfile:
             big = ", ".join(f"{k} {v:.2f}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])[:3])
             lines.append(f"{kernel[:64]:<64} {sum(row.values()):9.3f}  {big}")
         return "\n".join(lines)
+
+
+def _in_worker(stage: str) -> bool:
+    return stage == "workers" or stage.startswith("workers:")
 
 
 @contextlib.contextmanager
