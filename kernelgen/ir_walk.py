@@ -275,6 +275,19 @@ def walk_stmts(stmts):
             stack.append(iter([st for body in lists for st in body]))
 
 
+def unrolled_statements(stmts) -> int:
+    """How many statements `stmts` hold once the `unroll` pass has expanded every unroll loop of constant bounds
+    (counted, not expanded: a measure of the code numba will compile, cheap to take before rendering)."""
+    count = 0
+    for s in stmts:
+        inner = sum(unrolled_statements(body) for body in bodies(s))
+        if isinstance(s, For) and s.binding == "unroll" and isinstance(s.extent, int):
+            count += max(0, s.extent) * inner  # (the loop itself goes; start only shifts the indices)
+        else:
+            count += 1 + inner
+    return count
+
+
 def expr_vars(e, out=None):
     """The names of the variables e reads (a set; added to `out` if given)."""
     out = set() if out is None else out

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelgen import compile_profile, planner, settings
+from kernelgen.ir_walk import unrolled_statements
 from kernelgen.runtime.cache import KERNELS, key_digest
 
 
@@ -117,9 +118,8 @@ def _record_worker_stages(kernel, seconds, stages):
 def _compile_jobs(jobs, workers):
     """(the number of worker processes, an iterator of (job, compile_job's result, compiled here?) in the order
     they finish).  The largest kernel compiles here (this process would only wait otherwise), the others in
-    min(the others, CPUs) workers (`workers` if given; 0: every job here), largest first: the rendered source's
-    length predicts numba's time on it (correlation 0.78 over ResNet-18's 35 kernels on the H100), and a long
-    kernel started last would finish last alone."""
+    min(the others, CPUs) workers (`workers` if given; 0: every job here), largest first (_estimated_cost): a long
+    kernel started last would finish last, alone."""
     rest = jobs[1:]
     n = min(len(rest), _idle_cpus()) if workers is None else min(workers, len(rest))
     if n < 1:
@@ -128,9 +128,8 @@ def _compile_jobs(jobs, workers):
 
 
 def _pooled(jobs, n):
-    """_compile_jobs with a pool of n workers.  The workers start first (spawned: an interpreter and kernelgen's
-    imports each, about as long as the renders below); the renders, here, put each module in the disk cache, where
-    its worker finds it, and give the order."""
+    """_compile_jobs with a pool of n workers, started first (spawned: an interpreter and numba's imports each, while
+    this process orders the jobs)."""
     context = _pool_context([plan for _, plan, *_ in jobs])
     futures, done = {}, set()
     try:
@@ -138,7 +137,7 @@ def _pooled(jobs, n):
             if context.get_start_method() != "fork":
                 for _ in range(n):
                     pool.submit(_start_worker)
-            jobs = sorted(jobs, key=_rendered_length, reverse=True)
+            jobs = sorted(jobs, key=_estimated_cost, reverse=True)
             futures.update((pool.submit(compile_job, job), job) for job in jobs[1:])
             yield jobs[0], compile_job(jobs[0], here=True), True
             waited = time.perf_counter()
@@ -155,21 +154,21 @@ def _pooled(jobs, n):
 
 
 def _start_worker():
-    """A worker's first task: the imports its compiles need (numba's CUDA target), made while the parent renders."""
+    """A worker's first task: the imports its compiles need (numba's CUDA target), made while the parent orders."""
     import numba.cuda  # noqa: F401
     return os.getpid()
 
 
-def _rendered_length(job) -> int:
-    """The length of the job's rendered module: rendered and written to the disk cache here if it is not there."""
-    digest, plan, values, _ = job
-    path = KERNELS.directory / f"kg_{digest}.py"
-    if not path.exists():
-        with settings.scope(**values), compile_profile.kernel_scope(plan.problem.key()):
-            planner.get_launcher(plan)
+def _estimated_cost(job) -> int:
+    """What the job's kernel costs numba, roughly: its statements once unrolled (ir_walk.unrolled_statements,
+    correlation 0.82 with the workers' seconds over ResNet-18's 35 kernels on the H100).  The IR is built here
+    (milliseconds); rendering it here too would put every kernel's passes and printing (~14 s for those 35) in
+    this one process, ahead of the workers."""
+    _, plan, values, _ = job
     try:
-        return path.stat().st_size
-    except OSError:  # (written to the private directory, or evicted meanwhile: its worker renders it again)
+        with settings.scope(**values):
+            return unrolled_statements(plan.kernel_ir().body)
+    except Exception:  # (its worker reports the error)
         return 0
 
 

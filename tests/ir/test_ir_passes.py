@@ -14,6 +14,7 @@ from kernelgen.ir import (Assign, BinOp, Buffer, Call, Const, For, If, Kernel, L
                           select)
 from kernelgen.passes import (demote_unroll, flatten_buffers, fold_constants, fold_expr, lower,
                               scalarize_registers, unroll)
+from kernelgen.ir_walk import unrolled_statements, walk_stmts
 from kernelgen.problem import make_problem
 from kernelgen.render_base import SourcePrinter
 from kernelgen.render_cuda import render_cuda
@@ -117,6 +118,19 @@ def test_unroll_respects_start_and_leaves_dynamic_loops():
     dyn = For("d", Var("n"), (out.store(Var("d"), 0.0),), "unroll")
     k = unroll(kernel([For("s", 2, (out.store(Var("s"), 1.0),), "unroll", start=5), dyn], [out]))
     assert k.body == (out.store(Const(5), 1.0), out.store(Const(6), 1.0), dyn)
+
+
+def test_unrolled_statements_counts_what_unroll_makes():
+    out = Buffer("out", (8,), role="out")
+    dyn = For("d", Var("n"), (out.store(Var("d"), 0.0),), "unroll")
+    nested = For("a", 2, (For("b", 3, (out.store(Var("b"), 0.0), out.store(Var("a"), 1.0)), "unroll"),), "serial")
+    for body in ([For("s", 2, (out.store(Var("s"), 1.0),), "unroll", start=5), dyn], [nested, dyn]):
+        k = kernel(body, [out])
+        assert unrolled_statements(k.body) == sum(1 for _ in walk_stmts(unroll(k).body))
+    p = make_problem("fwd", (2, 9, 9, 8), (16, 3, 3, 8), padding=1)
+    v = get_variant("implicit_gemm")
+    k = v.build(p, default_config(p, "cuda", v))
+    assert unrolled_statements(k.body) == sum(1 for _ in walk_stmts(unroll(k).body)) > 100
 
 
 def test_demote_unroll():
