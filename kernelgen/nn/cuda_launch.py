@@ -47,6 +47,20 @@ def to_host(a):
     return a.copy_to_host()
 
 
+def copy_into(dst, src):
+    """dst[...] = src, two C-contiguous device arrays of one size and dtype, on the default stream (where the
+    kernels run): the driver's copy at once.  numba's copy_to_device spends ~0.2 ms of Python per call on checks
+    (measured on the H100 pair: DDP's copy of each gradient into its bucket was half of a step's host time)."""
+    if dst.size != src.size or dst.dtype != src.dtype:
+        raise ValueError(f"src must match dst's {dst.size} elements of {dst.dtype}, got {src.size} of {src.dtype}")
+    if SIM:
+        dst.copy_to_device(src)
+    elif src.size:
+        from numba.cuda.cudadrv import driver
+        driver.device_to_device(dst, src, src.size * src.dtype.itemsize)
+    return dst
+
+
 _VIEWS = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape (cloned: the constructor is slow)
 
 

@@ -34,6 +34,7 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     TC,
     TR,
     _grid,
+    copy_into,
     empty,
     is_device,
     kernel,

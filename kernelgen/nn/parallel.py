@@ -73,7 +73,8 @@ class _Bucket:
         """Copy p's gradient into its segment (on the compute stream, for device arrays)."""
         seg = self.segments[id(p)]
         if _on_device(seg):
-            seg.copy_to_device(device_kernels().view(grad, (seg.size,)))
+            ops = device_kernels()
+            ops.copy_into(seg, ops.view(grad, (seg.size,)))
         else:
             seg[...] = np.reshape(grad, -1)
         self.pending.discard(id(p))
