@@ -20,7 +20,8 @@ from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher,
                       tuned_variant_config)
 from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
 from .dispatch import DispatchCache, signature
-from .runtime.cuda_call import CudaRoute, bound_call, run_cuda
+from .runtime import batch_fallback
+from .runtime.cuda_call import CudaRoute, bound_call
 from .runtime.driver import as_numba_stream, fill_device, quiet_launches
 from .runtime.elementwise import add_channel_bias
 from .storage import PRECISIONS  # noqa: F401 (re-exported)
@@ -58,6 +59,8 @@ def resolve_backend(backend, *inputs):
     if backend is None:
         on_device = any(arrays.is_cuda_array(a) for a in inputs if a is not None)
         backend = "cuda" if on_device or gpu_present() else "cpu"
+    elif backend == "cuda":
+        _check_cuda_available()  # before planning, which reads the device's facts
     return backend
 
 
@@ -82,7 +85,7 @@ class Call:
     """One op's call, checked and planned, not yet run: what `explain` shows and `bind` binds.  (A plain class
     with slots, not a frozen dataclass: one is made on every call that misses the dispatch cache, and a frozen
     dataclass's __init__ sets each field through object.__setattr__.)"""
-    __slots__ = ("prep", "inputs", "template", "stream", "out", "finish")
+    __slots__ = ("prep", "inputs", "template", "stream", "out", "finish", "borrowed")
 
     def __init__(self, prep: Prepared, inputs: dict, template, stream=None, out=None, finish=None):
         self.prep = prep
@@ -91,6 +94,7 @@ class Call:
         self.stream = stream
         self.out = out
         self.finish = finish  # result -> result, after the kernel (deconv's bias)
+        self.borrowed = False  # ran on a larger batch's kernel (runtime.batch_fallback): no route kept
 
 
 # call signature (op, argument types/shapes/dtypes, keyword values with their types, settings) -> Prepared.
@@ -167,7 +171,7 @@ def _run(call: Call):
         result = _empty_output(call)
     elif prep.backend == "cuda":
         _check_cuda_available()
-        result = run_cuda(prep, call.inputs, call.template, call.stream, call.out)
+        result, call.borrowed = batch_fallback.run(prep, call.inputs, call.template, call.stream, call.out)
     else:
         result = _run_cpu(call)
     return result if call.finish is None else call.finish(result)
@@ -269,7 +273,8 @@ def _op(binding):
             except arrays.BFloat16Storage:  # all tensors bfloat16: widened, computed with precision="bf16", narrowed
                 return bfloat16.call(op, args, kwargs)
             result = _run(call)
-            _DISPATCH.put(key, _Route(call.prep, binding, call.template, call.inputs))
+            if not call.borrowed:
+                _DISPATCH.put(key, _Route(call.prep, binding, call.template, call.inputs))
             return result
         op.plan_call = plan_call
         return op

@@ -191,6 +191,10 @@ _ALL = (
             "kernelgen.nn: a CUDA model's first call on a new input shape first compiles every convolution kernel of "
             "a step on that shape side by side in worker processes (Module.precompile), not one by one",
             affects_calls=False),
+    Setting("batch_fallback", "KERNELGEN_BATCH_FALLBACK", True, parse_bool,
+            "a CUDA call whose kernel is not compiled yet runs on the kernel of a larger batch of the same convolution "
+            "that ran in this process (inputs zero-extended), while its own compiles in a background process",
+            affects_calls=False),
     Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
             "launch compiled kernels through prepacked cuLaunchKernel calls (not numba's dispatcher)"),
     Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,

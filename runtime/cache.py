@@ -378,6 +378,12 @@ class KernelCache:
                 evicted += 1
         return evicted
 
+    def compiled_on_disk(self, digest: str) -> bool:
+        """Does the disk cache hold this kernel's module and numba's compiled code for it (its index file)?"""
+        directory = self.directory
+        return (directory / f"kg_{digest}.py").exists() and \
+            any((directory / "__pycache__").glob(f"kg_{digest}.*.nbi"))
+
     def entries(self):
         return sorted(e.path for e in _scan(self.directory)[0].values())
 

@@ -78,7 +78,7 @@ def compile_plans(plans, workers=None) -> PrecompileReport:
     for plan in plans:
         if plan is not None:  # (a recorded empty problem)
             unique.setdefault(key_digest(plan.key()), plan)
-    todo = {digest: plan for digest, plan in unique.items() if not _compiled_on_disk(digest)}
+    todo = {digest: plan for digest, plan in unique.items() if not KERNELS.compiled_on_disk(digest)}
     report = PrecompileReport(kernels=len(unique), cached=len(unique) - len(todo))
     cached = [plan for digest, plan in unique.items() if digest not in todo]
     if todo:
@@ -151,6 +151,21 @@ def _pooled(jobs, n):
         for future, job in futures.items():
             if future not in done:
                 yield job, (f"BrokenProcessPool: {e}", 0.0, {}), False
+
+
+_BACKGROUND = {"pool": None}
+_BACKGROUND_LOCK = threading.Lock()
+
+
+def compile_in_background(plan):
+    """A Future of compile_job for the plan in a pool of background processes (spawned, half the CPUs: the
+    caller keeps running meanwhile, and numba holds a process's GIL while it compiles), shared by every caller."""
+    digest = key_digest(plan.key())
+    with _BACKGROUND_LOCK:
+        if _BACKGROUND["pool"] is None:
+            workers = max(1, (os.cpu_count() or 2) // 2)
+            _BACKGROUND["pool"] = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+        return _BACKGROUND["pool"].submit(compile_job, (digest, plan, _worker_settings(), False))
 
 
 def _start_worker():
@@ -236,12 +251,6 @@ def _signature_dtype(plan) -> str:
     dtype = plan.problem.dtype
     return "uint16" if plan.backend != "cuda" and dtype == "float16" else dtype
 
-
-def _compiled_on_disk(digest: str) -> bool:
-    """Does the disk cache hold this kernel's module and numba's compiled code for it (its index file)?"""
-    directory = KERNELS.directory
-    return (directory / f"kg_{digest}.py").exists() and \
-        any((directory / "__pycache__").glob(f"kg_{digest}.*.nbi"))
 
 
 def compile_job(job, here=False):

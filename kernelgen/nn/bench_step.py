@@ -76,7 +76,7 @@ def bench_kernelgen(x, labels, args):
     xd, yd = Tensor(x).to("cuda"), Tensor(labels).to("cuda").data
     losses = []
 
-    def step():
+    def step(xd=xd, yd=yd):
         opt.zero_grad()  # first: last step's gradients are gone before this forward pass
         with autocast():  # --amp: fp16 convolutions, float32 master weights
             loss = F.cross_entropy(model(xd), yd)
@@ -90,11 +90,19 @@ def bench_kernelgen(x, labels, args):
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
     _, times = median_step(step, 0, args.steps, cuda.synchronize)
+    if getattr(args, "new_batch", None):  # then a batch size this process has not run: its first step, its next 5
+        n = args.new_batch
+        xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
+            Tensor(np.resize(labels, n)).to("cuda").data
+        new_first, new_times = median_step(lambda: step(xn, yn), 1, 5, cuda.synchronize)
+        compiled.update(new_batch=n, new_batch_first_step_s=new_first,
+                        new_batch_step_ms=1e3 * statistics.median(new_times))
     free, total = cuda.current_context().get_memory_info()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
             "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
-            "loss_first": float(losses[0].copy_to_host()), "loss_last": float(losses[-1].copy_to_host()), **compiled}
+            "loss_first": float(losses[0].copy_to_host()),
+            "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
 
 
 def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
@@ -198,13 +206,17 @@ def main(argv=None):
                     "(timed apart: precompile_s; warmup_s is then the steps that load them)")
     ap.add_argument("--precompile-workers", type=int, default=None, help="processes for --precompile (default: "
                     "one per kernel, at most one per CPU)")
+    ap.add_argument("--new-batch", type=int, default=None,
+                    help="after the timed steps, steps on this batch size (e.g. 96 after 128): the first one's seconds "
+                    "and the median of the next 5 (new_batch_first_step_s, new_batch_step_ms)")
     ap.add_argument("--amp", action="store_true",
                     help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
                     "torch.autocast fp16 with torch.amp.GradScaler")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
-    if args.batch < 1 or args.steps < 1 or args.warmup < 1:
-        raise ValueError(f"--batch, --steps and --warmup must be >= 1, got {args.batch}, {args.steps}, {args.warmup}")
+    if args.batch < 1 or args.steps < 1 or args.warmup < 1 or (args.new_batch is not None and args.new_batch < 1):
+        raise ValueError(f"--batch, --steps, --warmup and --new-batch must be >= 1, got {args.batch}, {args.steps}, "
+                         f"{args.warmup}, {args.new_batch}")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, args.image, args.image, 3)).astype(np.float32)
     labels = rng.integers(0, args.classes, args.batch).astype(np.int64)
@@ -233,6 +245,10 @@ def main(argv=None):
     for name, r in rows:
         print(f"{name:14}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"
               f"{r['warmup_s']:11.1f}{r['loss_first']:11.4f}->{r['loss_last']:.4f}")
+    if "new_batch" in result["kernelgen"]:
+        k = result["kernelgen"]
+        print(f"kernelgen, then batch {k['new_batch']}: first step {k['new_batch_first_step_s']:.2f} s, next 5 steps "
+              f"{k['new_batch_step_ms']:.2f} ms (median)")
     if "precompile_s" in result["kernelgen"]:
         k = result["kernelgen"]
         print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "

@@ -89,6 +89,9 @@ def precompile_new_input(model, args):
     if key in seen or target is None or model_device(target) != "cuda":
         return
     seen.add(key)
+    if settings.get("batch_fallback") and any(s[1:] == key[1:] and s[0][1:] == x.shape[1:] and s[0][0] > x.shape[0]
+                                              for s in seen):
+        return  # a smaller batch: its calls run on the larger batch's kernels while theirs compile in the background
     try:
         compile_plans(trace_plans(target, x.shape, x.dtype, backward=model.training))
     except Exception as e:  # noqa: BLE001 (a head start only: the call itself raises what is wrong)

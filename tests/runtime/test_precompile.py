@@ -161,18 +161,22 @@ def test_a_cuda_model_s_first_call_on_a_new_input_precompiles_its_step(monkeypat
     monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
     monkeypatch.setattr(precompile_step, "compile_plans", lambda plans: batches.append(plans))
     model = _small_net().to("cuda")
-    x = Tensor(random_array(rng, (2, 6, 7, 3))).to("cuda")
+    x = Tensor(random_array(rng, (4, 6, 7, 3))).to("cuda")
     model(x)
     model(x)
     # conv 1: forward and backward-weight; conv 2 and the Linear (a 1x1 convolution on the device): all three
     assert [len(b) for b in batches] == [8]
-    model(Tensor(random_array(rng, (1, 6, 7, 3))).to("cuda"))
-    assert [b[0].problem.N for b in batches] == [2, 1]
+    with settings.scope(batch_fallback=False):  # a smaller batch compiles its own kernels first
+        model(Tensor(random_array(rng, (2, 6, 7, 3))).to("cuda"))
+    assert [b[0].problem.N for b in batches] == [4, 2]
+    # with it, a smaller batch runs on the larger batch's kernels while its own compile in the background
+    model(Tensor(random_array(rng, (3, 6, 7, 3))).to("cuda"))
+    assert len(batches) == 2
     model.eval()
     model(x)
     assert [len(b) for b in batches] == [8, 8, 3]  # eval: the forward's three
     with settings.scope(auto_precompile=False):
-        model(Tensor(random_array(rng, (3, 6, 7, 3))).to("cuda"))
+        model(Tensor(random_array(rng, (5, 6, 7, 3))).to("cuda"))
     assert len(batches) == 3
 
 

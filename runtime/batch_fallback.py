@@ -1,0 +1,131 @@
+"""A new batch size runs at once, on the kernel of a larger batch (issue 27).
+
+Kernels are specialised to their shape, the batch size included, so a network's first step on a new batch size
+(an epoch's last, shorter batch; 128 -> 96) would compile each of its kernels again, seconds each.  Where this
+process has already run the same convolution (every field of the problem but N, the same precision and settings)
+on a larger batch, a call whose own kernel is not compiled yet runs that kernel instead, on its batched inputs
+zero-extended to the larger batch:
+- forward and backward-data: the first N images of the larger result are the call's result (images do not mix);
+- backward-weight: the zero images add zero products, so the larger problem's gradient is the call's.
+Meanwhile the call's own kernel compiles in a background process (tuning.compile_pool.compile_in_background),
+into the disk cache; the first call after it is there loads it and runs as usual, and only then is the call's
+dispatch route kept.
+
+The price, while the kernel compiles: the larger batch's arithmetic and one copy of each batched input.  Only
+device arrays take this path (host arrays pay a copy anyway); the batch_fallback setting turns it off.  Nothing
+compiles in numba's simulator, so there it is off too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from kernelgen import arrays, settings
+from kernelgen.runtime.arena import device_empty
+from kernelgen.runtime.cache import KERNELS, key_digest
+from kernelgen.runtime.cuda_call import run_cuda
+from kernelgen.runtime.driver import as_numba_stream, fill_device
+from kernelgen.tuning.compile_pool import compile_in_background
+
+# the inputs that carry the batch, per direction (deconv runs as backward-data on dy)
+BATCHED = {"fwd": ("x",), "bwd_data": ("dy",), "bwd_weight": ("x", "dy")}
+
+_LOCK = threading.Lock()
+_RAN: dict = {}      # batchless key -> {N: Prepared} of the calls whose kernels ran in this process
+_PENDING: dict = {}  # cache digest -> the Future of the background compile of that kernel
+
+
+def _batchless(prep) -> tuple:
+    return dataclasses.replace(prep.problem, N=0), prep.plan.precision, settings.dispatch_token()
+
+
+def run(prep, inputs: dict, template, stream=None, out=None):
+    """(result, borrowed) of a CUDA call: on its own kernel (noted: a smaller batch may borrow it from now on),
+    or, while that kernel is not compiled, on a larger batch's (borrowed; its own compiling in the background)."""
+    big = larger_batch(prep, inputs)
+    if big is None:
+        result = run_cuda(prep, inputs, template, stream, out)
+        note_ran(prep)
+        return result, False
+    start_compile(prep.plan)
+    return run_on_larger_batch(prep, big, inputs, template, stream, out), True
+
+
+def note_ran(prep):
+    """prep's kernel ran here: a smaller batch of its convolution may borrow it from now on."""
+    if prep.plan is not None and prep.backend == "cuda":
+        with _LOCK:
+            _RAN.setdefault(_batchless(prep), {})[prep.problem.N] = prep
+
+
+def larger_batch(prep, inputs: dict):
+    """The Prepared of the smallest larger batch of prep's convolution that ran here, where prep's own kernel
+    would be compiled by its first launch and every input is a device array; else None."""
+    if prep.plan is None or prep.backend != "cuda" or not settings.get("batch_fallback"):
+        return None
+    with _LOCK:
+        ran = _RAN.get(_batchless(prep))
+        larger = sorted(n for n in ran or () if n > prep.problem.N)
+        big = ran[larger[0]] if larger else None
+    if big is None or not all(arrays.is_cuda_array(a) for a in inputs.values()):
+        return None
+    return big if _needs_compile(prep.plan) else None
+
+
+def _needs_compile(plan) -> bool:
+    """Would the plan's first launch compile its kernel (neither compiled on disk nor compiling in the
+    background)?  A background compile that ended without a kernel on disk (it failed) says no: the call then
+    compiles for itself and raises what is wrong."""
+    if settings.get("cuda_simulator"):
+        return False  # (the simulator compiles nothing)
+    digest = key_digest(plan.key())
+    with _LOCK:
+        future = _PENDING.get(digest)
+    if future is not None:
+        return not future.done()
+    return not KERNELS.compiled_on_disk(digest)
+
+
+def start_compile(plan):
+    """The plan's kernel compiling in a background process (once per kernel)."""
+    digest = key_digest(plan.key())
+    with _LOCK:
+        if digest not in _PENDING:
+            _PENDING[digest] = compile_in_background(plan)
+
+
+def run_on_larger_batch(prep, big, inputs: dict, template, stream=None, out=None):
+    """prep's call computed by big's kernel (see the module): the batched inputs zero-extended to big's batch."""
+    problem, nstream = prep.problem, as_numba_stream(stream)
+    extended = {name: (_zero_extended(a, name, big.problem.N, nstream) if name in BATCHED[problem.direction]
+                       else a) for name, a in inputs.items()}
+    if problem.direction == "bwd_weight":
+        return run_cuda(big, extended, template, stream, out)
+    if out is not None:
+        arrays.check_out(out, problem.output_shape, problem.dtype, True)
+    result = run_cuda(big, extended, template, stream, None)[:problem.N]
+    if out is None:
+        return result
+    _copy(arrays.to_device_view(out, "out"), arrays.to_device_view(result, "out"), nstream)
+    return out
+
+
+def _zero_extended(a, name, batch, nstream):
+    """A new device array of `batch` images: a's images first, zeros after."""
+    view = arrays.to_device_view(a, name)
+    ext = device_empty((batch,) + tuple(view.shape[1:]), view.dtype, nstream)
+    flat, n = ext.reshape(ext.size), view.size
+    _copy(flat[:n], view.reshape(n), nstream)
+    fill_device(flat[n:], 0, nstream)
+    return ext
+
+
+def _copy(dst, src, nstream):
+    """dst[...] = src (device arrays of one size, C-contiguous), on the stream."""
+    if not src.size:
+        return
+    if settings.get("cuda_simulator"):
+        dst.copy_to_device(src)
+    else:
+        from numba.cuda.cudadrv import driver
+        driver.device_to_device(dst, src, src.size * src.dtype.itemsize, nstream or 0)

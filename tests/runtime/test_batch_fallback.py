@@ -1,0 +1,114 @@
+"""runtime.batch_fallback: a new batch size runs on a larger batch's kernel while its own compiles (issue 27).
+
+The simulator compiles nothing, so there the fallback is off by itself; these tests say "not compiled yet" for it
+and stand in for the background compile, then check each direction's result against float64 on fresh data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernelgen
+from kernelgen import settings
+from kernelgen.runtime import batch_fallback
+from harness import conv_tensors, poisoned, reference
+
+KW = dict(stride=2, padding=1)
+W_SHAPE = (4, 3, 3, 5)
+OPS = {"fwd": lambda x, w, dy, **k: kernelgen.conv(x, w, **KW, **k),
+       "bwd_data": lambda x, w, dy, **k: kernelgen.conv_backward_data(dy, w, x.shape, **KW, **k),
+       "bwd_weight": lambda x, w, dy, **k: kernelgen.conv_backward_weight(x, dy, W_SHAPE, **KW, **k)}
+
+
+class _Compiling:
+    """A background compile that has not finished."""
+    def done(self):
+        return False
+
+
+@pytest.fixture
+def fallback(monkeypatch):
+    """The fallback as on a GPU where nothing is compiled yet: the background compiles it starts, recorded."""
+    started = []
+    monkeypatch.setattr(batch_fallback, "_RAN", {})
+    monkeypatch.setattr(batch_fallback, "_PENDING", {})
+    monkeypatch.setattr(batch_fallback, "_needs_compile", lambda plan: True)
+    monkeypatch.setattr(batch_fallback, "compile_in_background", lambda plan: started.append(plan) or _Compiling())
+    return started
+
+
+def _on_device(n, rng):
+    from numba import cuda
+    host = conv_tensors(rng, (n, 9, 8, 5), W_SHAPE, KW)
+    return host, [cuda.to_device(a) for a in host]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+def test_a_smaller_batch_runs_on_the_larger_batch_s_kernel(fallback, rng, direction):
+    _, big = _on_device(3, rng)
+    OPS[direction](*big)
+    assert fallback == []  # nothing larger had run: the call ran its own kernel
+    for _ in range(2):  # (no route is kept while the fallback is taken: the second call takes it again)
+        host, dev = _on_device(2, rng)
+        got = OPS[direction](*dev).copy_to_host()
+        want = reference(direction, *host, KW)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert [p.problem.N for p in fallback] == [2]  # its own kernel: one background compile
+    assert fallback[0].problem.direction == direction
+
+
+@pytest.mark.sim
+def test_out_bias_and_deconv_take_the_fallback_too(fallback, rng):
+    from numba import cuda
+    (_, w, _), (dx3, dw, _) = _on_device(3, rng)
+    bias = rng.standard_normal(4).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 3, 6)).astype(np.float32)  # deconv's w: (C_in, R, S, C_out)
+    kernelgen.conv(dx3, dw, cuda.to_device(bias), **KW)
+    kernelgen.deconv(cuda.to_device(rng.standard_normal((3, 5, 4, 4)).astype(np.float32)), cuda.to_device(wt), **KW)
+    (x, _, _), (dx, _, _) = _on_device(2, rng)
+    out = cuda.to_device(poisoned((2, 5, 4, 4)))
+    assert kernelgen.conv(dx, dw, cuda.to_device(bias), out=out, **KW) is out
+    want = reference("fwd", x, w, None, KW, bias)
+    np.testing.assert_allclose(out.copy_to_host(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    xt = rng.standard_normal((2, 5, 4, 4)).astype(np.float32)
+    got = kernelgen.deconv(cuda.to_device(xt), cuda.to_device(wt), **KW).copy_to_host()
+    want = kernelgen.deconv(xt, wt, **KW, backend="cpu")
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert [p.problem.N for p in fallback] == [2, 2]
+
+
+@pytest.mark.sim
+def test_the_setting_a_larger_batch_and_device_arrays_are_needed(fallback, rng):
+    host3, dev3 = _on_device(3, rng)
+    kernelgen.conv(*dev3[:2], **KW)
+    host2, dev2 = _on_device(2, rng)
+    with settings.scope(batch_fallback=False):
+        kernelgen.conv(*dev2[:2], **KW)
+    kernelgen.conv(*host2[:2], **KW)  # host arrays: no fallback
+    _, dev4 = _on_device(4, rng)
+    kernelgen.conv(*dev4[:2], **KW)  # larger than anything that ran
+    assert fallback == []
+
+
+@pytest.mark.sim
+def test_the_simulator_and_a_finished_compile_end_the_fallback(monkeypatch):
+    """Unpatched: the simulator compiles nothing, so nothing waits; a finished background compile (or a
+    failed one: the call then compiles and raises for itself) ends the fallback; otherwise the disk decides."""
+    class Done:
+        def done(self):
+            return True
+    plan = kernelgen.api.make_plan(kernelgen.problem.make_problem("fwd", (2, 6, 6, 3), (4, 3, 3, 3)), "cuda")
+    assert batch_fallback._needs_compile(plan) is False  # the simulator
+    monkeypatch.setattr(batch_fallback.settings, "get",
+                        lambda name, _get=settings.get: False if name == "cuda_simulator" else _get(name))
+    digest = batch_fallback.key_digest(plan.key())
+    monkeypatch.setattr(batch_fallback, "_PENDING", {digest: _Compiling()})
+    assert batch_fallback._needs_compile(plan) is True
+    batch_fallback._PENDING[digest] = Done()
+    assert batch_fallback._needs_compile(plan) is False
+    batch_fallback._PENDING.clear()
+    monkeypatch.setattr(batch_fallback.KERNELS, "compiled_on_disk", lambda d: d == digest)
+    assert batch_fallback._needs_compile(plan) is False
+    monkeypatch.setattr(batch_fallback.KERNELS, "compiled_on_disk", lambda d: False)
+    assert batch_fallback._needs_compile(plan) is True
