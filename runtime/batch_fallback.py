@@ -18,6 +18,7 @@ compiles in numba's simulator, so there it is off too.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 from kernelgen import arrays, settings
@@ -27,6 +28,7 @@ from kernelgen.runtime.cuda_call import run_cuda
 from kernelgen.runtime.driver import as_numba_stream, fill_device
 from kernelgen.tuning.compile_pool import compile_in_background
 
+log = logging.getLogger(__name__)
 # the inputs that carry the batch, per direction (deconv runs as backward-data on dy)
 BATCHED = {"fwd": ("x",), "bwd_data": ("dy",), "bwd_weight": ("x", "dy")}
 
@@ -48,7 +50,11 @@ def run(prep, inputs: dict, template, stream=None, out=None):
         note_ran(prep)
         return result, False
     start_compile(prep.plan)
-    return run_on_larger_batch(prep, big, inputs, template, stream, out), True
+    try:
+        return run_on_larger_batch(prep, big, inputs, template, stream, out), True
+    except Exception as e:  # noqa: BLE001 (a head start only: the call runs as it would without it, and says so)
+        log.debug("no batch fallback for %s: %s: %s", prep.problem.key(), type(e).__name__, e)
+        return run_cuda(prep, inputs, template, stream, out), False
 
 
 def note_ran(prep):

@@ -25,14 +25,28 @@ class _Compiling:
         return False
 
 
+class Fallback(list):
+    """The background compiles started (their plans), and the batch sizes that ran on a larger batch's kernel."""
+    borrowed: list
+
+
 @pytest.fixture
 def fallback(monkeypatch):
-    """The fallback as on a GPU where nothing is compiled yet: the background compiles it starts, recorded."""
-    started = []
+    """The fallback as on a GPU where nothing is compiled yet: the background compiles it starts, recorded, and
+    each run on a larger batch's kernel that completed (a failing one would be hidden by the call's own run)."""
+    started = Fallback()
+    started.borrowed = []
+    run_on_larger_batch = batch_fallback.run_on_larger_batch
+
+    def spy(prep, *args, **kwargs):
+        result = run_on_larger_batch(prep, *args, **kwargs)
+        started.borrowed.append(prep.problem.N)
+        return result
     monkeypatch.setattr(batch_fallback, "_RAN", {})
     monkeypatch.setattr(batch_fallback, "_PENDING", {})
     monkeypatch.setattr(batch_fallback, "_needs_compile", lambda plan: True)
     monkeypatch.setattr(batch_fallback, "compile_in_background", lambda plan: started.append(plan) or _Compiling())
+    monkeypatch.setattr(batch_fallback, "run_on_larger_batch", spy)
     return started
 
 
@@ -55,7 +69,7 @@ def test_a_smaller_batch_runs_on_the_larger_batch_s_kernel(fallback, rng, direct
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     assert [p.problem.N for p in fallback] == [2]  # its own kernel: one background compile
-    assert fallback[0].problem.direction == direction
+    assert fallback[0].problem.direction == direction and fallback.borrowed == [2, 2]
 
 
 @pytest.mark.sim
@@ -75,7 +89,7 @@ def test_out_bias_and_deconv_take_the_fallback_too(fallback, rng):
     got = kernelgen.deconv(cuda.to_device(xt), cuda.to_device(wt), **KW).copy_to_host()
     want = kernelgen.deconv(xt, wt, **KW, backend="cpu")
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
-    assert [p.problem.N for p in fallback] == [2, 2]
+    assert [p.problem.N for p in fallback] == [2, 2] and fallback.borrowed == [2, 2]
 
 
 @pytest.mark.sim
@@ -88,7 +102,7 @@ def test_the_setting_a_larger_batch_and_device_arrays_are_needed(fallback, rng):
     kernelgen.conv(*host2[:2], **KW)  # host arrays: no fallback
     _, dev4 = _on_device(4, rng)
     kernelgen.conv(*dev4[:2], **KW)  # larger than anything that ran
-    assert fallback == []
+    assert fallback == [] and fallback.borrowed == []
 
 
 @pytest.mark.sim
@@ -112,3 +126,28 @@ def test_the_simulator_and_a_finished_compile_end_the_fallback(monkeypatch):
     assert batch_fallback._needs_compile(plan) is False
     monkeypatch.setattr(batch_fallback.KERNELS, "compiled_on_disk", lambda d: False)
     assert batch_fallback._needs_compile(plan) is True
+
+
+@pytest.mark.sim
+def test_a_failing_fallback_leaves_the_call_to_its_own_kernel(fallback, monkeypatch, rng):
+    """The fallback is a head start: where it fails, the call runs as it would without it (and keeps its route)."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fallback")
+    monkeypatch.setattr(batch_fallback, "run_on_larger_batch", broken)
+    _, big = _on_device(3, rng)
+    OPS["fwd"](*big)
+    host, dev = _on_device(2, rng)
+    want = reference("fwd", *host, KW)
+    np.testing.assert_allclose(OPS["fwd"](*dev).copy_to_host(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_smaller_batch_borrows_a_larger_batch_s_kernel(fallback, rng):
+    """The fallback's copies and fills through the driver (the simulator copies through numba), every direction."""
+    for direction in ("fwd", "bwd_data", "bwd_weight"):
+        OPS[direction](*_on_device(3, rng)[1])
+        host, dev = _on_device(2, rng)
+        got = OPS[direction](*dev).copy_to_host()
+        want = reference(direction, *host, KW)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert fallback.borrowed == [2, 2, 2] and [p.problem.direction for p in fallback] == list(OPS)
