@@ -68,9 +68,10 @@ class PrecompileReport:
     failed: set = field(default_factory=set)  # the cache digests (runtime.cache.key_digest) of those kernels
 
 
-def compile_plans(plans, workers=None) -> PrecompileReport:
+def compile_plans(plans, workers=None, pool=None) -> PrecompileReport:
     """precompile's second half, for plans already made (a recording's, say).  Each kernel is loaded here as soon
-    as its worker has compiled it (and those already on disk while the workers run), not after the last one."""
+    as its worker has compiled it (and those already on disk while the workers run), not after the last one.
+    pool: an executor started earlier (started_pool), used in place of a new one (and left running)."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
     start = time.perf_counter()
@@ -83,7 +84,7 @@ def compile_plans(plans, workers=None) -> PrecompileReport:
     cached = [plan for digest, plan in unique.items() if digest not in todo]
     if todo:
         jobs = [(digest, plan, _worker_settings(), compile_profile.active()) for digest, plan in todo.items()]
-        report.workers, results = _compile_jobs(jobs, workers)
+        report.workers, results = _compile_jobs(jobs, workers, pool)
         for (digest, plan, *_), (error, seconds, stages), here in results:
             if not here:  # (what compiled here recorded its stages as it ran)
                 _record_worker_stages(plan.problem.key(), seconds, stages)
@@ -115,26 +116,45 @@ def _record_worker_stages(kernel, seconds, stages):
     compile_profile.record(kernel, "workers", max(0.0, seconds - sum((stages or {}).values())))
 
 
-def _compile_jobs(jobs, workers):
+@contextlib.contextmanager
+def started_pool():
+    """A compile pool whose workers start now (an interpreter and numba's imports each, ~2 s) while the caller
+    does something else first (traces a step), for compile_plans(..., pool=); None where a pool would not pay
+    (fewer than 2 idle CPUs).  Shut down on leaving, without waiting for what it was never given."""
+    n = _idle_cpus()
+    if n < 2:
+        yield None
+        return
+    pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"))
+    try:
+        for _ in range(n):
+            pool.submit(_start_worker)
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _compile_jobs(jobs, workers, pool=None):
     """(the number of worker processes, an iterator of (job, compile_job's result, compiled here?) in the order
     they finish).  The largest kernel compiles here (this process would only wait otherwise), the others in
     min(the others, CPUs) workers (`workers` if given; 0: every job here), largest first (_estimated_cost): a long
     kernel started last would finish last, alone."""
     rest = jobs[1:]
-    n = min(len(rest), _idle_cpus()) if workers is None else min(workers, len(rest))
+    cpus = pool._max_workers if pool is not None else _idle_cpus()
+    n = min(len(rest), cpus) if workers is None else min(workers, len(rest))
     if n < 1:
         return 0, ((job, compile_job(job, here=True), True) for job in jobs)
-    return n, _pooled(jobs, n)
+    return n, _pooled(jobs, n, pool)
 
 
-def _pooled(jobs, n):
+def _pooled(jobs, n, given=None):
     """_compile_jobs with a pool of n workers, started first (spawned: an interpreter and numba's imports each, while
-    this process orders the jobs)."""
-    context = _pool_context([plan for _, plan, *_ in jobs])
+    this process orders the jobs), or the `given` one (its workers started already)."""
     futures, done = {}, set()
     try:
-        with ProcessPoolExecutor(n, mp_context=context) as pool:
-            if context.get_start_method() != "fork":
+        context = None if given is not None else _pool_context([plan for _, plan, *_ in jobs])
+        with contextlib.nullcontext(given) if context is None else ProcessPoolExecutor(n, mp_context=context) as pool:
+            if context is not None and context.get_start_method() != "fork":
                 for _ in range(n):
                     pool.submit(_start_worker)
             jobs = sorted(jobs, key=_estimated_cost, reverse=True)

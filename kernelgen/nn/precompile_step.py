@@ -19,6 +19,7 @@ import numpy as np
 from kernelgen import settings
 from kernelgen.nn.tensor import Tensor, to_device_array
 from kernelgen.precompile import PrecompileReport, compile_plans, recording
+from kernelgen.tuning.compile_pool import started_pool
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ def precompile_new_input(model, args):
                                               for s in seen):
         return  # a smaller batch: its calls run on the larger batch's kernels while theirs compile in the background
     try:
-        compile_plans(trace_plans(target, x.shape, x.dtype, backward=model.training))
+        with started_pool() as pool:  # (its workers start while the step is traced)
+            compile_plans(trace_plans(target, x.shape, x.dtype, backward=model.training), pool=pool)
     except Exception as e:  # noqa: BLE001 (a head start only: the call itself raises what is wrong)
         log.debug("no precompile for %s on %s: %s: %s", type(model).__name__, x.shape, type(e).__name__, e)
 

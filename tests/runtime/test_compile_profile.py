@@ -59,3 +59,24 @@ def test_precompile_reports_its_workers_seconds_per_kernel(rng, tmp_path):
     for k in workers:  # the worker's own stages come back, and this process's wait for it
         row = report.seconds[k]
         assert row["workers:numba"] > 0 and "workers:ir" in row and "wait" in row, row
+
+
+def test_compile_plans_uses_a_pool_started_earlier_and_leaves_it_running(rng, tmp_path, monkeypatch):
+    """started_pool's pool (its workers importing while the caller traces) takes the jobs in place of a new one,
+    and stays usable; with fewer than two idle CPUs there is none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernelgen.precompile import plan_calls
+    from kernelgen.tuning import compile_pool
+    calls = [(kernelgen.conv, (random_array(rng, (2, 5, 5, c)), random_array(rng, (4, 3, 3, c))), KW) for c in (2, 3)]
+    submitted = []
+    with ThreadPoolExecutor(2) as pool, settings.scope(cache_dir=str(tmp_path)):
+        submit = pool.submit
+        monkeypatch.setattr(pool, "submit", lambda fn, *a: submitted.append(fn.__name__) or submit(fn, *a))
+        report = compile_pool.compile_plans(plan_calls(calls), pool=pool)
+        assert pool.submit(lambda: 7).result() == 7
+    assert report.compiled == 2 and report.workers == 1 and not report.errors
+    assert submitted == ["compile_job", "<lambda>"]  # the other kernel compiled here
+    monkeypatch.setattr(compile_pool, "_idle_cpus", lambda: 1)
+    with compile_pool.started_pool() as pool:
+        assert pool is None

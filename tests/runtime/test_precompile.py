@@ -4,6 +4,8 @@ the kernel cache's stats show no render, numba's show no compile - and compute c
 outputs poisoned with NaN)."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import subprocess
@@ -159,7 +161,8 @@ def test_a_cuda_model_s_first_call_on_a_new_input_precompiles_its_step(monkeypat
     from kernelgen.nn import precompile_step
     batches = []
     monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
-    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans: batches.append(plans))
+    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans, pool=None: batches.append(plans))
+    monkeypatch.setattr(precompile_step, "started_pool", lambda: contextlib.nullcontext())
     model = _small_net().to("cuda")
     x = Tensor(random_array(rng, (4, 6, 7, 3))).to("cuda")
     model(x)
@@ -186,7 +189,8 @@ def test_the_first_call_s_trace_leaves_dropout_masks_as_they_would_be(monkeypatc
     what it computes with auto_precompile off."""
     from kernelgen.nn import precompile_step
     monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
-    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans: None)
+    monkeypatch.setattr(precompile_step, "compile_plans", lambda plans, pool=None: None)
+    monkeypatch.setattr(precompile_step, "started_pool", lambda: contextlib.nullcontext())
     x = random_array(rng, (2, 6, 7, 3))
     outputs = []
     for auto in (True, False):
