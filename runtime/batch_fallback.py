@@ -25,7 +25,7 @@ from kernelgen import arrays, settings
 from kernelgen.runtime.arena import device_empty
 from kernelgen.runtime.cache import KERNELS, key_digest
 from kernelgen.runtime.cuda_call import run_cuda
-from kernelgen.runtime.driver import as_numba_stream, fill_device
+from kernelgen.runtime.driver import as_numba_stream, copy_device, fill_device
 from kernelgen.tuning.compile_pool import compile_in_background
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def run_on_larger_batch(prep, big, inputs: dict, template, stream=None, out=None
     result = run_cuda(big, extended, template, stream, None)[:problem.N]
     if out is None:
         return result
-    _copy(arrays.to_device_view(out, "out"), arrays.to_device_view(result, "out"), nstream)
+    copy_device(arrays.to_device_view(out, "out"), arrays.to_device_view(result, "out"), nstream)
     return out
 
 
@@ -121,17 +121,6 @@ def _zero_extended(a, name, batch, nstream):
     view = arrays.to_device_view(a, name)
     ext = device_empty((batch,) + tuple(view.shape[1:]), view.dtype, nstream)
     flat, n = ext.reshape(ext.size), view.size
-    _copy(flat[:n], view.reshape(n), nstream)
+    copy_device(flat[:n], view.reshape(n), nstream)
     fill_device(flat[n:], 0, nstream)
     return ext
-
-
-def _copy(dst, src, nstream):
-    """dst[...] = src (device arrays of one size, C-contiguous), on the stream."""
-    if not src.size:
-        return
-    if settings.get("cuda_simulator"):
-        dst.copy_to_device(src)
-    else:
-        from numba.cuda.cudadrv import driver
-        driver.device_to_device(dst, src, src.size * src.dtype.itemsize, nstream or 0)

@@ -36,6 +36,22 @@ def fill_device(arr, value, stream=None):
     launch(arr, arr.dtype.type(value))
 
 
+def copy_device(dst, src, stream=None):
+    """dst[...] = src, two C-contiguous device arrays of one size and dtype, on `stream` (a numba stream; None: the
+    default one): the driver's copy at once.  numba's copy_to_device spends ~0.2 ms of Python per call on checks
+    (measured on the H100 pair: DDP's copy of each gradient into its bucket was half of a step's host time)."""
+    if dst.size != src.size or dst.dtype != src.dtype:
+        raise ValueError(f"src must match dst's {dst.size} elements of {dst.dtype}, got {src.size} of {src.dtype}")
+    if not src.size:
+        return dst
+    if settings.get("cuda_simulator"):
+        dst.copy_to_device(src, stream=stream or 0)
+    else:
+        from numba.cuda.cudadrv import driver
+        driver.device_to_device(dst, src, src.size * src.dtype.itemsize, stream or 0)
+    return dst
+
+
 def as_numba_stream(stream):
     """numba stream for `stream=`: None/0 (default stream), a numba stream, or any object exposing a
     raw CUstream handle (torch.cuda.Stream's `cuda_stream`, CuPy's `ptr`), wrapped without a copy."""

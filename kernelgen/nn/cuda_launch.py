@@ -13,7 +13,7 @@ from numba import cuda
 from kernelgen import settings
 from kernelgen.arrays import is_cuda_array
 from kernelgen.runtime import arena
-from kernelgen.runtime.driver import _libcuda, configure
+from kernelgen.runtime.driver import _libcuda, configure, copy_device
 
 SIM = settings.get("cuda_simulator")
 # the simulator runs one Python thread per CUDA thread (~ms each): small blocks keep the sim tests short
@@ -48,17 +48,8 @@ def to_host(a):
 
 
 def copy_into(dst, src):
-    """dst[...] = src, two C-contiguous device arrays of one size and dtype, on the default stream (where the
-    kernels run): the driver's copy at once.  numba's copy_to_device spends ~0.2 ms of Python per call on checks
-    (measured on the H100 pair: DDP's copy of each gradient into its bucket was half of a step's host time)."""
-    if dst.size != src.size or dst.dtype != src.dtype:
-        raise ValueError(f"src must match dst's {dst.size} elements of {dst.dtype}, got {src.size} of {src.dtype}")
-    if SIM:
-        dst.copy_to_device(src)
-    elif src.size:
-        from numba.cuda.cudadrv import driver
-        driver.device_to_device(dst, src, src.size * src.dtype.itemsize)
-    return dst
+    """dst[...] = src on the default stream (where the kernels run), by the driver (runtime.driver.copy_device)."""
+    return copy_device(dst, src)
 
 
 _VIEWS = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape (cloned: the constructor is slow)
