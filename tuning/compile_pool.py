@@ -111,9 +111,9 @@ def _load(plan):
 def _record_worker_stages(kernel, seconds, stages):
     """A worker's seconds on `kernel` in the active profile: its own stages as "workers:STAGE" (when the caller
     profiles, the worker does too), the rest of its time (settings, planning checks) as "workers"."""
-    for name, s in (stages or {}).items():
+    for name, s in stages.items():
         compile_profile.record(kernel, f"workers:{name}", s)
-    compile_profile.record(kernel, "workers", max(0.0, seconds - sum((stages or {}).values())))
+    compile_profile.record(kernel, "workers", max(0.0, seconds - sum(stages.values())))
 
 
 @contextlib.contextmanager
@@ -127,8 +127,7 @@ def started_pool():
         return
     pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"))
     try:
-        for _ in range(n):
-            pool.submit(_start_worker)
+        _start_workers(pool, n)
         yield pool
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -155,8 +154,7 @@ def _pooled(jobs, n, given=None):
         context = None if given is not None else _pool_context([plan for _, plan, *_ in jobs])
         with contextlib.nullcontext(given) if context is None else ProcessPoolExecutor(n, mp_context=context) as pool:
             if context is not None and context.get_start_method() != "fork":
-                for _ in range(n):
-                    pool.submit(_start_worker)
+                _start_workers(pool, n)
             jobs = sorted(jobs, key=_estimated_cost, reverse=True)
             futures.update((pool.submit(compile_job, job), job) for job in jobs[1:])
             yield jobs[0], compile_job(jobs[0], here=True), True
@@ -186,6 +184,12 @@ def compile_in_background(plan):
             workers = max(1, (os.cpu_count() or 2) // 2)
             _BACKGROUND["pool"] = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
         return _BACKGROUND["pool"].submit(compile_job, (digest, plan, _worker_settings(), False))
+
+
+def _start_workers(pool, n):
+    """Each of a spawned pool's n workers started now, on _start_worker (a spawned pool starts one per task)."""
+    for _ in range(n):
+        pool.submit(_start_worker)
 
 
 def _start_worker():
