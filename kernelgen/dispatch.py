@@ -31,18 +31,52 @@ class Unkeyable(Exception):
 
 def array_signature(a):
     """What the dispatch needs of an array: its type, shape, dtype and layout (and a torch tensor's device),
-    read from attributes (a NumPy, numba, CuPy array's strides; a torch tensor's stride())."""
+    read from attributes (a NumPy, numba, CuPy array's strides; a torch tensor's stride()) by a reader chosen
+    once per type: this runs for every array of every call."""
+    signer = _SIGNERS.get(type(a))
+    if signer is None:
+        signer = _SIGNERS[type(a)] = _signer_for(a)
+    return signer(a)
+
+
+def _signer_for(a):
     t = type(a)
     if t is np.ndarray:
-        return t, a.shape, a.dtype, a.strides
+        return _numpy_signature
     if t.__module__.startswith("torch"):
-        if a.requires_grad:  # (the full route reads it through a detached view: torch refuses its CUDA interface)
-            raise Unkeyable("a torch tensor that requires grad")
-        return t, a.shape, a.dtype, a.stride(), a.device
+        return _torch_signature
+    if t.__module__.startswith("numba") and hasattr(t, "__cuda_array_interface__") and hasattr(a, "_dummy"):
+        return _numba_signature
+    return _any_signature
+
+
+def _numpy_signature(a):
+    return np.ndarray, a.shape, a.dtype, a.strides
+
+
+def _torch_signature(a):
+    if a.requires_grad:  # (the full route reads it through a detached view: torch refuses its CUDA interface)
+        raise Unkeyable("a torch tensor that requires grad")
+    return type(a), a.shape, a.dtype, a.stride(), a.device
+
+
+def _numba_signature(a):
+    """A numba device array (shape and strides are tuples already); one whose dtype is read through DLPack
+    (bfloat16) takes the full route, as any such array does."""
+    if _viewed_through_dlpack(a, type(a), a.dtype):
+        raise Unkeyable(type(a).__name__)
+    return type(a), a.shape, a.dtype, a.strides
+
+
+def _any_signature(a):
+    t = type(a)
     dtype = getattr(a, "dtype", None)
     if _viewed_through_dlpack(a, t, dtype):  # (each call needs its own DLPack view: the full route)
         raise Unkeyable(t.__name__)
     return t, tuple(a.shape), dtype, getattr(a, "strides", None)
+
+
+_SIGNERS: dict = {}  # array type -> its signature reader (a dict's reads and writes are atomic: thread-safe)
 
 
 # (type, dtype) -> arrays.viewed_through_dlpack: asked once per kind of array (it reads the dtype's name and the
@@ -75,6 +109,9 @@ def value_signature(v):
 
 def _positional(a):
     """A positional argument: an array (it has a shape) or a value (conv_backward_data's x_shape)."""
+    signer = _SIGNERS.get(type(a))
+    if signer is not None:
+        return signer(a)
     return array_signature(a) if hasattr(a, "shape") else value_signature(a)
 
 

@@ -12,6 +12,7 @@ with `inject_alloc_failures`, which makes chosen raw allocations fail (tests/run
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import defaultdict
 
 from kernelgen import settings
@@ -302,7 +303,6 @@ _CONTEXT = {}
 
 def _context():
     """numba's context object for this thread, looked up once (cuda.current_context() asks the driver)."""
-    import threading
     key = threading.get_ident()
     ctx = _CONTEXT.get(key)
     if ctx is None:
@@ -312,7 +312,7 @@ def _context():
 
 
 _PROTOTYPES = {}  # (shape, dtype) -> (bytes, attributes of a DeviceNDArray of that shape), for cheap clones
-_NUMBA = None     # (devicearray, driver) modules, imported on the first allocation
+_NUMBA = None     # (DeviceNDArray, PooledPointer), made on the first allocation (numba.cuda is slow to import)
 
 
 def _make_prototype(shape, dtype, mem):
@@ -327,20 +327,47 @@ def _make_prototype(shape, dtype, mem):
     return {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
 
 
+def _numba_classes():
+    from numba.cuda.cudadrv import devicearray, driver
+
+    class PooledPointer(driver.MemoryPointer):
+        """numba's memory pointer over a block of the pool, which takes the block back when the pointer (shared
+        by every view of the array) is collected.  It frees in __del__ where numba's own pointer registers a
+        weakref.finalize: on a call that returns a new array, that registration alone cost more than the rest of
+        the allocation."""
+
+        def free(self):
+            owned = self.__dict__.pop("_pool_block", None)
+            if owned is not None:
+                owned[0].free(owned[1])
+
+        def __del__(self):
+            try:
+                self.free()
+            except Exception:  # (at interpreter exit the pool may be gone before its arrays: nothing to return)
+                pass
+
+    return devicearray.DeviceNDArray, PooledPointer
+
+
 def device_empty(shape, dtype, stream=None):
     """A C-contiguous device array whose memory comes from the pool and goes back to it (on the
     same stream) when its memory pointer - shared by every view of it - is collected.  The simulator
     allocates plainly.  This runs on every call that returns a new array, so everything that depends
     only on (shape, dtype) is computed once."""
-    global _NUMBA
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if settings.get("cuda_simulator"):
         from numba import cuda
         return cuda.device_array(shape, dtype=dtype)
+    return pooled_array(shape, dtype, stream)
+
+
+def pooled_array(shape: tuple, dtype, stream=None):
+    """device_empty on a real GPU (the fast route's output: the caller knows it is not the simulator)."""
+    global _NUMBA
     if _NUMBA is None:
-        from numba.cuda.cudadrv import devicearray, driver
-        _NUMBA = devicearray, driver
-    devicearray, driver = _NUMBA
+        _NUMBA = _numba_classes()
+    array_class, pointer_class = _NUMBA
     proto = _PROTOTYPES.get((shape, dtype))
     if proto is None:
         import math
@@ -352,10 +379,12 @@ def device_empty(shape, dtype, stream=None):
     ctx = _context()  # before the raw cuMemAlloc: it needs a current context (the process's first CUDA call)
     pool = device_pool()
     block = pool.alloc(nbytes, _stream_key(stream))
-    mem = driver.MemoryPointer(ctx, block.handle, nbytes, finalizer=lambda: pool.free(block))
+    mem = pointer_class.__new__(pointer_class)  # (MemoryPointer.__init__'s fields, without its finalizer)
+    mem.__dict__.update(context=ctx, device_pointer=block.handle, handle=block.handle, size=nbytes,
+                        _cuda_memsize_=nbytes, is_managed=True, refct=1, _owner=None, _pool_block=(pool, block))
     if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
         proto = _PROTOTYPES[(shape, dtype)] = (nbytes, _make_prototype(shape, dtype, mem))
-    arr = devicearray.DeviceNDArray.__new__(devicearray.DeviceNDArray)
+    arr = array_class.__new__(array_class)
     arr.__dict__.update(proto[1])
     arr.gpu_data = mem
     arr.stream = stream or 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernelgen import arrays
-from kernelgen.runtime.arena import device_empty, to_device_staged
+from kernelgen.runtime.arena import device_empty, pooled_array, to_device_staged
 from kernelgen.runtime.driver import as_numba_stream, pointer_size, stream_handle
 
 
@@ -109,7 +109,7 @@ class CudaRoute:
         elif self.torch_empty is not None:
             result = self.torch_empty(self.shape, dtype=self.torch_dtype, device=self.torch_device)
         else:
-            result = device_empty(self.shape, self.dtype, nstream)
+            result = pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
         out_name = self.out_name
         ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in self.params]
         if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import math
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -141,7 +142,6 @@ class _FastLaunch:
     def __init__(self, dispatcher, grid, threads, n_params, shared_bytes=0, scalars=0):
         """n_params arrays, then `scalars` int64 scalar parameters (one word each)."""
         import ctypes
-        import threading
         if _FastLaunch._lib is None:
             _FastLaunch._lib = _libcuda()
         kernel = next(iter(dispatcher.overloads.values()))
@@ -158,7 +158,6 @@ class _FastLaunch:
         self.launch = self._lib.cuLaunchKernel
 
     def usable(self):
-        import threading
         return threading.get_ident() == self.thread
 
     def bound(self, ptr_sizes, itemsize, stream_handle):
@@ -204,17 +203,47 @@ class _FastLaunch:
 
 def pointer_size(a, name):
     """(device address, element count) of a C-contiguous device array, by the cheapest route its type offers
-    (this runs on every call of the fast route)."""
+    (this runs for every array of every fast-route call: the route is looked up by type, chosen once)."""
+    reader = _POINTER_READERS.get(type(a))
+    if reader is None:
+        reader = _POINTER_READERS[type(a)] = _pointer_reader(a)
+    return reader(a, name)
+
+
+def _pointer_reader(a):
     kind = type(a).__module__
     if kind.startswith("torch"):
-        if not a.is_contiguous():
-            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
-        return a.data_ptr(), a.numel()
+        return _torch_pointer
     if kind.startswith("numba") and hasattr(a, "_dummy"):
-        if not a._dummy.is_c_contig:
-            raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
-        return a.device_ctypes_pointer.value or 0, a.size
+        return _numba_pointer
+    return _interface_pointer
+
+
+def _torch_pointer(a, name):
+    if not a.is_contiguous():
+        raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.stride()}")
+    return a.data_ptr(), a.numel()
+
+
+def _numba_pointer(a, name):
+    """A numba DeviceNDArray: its memory pointer's address (numba's own property wraps it in a ctypes object
+    first), or 0 for an empty array."""
+    if not a._dummy.is_c_contig:
+        raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
+    mem = a.gpu_data
+    if mem is None:
+        return 0, a.size
+    try:
+        return int(mem.device_pointer), a.size  # numba-cuda's CUdeviceptr (or a plain int)
+    except TypeError:
+        return mem.device_ctypes_pointer.value or 0, a.size  # an older numba's ctypes pointer
+
+
+def _interface_pointer(a, name):
     return arrays.pointer(a, name), math.prod(a.__cuda_array_interface__["shape"])
+
+
+_POINTER_READERS: dict = {}  # array type -> its reader (a dict's reads and writes are atomic: thread-safe)
 
 
 def itemsize_of(a) -> int:

@@ -30,7 +30,7 @@ from kernelgen.nn.models import resnet18
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.parallel import DistributedDataParallel
 from kernelgen.nn.sync_batchnorm import convert_sync_batchnorm
-from kernelgen.nn.tensor import Tensor
+from kernelgen.nn.tensor import Tensor, to_device_array
 
 
 def _data(n, classes, seed=0):
@@ -56,23 +56,42 @@ def _precompile(model, comm, *input_shapes):
         comm.barrier()
 
 
-def _one_gpu_step(args, x, y):
+def _one_gpu_step(args, x, y, with_grads=False):
     """The parameters after one SGD step of a fresh ResNet-18 (seed 0) on the whole batch, on this GPU (its kernels
-    precompiled: a second call of the same shape and settings finds them in the disk cache)."""
+    precompiled: a second call of the same shape and settings finds them in the disk cache); with_grads: and the
+    step's gradients."""
     twin = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
     _precompile(twin, None, x.shape)
     opt = SGD(twin.parameters(), lr=0.1)
     F.cross_entropy(twin(Tensor(x).to("cuda")), Tensor(y).to("cuda").data).backward()
+    grads = _host_grads(twin)
     opt.step()
-    return twin.state_dict()
+    return (twin.state_dict(), grads) if with_grads else twin.state_dict()
+
+
+def _host_grads(model):
+    return [to_device_array(p.grad, "cpu").astype(np.float64) for p in model.parameters()]
+
+
+def _errors(got, want):
+    """Each parameter's largest difference, relative to the tensor's largest entry (at least 1e-2)."""
+    return {k: float(np.abs(got[k].astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-2))
+            for k, w in want.items()}
 
 
 def _max_rel_error(got, want):
-    """The largest parameter difference, relative to the tensor's largest entry (at least 1e-2), and its name."""
-    errors = {k: float(np.abs(got[k].astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-2))
-              for k, w in want.items()}
+    """The largest of _errors, and its parameter's name."""
+    errors = _errors(got, want)
     worst = max(errors, key=errors.get)
     return errors[worst], worst
+
+
+def _grad_error(got, want):
+    """The largest gradient difference relative to the largest gradient entry of the model (the CPU tests'
+    measure, tests/distributed/ddp_models.assert_grads_close: a bias before a batch norm has a true gradient of
+    0, computed on both sides as rounding noise)."""
+    scale = max(float(np.abs(w).max()) for w in want)
+    return max(float(np.abs(g - w).max()) for g, w in zip(got, want)) / scale
 
 
 def check(args):
@@ -85,13 +104,15 @@ def check(args):
     ddp = DistributedDataParallel(model, bucket_mb=args.bucket_mb)
     opt = SGD(model.parameters(), lr=0.1)
     F.cross_entropy(ddp(Tensor(x[mine]).to("cuda")), Tensor(y[mine]).to("cuda").data).backward()
+    got_grads = _host_grads(model)
     opt.step()
     got = model.state_dict()
     if rank != 0:
         comm.barrier()
         return
-    want = _one_gpu_step(args, x, y)
+    want, want_grads = _one_gpu_step(args, x, y, with_grads=True)
     err, worst = _max_rel_error(got, want)
+    errors = _errors(got, want)
     # Two floors, for what float32 alone does to one step: the same one-GPU step on an input moved by one
     # rounding (1e-7 relative), and on the same input with Winograd off (an equally valid set of kernels, which
     # round differently).  The 2-GPU run sums in another order and plans other kernels for its half batch.
@@ -102,7 +123,10 @@ def check(args):
     _write(args, f"check_{world}.json", {
         "gpus": world, "batch_per_gpu": args.batch, "max_rel_error": err, "worst": worst, "pass": err <= 1e-5,
         "input_rounding_floor": floor, "winograd_off_floor": algorithm_floor,
-        "within_floor": err <= max(1e-5, 2 * max(floor[0], algorithm_floor[0]))})
+        "within_floor": err <= max(1e-5, 2 * max(floor[0], algorithm_floor[0])),
+        "tensors": len(errors), "tensors_over_1e-5": sorted(k for k, e in errors.items() if e > 1e-5),
+        "largest_errors": sorted(errors.items(), key=lambda kv: -kv[1])[:8],
+        "grad_error_vs_largest_grad": _grad_error(got_grads, want_grads)})
     comm.barrier()
 
 
@@ -181,6 +205,10 @@ def summary(args):
             if "input_rounding_floor" in r:
                 print(f"  float32 floors of one step: input rounding {r['input_rounding_floor'][0]:.2e}, Winograd "
                       f"off {r['winograd_off_floor'][0]:.2e}; within twice the floor: {r['within_floor']}")
+            if "tensors_over_1e-5" in r:
+                print(f"  {len(r['tensors_over_1e-5'])} of {r['tensors']} parameters over 1e-5: "
+                      f"{', '.join(r['tensors_over_1e-5'])}; gradients against the largest gradient: "
+                      f"{r['grad_error_vs_largest_grad']:.2e}")
 
 
 def main(argv=None):

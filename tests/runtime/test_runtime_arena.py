@@ -140,3 +140,55 @@ def test_pooled_array_as_the_first_cuda_call_of_a_process():
             "a = arena.to_device_staged(host)\n"
             "assert (a.copy_to_host() == host).all()\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+_POOLED_ARRAY_CHILD = """
+import gc, json
+import numpy as np
+from kernelgen.runtime import arena
+from kernelgen.runtime.bench_launch import fake_device_pool
+from kernelgen.runtime.driver import pointer_size
+from numba.cuda.cudadrv import devicearray
+with fake_device_pool():
+    pool = arena.device_pool()
+    a = arena.pooled_array((2, 3, 4), "float32")
+    b = arena.pooled_array((2, 3, 4), "float32")  # the clone of the first one's prototype
+    ok = [type(b) is devicearray.DeviceNDArray, b.shape == (2, 3, 4), b.strides == (48, 16, 4), b.size == 24]
+    addresses = [pointer_size(x, "x") for x in (a, b)]
+    handles = [int(x.gpu_data.device_pointer) for x in (a, b)]
+    in_use = [pool.in_use]
+    view = b.gpu_data.view(48)  # as numba's array views take b's memory (b[1]): it keeps b's block while it lives
+    del a, b
+    gc.collect()
+    in_use.append(pool.in_use)
+    view_pointer = int(view.device_pointer)
+    del view
+    gc.collect()
+    in_use.append(pool.in_use)
+    c = arena.pooled_array((2, 3, 4), "float32")
+    c.gpu_data.free(); c.gpu_data.free()  # numba's free(): back to the pool once
+    in_use.append(pool.in_use)
+    print(json.dumps({"ok": ok, "addresses": addresses, "handles": handles, "in_use": in_use,
+                      "view_offset": view_pointer - handles[1], "served": pool.served_from_pool,
+                      "size": arena.size_class(96)}))
+"""
+
+
+def test_pooled_arrays_are_numba_arrays_that_return_their_block_when_collected():
+    """The fast route's outputs (arena.pooled_array) over a stand-in device: numba DeviceNDArrays whose address
+    pointer_size reads; the block goes back to the pool when the last array or view of it is collected (or
+    free() is called, once).  In a child without the simulator: numba's own device arrays."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", _POOLED_ARRAY_CHILD], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(r["ok"]), r
+    assert [a for a, _ in r["addresses"]] == r["handles"] and [n for _, n in r["addresses"]] == [24, 24]
+    size = r["size"]
+    assert r["in_use"] == [2 * size, size, 0, 0], r  # a's block back at once, b's when its view went
+    assert r["view_offset"] == 48 and r["served"] >= 1, r
