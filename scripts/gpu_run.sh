@@ -116,6 +116,7 @@ if has fuzz && [ -d "$REPO/tests" ]; then
 fi
 if has runtime; then
   python3 -m kernelgen.runtime.bench_launch --calls 3000 --profile 2>&1 | tee "$OUT/launch.log"
+  python3 -m kernelgen.runtime.bench_launch --python-only 2>&1 | tee -a "$OUT/launch.log"
   pack
   rm -rf /tmp/kg_firstcall
   [ "${FIRSTCALL:-1}" = 1 ] && for run in cold warm; do

@@ -5,16 +5,18 @@
 # Here:   git archive --format=tar.gz -o .base/base.tgz COMMIT     (.base/ is git-ignored: carry it)
 # There:  BASE_COMMIT=COMMIT bash scripts/gpu_same_run.sh [bench args...]   (BENCH_TABLE: default gpu_md)
 #
-# Each side is scripts/gpu_run.sh bench of its own tree, with its own kernel cache; their results come back as
-# $OUT/base.tgz and $OUT/head.tgz, and the two geo-mean lines are printed one above the other.
+# Each side is scripts/gpu_run.sh SAME_RUN_MODES (default bench; e.g. runtime: µs per call, with FIRSTCALL=0) of its
+# own tree, with its own kernel cache; their results come back as $OUT/base.tgz and $OUT/head.tgz, and the two
+# sides' summary lines (geo-means, µs per call) are printed one above the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf /tmp/kg_base && mkdir -p /tmp/kg_base && tar xzf "${BASE_TGZ:-.base/base.tgz}" -C /tmp/kg_base
 cp -r .whl /tmp/kg_base/
 (cd /tmp/kg_base && RESULTS_NAME=base KERNELGEN_CACHE_DIR=/tmp/kgcache_base KERNELGEN_COMMIT="${BASE_COMMIT:-base}" \
-  bash scripts/gpu_run.sh bench "$@" > /tmp/kg_same_base.log 2>&1) || echo "base: exit $?"
-RESULTS_NAME=head KERNELGEN_CACHE_DIR=/tmp/kgcache_head bash scripts/gpu_run.sh bench "$@" > /tmp/kg_same_head.log 2>&1 \
-  || echo "head: exit $?"
+  bash scripts/gpu_run.sh "${SAME_RUN_MODES:-bench}" "$@" > /tmp/kg_same_base.log 2>&1) || echo "base: exit $?"
+RESULTS_NAME=head KERNELGEN_CACHE_DIR=/tmp/kgcache_head bash scripts/gpu_run.sh "${SAME_RUN_MODES:-bench}" "$@" \
+  > /tmp/kg_same_head.log 2>&1 || echo "head: exit $?"
 for side in base head; do
-  echo "== $side"; grep -i "geo" "/tmp/kg_same_$side.log" | tail -8 || tail -5 "/tmp/kg_same_$side.log"
+  echo "== $side"; grep -iE "geo|us/call|^kernelgen\.|^ +of which|^torch conv2d|^dispatch|^empty numba" \
+    "/tmp/kg_same_$side.log" | tail -30 || tail -5 "/tmp/kg_same_$side.log"
 done
