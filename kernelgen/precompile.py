@@ -22,15 +22,29 @@ from kernelgen.tuning.compile_pool import PrecompileReport, compile_plans  # noq
 
 
 @contextlib.contextmanager
-def recording():
+def recording(on_plan=None):
     """`with recording() as plans:` - kernelgen calls in this thread (or task) are validated and planned, their
-    plans appended to `plans`, and they return zero-filled outputs instead of running any kernel."""
-    plans = []
+    plans appended to `plans`, and they return zero-filled outputs instead of running any kernel.  on_plan: called
+    with each plan as it is recorded (compile_pool.PoolOnDemand.see starts the compile workers at the first one
+    not on disk)."""
+    plans = [] if on_plan is None else _Recording(on_plan)
     token = api.RECORDING.set(plans)
     try:
         yield plans
     finally:
         api.RECORDING.reset(token)
+
+
+class _Recording(list):
+    """The recorded plans, each shown to on_plan as it is appended."""
+
+    def __init__(self, on_plan):
+        super().__init__()
+        self.on_plan = on_plan
+
+    def append(self, plan):
+        super().append(plan)
+        self.on_plan(plan)
 
 
 def plan_calls(calls) -> list:

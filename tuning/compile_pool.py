@@ -71,7 +71,7 @@ class PrecompileReport:
 def compile_plans(plans, workers=None, pool=None) -> PrecompileReport:
     """precompile's second half, for plans already made (a recording's, say).  Each kernel is loaded here as soon
     as its worker has compiled it (and those already on disk while the workers run), not after the last one.
-    pool: an executor started earlier (started_pool), used in place of a new one (and left running)."""
+    pool: an executor started earlier (pool_on_demand), used in place of a new one (and left running)."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
     start = time.perf_counter()
@@ -116,21 +116,40 @@ def _record_worker_stages(kernel, seconds, stages):
     compile_profile.record(kernel, "workers", max(0.0, seconds - sum(stages.values())))
 
 
+class PoolOnDemand:
+    """A compile pool started by the first plan shown to it (see) whose kernel is not in the disk cache: its
+    workers (an interpreter and numba's imports each, ~2 s) then start while the caller goes on tracing.  While
+    every plan so far is on disk it starts none: a step whose kernels are all cached only loads them, and 16
+    interpreters importing numba beside it would slow that down.  `pool`: the executor, or None (none needed yet,
+    or fewer than 2 idle CPUs, where a pool would not pay)."""
+
+    def __init__(self):
+        self.pool = None
+        self._asked = set()  # id() of the plans asked about (a traced step records each plan several times)
+        self._cpus = None
+
+    def see(self, plan):
+        if self.pool is not None or plan is None or id(plan) in self._asked:
+            return
+        self._asked.add(id(plan))
+        if KERNELS.compiled_on_disk(key_digest(plan.key())):
+            return
+        self._cpus = _idle_cpus() if self._cpus is None else self._cpus
+        if self._cpus >= 2:
+            self.pool = ProcessPoolExecutor(self._cpus, mp_context=get_context("spawn"))
+            _start_workers(self.pool, self._cpus)
+
+
 @contextlib.contextmanager
-def started_pool():
-    """A compile pool whose workers start now (an interpreter and numba's imports each, ~2 s) while the caller
-    does something else first (traces a step), for compile_plans(..., pool=); None where a pool would not pay
-    (fewer than 2 idle CPUs).  Shut down on leaving, without waiting for what it was never given."""
-    n = _idle_cpus()
-    if n < 2:
-        yield None
-        return
-    pool = ProcessPoolExecutor(n, mp_context=get_context("spawn"))
+def pool_on_demand():
+    """`with pool_on_demand() as demand:` trace, showing each plan to demand.see, then compile_plans(plans,
+    pool=demand.pool).  The pool is shut down on leaving, without waiting for what it was never given."""
+    demand = PoolOnDemand()
     try:
-        _start_workers(pool, n)
-        yield pool
+        yield demand
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        if demand.pool is not None:
+            demand.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _compile_jobs(jobs, workers, pool=None):

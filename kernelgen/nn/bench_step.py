@@ -90,19 +90,35 @@ def bench_kernelgen(x, labels, args):
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
     _, times = median_step(step, 0, args.steps, cuda.synchronize)
-    if getattr(args, "new_batch", None):  # then a batch size this process has not run: its first step, its next 5
+    if getattr(args, "new_batch", None):  # then a batch size this process has not run
         n = args.new_batch
         xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
             Tensor(np.resize(labels, n)).to("cuda").data
-        new_first, new_times = median_step(lambda: step(xn, yn), 1, 5, cuda.synchronize)
-        compiled.update(new_batch=n, new_batch_first_step_s=new_first,
-                        new_batch_step_ms=1e3 * statistics.median(new_times))
+        compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize))
     free, total = cuda.current_context().get_memory_info()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
             "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
             "loss_first": float(losses[0].copy_to_host()),
             "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
+
+
+def _new_batch_steps(step, n, seconds, sync):
+    """A new batch size's first step, then steps on it for `seconds` (its own kernels compiling in the background
+    meanwhile, runtime.batch_fallback): the first step's seconds, the median of the next 5, each step's ms, and
+    the time the batch cost beyond its steady step (the median of the last 5): sum(step - steady)."""
+    first, five = median_step(step, 1, 5, sync)
+    times = [first] + list(five)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t)
+    steady = statistics.median(times[-5:])
+    return {"new_batch": n, "new_batch_first_step_s": first, "new_batch_step_ms": 1e3 * statistics.median(five),
+            "new_batch_steady_step_ms": 1e3 * steady, "new_batch_extra_s": sum(t - steady for t in times),
+            "new_batch_steps_ms": [round(1e3 * t, 2) for t in times]}
 
 
 def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
@@ -176,8 +192,12 @@ def bench_torch(x, labels, args):
 @contextlib.contextmanager
 def _cold(args):
     """--cold: kernelgen's run on an empty kernel cache (a fresh directory, numba's cache inside it), under
-    kernelgen.profile_compile (the report, or None without --cold)."""
+    kernelgen.profile_compile (the report, or None without --cold); --profile: on the cache in force, profiled."""
     if not getattr(args, "cold", False):
+        if getattr(args, "profile", False):
+            with profile_compile() as profile:
+                yield profile
+            return
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="kernelgen_cold_") as directory, \
@@ -201,6 +221,8 @@ def main(argv=None):
                     "ImageNet stem)")
     ap.add_argument("--cold", action="store_true", help="kernelgen's run from an empty kernel cache, with "
                     "kernelgen.profile_compile's report: where the first step's time goes, per stage and kernel")
+    ap.add_argument("--profile", action="store_true", help="kernelgen.profile_compile's report on the kernel cache "
+                    "in force (a warm first step's stages)")
     ap.add_argument("--precompile", action="store_true",
                     help="model.precompile(...) before the first step: its conv kernels compiled in a process pool "
                     "(timed apart: precompile_s; warmup_s is then the steps that load them)")
@@ -209,6 +231,9 @@ def main(argv=None):
     ap.add_argument("--new-batch", type=int, default=None,
                     help="after the timed steps, steps on this batch size (e.g. 96 after 128): the first one's seconds "
                     "and the median of the next 5 (new_batch_first_step_s, new_batch_step_ms)")
+    ap.add_argument("--new-batch-seconds", type=float, default=0.0,
+                    help="then steps on the new batch for this long: each one's ms, and what the batch cost beyond "
+                    "its steady step (new_batch_extra_s)")
     ap.add_argument("--amp", action="store_true",
                     help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
                     "torch.autocast fp16 with torch.amp.GradScaler")
@@ -248,7 +273,8 @@ def main(argv=None):
     if "new_batch" in result["kernelgen"]:
         k = result["kernelgen"]
         print(f"kernelgen, then batch {k['new_batch']}: first step {k['new_batch_first_step_s']:.2f} s, next 5 steps "
-              f"{k['new_batch_step_ms']:.2f} ms (median)")
+              f"{k['new_batch_step_ms']:.2f} ms (median); {len(k['new_batch_steps_ms'])} steps: steady "
+              f"{k['new_batch_steady_step_ms']:.2f} ms, {k['new_batch_extra_s']:.2f} s beyond it in all")
     if "precompile_s" in result["kernelgen"]:
         k = result["kernelgen"]
         print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "

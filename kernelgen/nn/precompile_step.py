@@ -19,7 +19,7 @@ import numpy as np
 from kernelgen import settings
 from kernelgen.nn.tensor import Tensor, to_device_array
 from kernelgen.precompile import PrecompileReport, compile_plans, recording
-from kernelgen.tuning.compile_pool import started_pool
+from kernelgen.tuning.compile_pool import pool_on_demand
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,10 @@ def model_device(model) -> str:
     return "cuda" if params and params[0].is_cuda else "cpu"
 
 
-def trace_plans(model, input_shape, dtype="float32", backward=True) -> list:
+def trace_plans(model, input_shape, dtype="float32", backward=True, on_plan=None) -> list:
     """The plans of every convolution call of one training step of `model` on an input of `input_shape`
     (N, *spatial, C) and `dtype` (backward=False: of its forward only); the model is left unchanged, the
-    random generators of its layers (dropout's) included."""
+    random generators of its layers (dropout's) included.  on_plan: shown each plan as it is traced."""
     if not isinstance(input_shape, (tuple, list)) or not input_shape or \
             not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in input_shape):
         raise ValueError(f"input_shape must be a tuple of positive ints (N, *spatial, C), got {input_shape!r}")
@@ -47,7 +47,7 @@ def trace_plans(model, input_shape, dtype="float32", backward=True) -> list:
     grads = [p.grad for p in params]
     generators = [(g, g.bit_generator.state) for g in _generators(model)]
     try:
-        with recording() as plans:
+        with recording(on_plan) as plans:
             x = Tensor(to_device_array(np.zeros(tuple(input_shape), dtype), device))
             y = model(x)
             if backward:
@@ -94,8 +94,9 @@ def precompile_new_input(model, args):
                                               for s in seen):
         return  # a smaller batch: its calls run on the larger batch's kernels while theirs compile in the background
     try:
-        with started_pool() as pool:  # (its workers start while the step is traced)
-            compile_plans(trace_plans(target, x.shape, x.dtype, backward=model.training), pool=pool)
+        with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
+            plans = trace_plans(target, x.shape, x.dtype, backward=model.training, on_plan=demand.see)
+            compile_plans(plans, pool=demand.pool)
     except Exception as e:  # noqa: BLE001 (a head start only: the call itself raises what is wrong)
         log.debug("no precompile for %s on %s: %s: %s", type(model).__name__, x.shape, type(e).__name__, e)
 

@@ -298,3 +298,15 @@ def test_bench_step_cold_profiles_kernelgen_on_an_empty_cache(monkeypatch, tmp_p
     assert kernel.startswith("fwd_n1_c2_k3") and {"plan", "numba", "cache"} <= set(stages)
     assert seen["cache_dir"] != settings.get("cache_dir") and not os.path.exists(seen["cache_dir"])
     assert "compile profile: 1 kernels" in capsys.readouterr().out
+
+
+def test_bench_step_new_batch_accounts_every_step_against_the_steady_one():
+    """_new_batch_steps: the first step, the next 5, then steps for the given seconds; what the batch cost beyond
+    its steady step is the sum over every step of (its time - the median of the last 5)."""
+    from kernelgen.nn import bench_step
+    calls = []
+    r = bench_step._new_batch_steps(lambda: calls.append(1), 96, 0.05, lambda: None)
+    steps = r["new_batch_steps_ms"]
+    assert r["new_batch"] == 96 and len(steps) == len(calls) >= 6
+    steady = r["new_batch_steady_step_ms"]
+    assert abs(r["new_batch_extra_s"] - sum(t - steady for t in steps) / 1e3) < 1e-4 * len(steps)

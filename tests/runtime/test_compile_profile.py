@@ -62,8 +62,8 @@ def test_precompile_reports_its_workers_seconds_per_kernel(rng, tmp_path):
 
 
 def test_compile_plans_uses_a_pool_started_earlier_and_leaves_it_running(rng, tmp_path, monkeypatch):
-    """started_pool's pool (its workers importing while the caller traces) takes the jobs in place of a new one,
-    and stays usable; with fewer than two idle CPUs there is none."""
+    """A pool started earlier (pool_on_demand's, its workers importing while the caller traces) takes the jobs in
+    place of a new one, and stays usable."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kernelgen.precompile import plan_calls
@@ -77,6 +77,39 @@ def test_compile_plans_uses_a_pool_started_earlier_and_leaves_it_running(rng, tm
         assert pool.submit(lambda: 7).result() == 7
     assert report.compiled == 2 and report.workers == 1 and not report.errors
     assert submitted == ["compile_job", "<lambda>"]  # the other kernel compiled here
-    monkeypatch.setattr(compile_pool, "_idle_cpus", lambda: 1)
-    with compile_pool.started_pool() as pool:
-        assert pool is None
+
+
+def test_the_pool_on_demand_starts_at_the_first_plan_not_on_disk(rng, tmp_path, monkeypatch):
+    """pool_on_demand starts no workers while every plan shown is in the disk cache (a warm first step only
+    loads), starts them once at the first plan that is not, and none with fewer than 2 idle CPUs."""
+    from kernelgen.precompile import plan_calls
+    from kernelgen.tuning import compile_pool
+    started = []
+
+    class Executor:
+        def __init__(self, n, mp_context=None):
+            started.append(n)
+
+        def submit(self, fn, *args):
+            pass
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            started.append("shutdown")
+    monkeypatch.setattr(compile_pool, "ProcessPoolExecutor", Executor)
+    monkeypatch.setattr(compile_pool, "_idle_cpus", lambda: 3)
+    cached, new = plan_calls([(kernelgen.conv, (random_array(rng, (1, 4, 6, c)), random_array(rng, (2, 3, 3, c))), KW)
+                              for c in (5, 6)])  # (shapes no other test compiles)
+    with settings.scope(cache_dir=str(tmp_path)):
+        compile_pool.compile_plans([cached], workers=0)  # on disk now
+        with compile_pool.pool_on_demand() as demand:
+            for plan in (cached, None, cached):
+                demand.see(plan)
+            assert demand.pool is None and started == []
+            demand.see(new)
+            demand.see(new)
+            assert isinstance(demand.pool, Executor) and started == [3]
+        assert started == [3, "shutdown"]
+        monkeypatch.setattr(compile_pool, "_idle_cpus", lambda: 1)
+        with compile_pool.pool_on_demand() as demand:
+            demand.see(new)
+            assert demand.pool is None

@@ -5,6 +5,7 @@ outputs poisoned with NaN)."""
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import json
 import os
@@ -152,6 +153,11 @@ def test_demo_compiles_its_kernels_beforehand_and_passes(tmp_path):
     assert again.returncode == 0 and "kernels: 3, 3 from the disk cache, 0 compiled" in again.stdout, again.stdout
 
 
+def _no_pool():
+    """pool_on_demand's stand-in where the compile pool is stood in for too: shown each plan, starts nothing."""
+    return contextlib.nullcontext(SimpleNamespace(see=lambda plan: None, pool=None))
+
+
 @pytest.mark.sim
 def test_a_cuda_model_s_first_call_on_a_new_input_precompiles_its_step(monkeypatch, rng):
     """auto_precompile: the outermost module's first call on each new (shape, dtype, mode) traces a step and hands
@@ -162,7 +168,7 @@ def test_a_cuda_model_s_first_call_on_a_new_input_precompiles_its_step(monkeypat
     batches = []
     monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
     monkeypatch.setattr(precompile_step, "compile_plans", lambda plans, pool=None: batches.append(plans))
-    monkeypatch.setattr(precompile_step, "started_pool", lambda: contextlib.nullcontext())
+    monkeypatch.setattr(precompile_step, "pool_on_demand", _no_pool)
     model = _small_net().to("cuda")
     x = Tensor(random_array(rng, (4, 6, 7, 3))).to("cuda")
     model(x)
@@ -190,7 +196,7 @@ def test_the_first_call_s_trace_leaves_dropout_masks_as_they_would_be(monkeypatc
     from kernelgen.nn import precompile_step
     monkeypatch.setattr(precompile_step, "_compiles_for_real", lambda: True)
     monkeypatch.setattr(precompile_step, "compile_plans", lambda plans, pool=None: None)
-    monkeypatch.setattr(precompile_step, "started_pool", lambda: contextlib.nullcontext())
+    monkeypatch.setattr(precompile_step, "pool_on_demand", _no_pool)
     x = random_array(rng, (2, 6, 7, 3))
     outputs = []
     for auto in (True, False):
