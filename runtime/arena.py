@@ -363,7 +363,8 @@ def device_empty(shape, dtype, stream=None):
 
 
 def pooled_array(shape: tuple, dtype, stream=None):
-    """device_empty on a real GPU (the fast route's output: the caller knows it is not the simulator)."""
+    """device_empty on a real GPU (the fast route's output: the caller knows it is not the simulator).  The
+    pointer's and the array's attributes are set as whole dicts: each attribute set one by one costs as much."""
     global _NUMBA
     if _NUMBA is None:
         _NUMBA = _numba_classes()
@@ -380,14 +381,16 @@ def pooled_array(shape: tuple, dtype, stream=None):
     pool = device_pool()
     block = pool.alloc(nbytes, _stream_key(stream))
     mem = pointer_class.__new__(pointer_class)  # (MemoryPointer.__init__'s fields, without its finalizer)
-    mem.__dict__.update(context=ctx, device_pointer=block.handle, handle=block.handle, size=nbytes,
-                        _cuda_memsize_=nbytes, is_managed=True, refct=1, _owner=None, _pool_block=(pool, block))
+    mem.__dict__ = {"context": ctx, "device_pointer": block.handle, "handle": block.handle, "size": nbytes,
+                    "_cuda_memsize_": nbytes, "is_managed": True, "refct": 1, "_owner": None,
+                    "_pool_block": (pool, block)}
     if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
         proto = _PROTOTYPES[(shape, dtype)] = (nbytes, _make_prototype(shape, dtype, mem))
+    attributes = proto[1].copy()
+    attributes["gpu_data"] = mem
+    attributes["stream"] = stream or 0
     arr = array_class.__new__(array_class)
-    arr.__dict__.update(proto[1])
-    arr.gpu_data = mem
-    arr.stream = stream or 0
+    arr.__dict__ = attributes
     return arr
 
 

@@ -47,7 +47,7 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
     return host
 
 
-def _new_output(template, shape, dtype, nstream):
+def new_output(template, shape, dtype, nstream):
     """The output in the caller's currency: a torch tensor from torch's caching allocator for torch
     inputs, otherwise a numba array from kernelgen's pool (returned as CuPy by like_input)."""
     if type(template).__module__.startswith("torch"):
@@ -57,7 +57,7 @@ def _new_output(template, shape, dtype, nstream):
 
 
 def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
-    result = out if out is not None else _new_output(template, shape, dtype, nstream)
+    result = out if out is not None else new_output(template, shape, dtype, nstream)
     ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in launcher.caller_params]
     if not launcher.aligned([p for p, _ in ptr_sizes]):  # the alignment-specialised kernel cannot take these
         args = {name: arrays.to_device_view(result if name == out_name else inputs[name], name)

@@ -116,7 +116,19 @@ def _libcuda():
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_uint64, value, ctypes.c_size_t, ctypes.c_void_p]
         fn.restype = ctypes.c_int
+    fn = lib.cuMemcpyDtoDAsync_v2  # (the symbol cuda.h's cuMemcpyDtoDAsync names)
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
     return lib
+
+
+def copy_pointer(dst, src, nbytes, stream_handle=0):
+    """Copy nbytes between raw device addresses with the driver's asynchronous copy, on the raw stream."""
+    if _FastLaunch._lib is None:
+        _FastLaunch._lib = _libcuda()
+    err = _FastLaunch._lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream_handle)
+    if err:
+        raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUDA error {err}")
 
 
 def zero_pointer(ptr, n, itemsize, stream_handle=0):

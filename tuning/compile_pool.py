@@ -195,12 +195,13 @@ _BACKGROUND_LOCK = threading.Lock()
 
 
 def compile_in_background(plan):
-    """A Future of compile_job for the plan in a pool of background processes (spawned, half the CPUs: the
-    caller keeps running meanwhile, and numba holds a process's GIL while it compiles), shared by every caller."""
+    """A Future of compile_job for the plan in a pool of background processes (spawned; every CPU but two, which
+    the caller keeps running on meanwhile: a step on borrowed kernels costs more than its own until they are in,
+    so the sooner they are, the less the new batch costs), shared by every caller."""
     digest = key_digest(plan.key())
     with _BACKGROUND_LOCK:
         if _BACKGROUND["pool"] is None:
-            workers = max(1, (os.cpu_count() or 2) // 2)
+            workers = max(1, (os.cpu_count() or 2) - 2)
             _BACKGROUND["pool"] = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
         return _BACKGROUND["pool"].submit(compile_job, (digest, plan, _worker_settings(), False))
 

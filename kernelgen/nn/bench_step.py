@@ -94,7 +94,8 @@ def bench_kernelgen(x, labels, args):
         n = args.new_batch
         xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
             Tensor(np.resize(labels, n)).to("cuda").data
-        compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize))
+        compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize,
+                                         profile=getattr(args, "profile", False)))
     free, total = cuda.current_context().get_memory_info()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
@@ -103,11 +104,20 @@ def bench_kernelgen(x, labels, args):
             "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
 
 
-def _new_batch_steps(step, n, seconds, sync):
+def _new_batch_steps(step, n, seconds, sync, profile=False):
     """A new batch size's first step, then steps on it for `seconds` (its own kernels compiling in the background
     meanwhile, runtime.batch_fallback): the first step's seconds, the median of the next 5, each step's ms, and
-    the time the batch cost beyond its steady step (the median of the last 5): sum(step - steady)."""
-    first, five = median_step(step, 1, 5, sync)
+    the time the batch cost beyond its steady step (the median of the last 5): sum(step - steady).  profile: the
+    5 steps after the first under cProfile (printed: where a step on borrowed kernels spends its host time)."""
+    if profile:
+        import cProfile
+        import pstats
+        first, _ = median_step(step, 1, 0, sync)
+        prof = cProfile.Profile()
+        _, five = prof.runcall(median_step, step, 0, 5, sync)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    else:
+        first, five = median_step(step, 1, 5, sync)
     times = [first] + list(five)
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
