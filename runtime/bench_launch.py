@@ -70,7 +70,10 @@ def _stub_fast_launch(launcher):
     fast.handle, fast.grid, fast.threads, fast.shared = 0, tuple(launcher.grid) + (1,) * (3 - len(launcher.grid)), \
         launcher.threads, launcher.shared_bytes
     fast.thread = threading.get_ident()
-    fast.launch = lambda *a: 0
+    fast.launch = fast.raw_launch = lambda *a: 0
+    fast.fixed_args = (ctypes.c_void_p(0),) + tuple(ctypes.c_uint(v) for v in (*fast.grid, fast.threads, 1, 1,
+                                                                                  fast.shared))
+    fast.layout = None
     launcher._fast = fast
 
 

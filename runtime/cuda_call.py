@@ -11,7 +11,7 @@ import numpy as np
 
 from kernelgen import arrays
 from kernelgen.runtime.arena import device_empty, pooled_array, to_device_staged
-from kernelgen.runtime.driver import as_numba_stream, pointer_size, stream_handle
+from kernelgen.runtime.driver import address_reader, as_numba_stream, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):
@@ -80,7 +80,7 @@ class CudaRoute:
     kind, shape and dtype, and each address read checks contiguity.  Where the prepacked launch cannot be used
     (the simulator, a thread other than the one that compiled, host inputs) it is run_cuda."""
     __slots__ = ("prep", "launcher", "shape", "dtype", "itemsize", "out_name", "params", "on_device", "torch_empty",
-                 "torch_dtype", "torch_device", "wrap")
+                 "torch_dtype", "torch_device", "wrap", "readers", "layout")
 
     def __init__(self, prep, template, inputs: dict):
         self.prep, self.launcher = prep, prep.launcher
@@ -98,6 +98,9 @@ class CudaRoute:
             self.torch_empty, self.torch_dtype, self.torch_device = torch.empty, getattr(torch, problem.dtype), \
                 template.device
         self.wrap = type(template).__module__.split(".")[0] == "cupy"  # a numba result returned as CuPy
+        # (address reader per parameter, in order) and the arrays' (elements, itemsize): learnt on the route's first
+        # call, where pointer_size checks each array; the signature fixes both for every later call
+        self.readers = self.layout = None
 
     def __call__(self, inputs: dict, template, stream=None, out=None):
         launcher = self.launcher
@@ -111,9 +114,19 @@ class CudaRoute:
         else:
             result = pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
         out_name = self.out_name
+        readers = self.readers
+        if readers is not None:  # the arrays' addresses, and the launch with no more Python than that
+            addresses = [read(result if name == out_name else inputs[name]) for name, read in readers]
+            if launcher.kernel_any is None or launcher.aligned(addresses):
+                launcher._fast.launch_addresses(addresses, self.layout, 0 if nstream is None else int(nstream.handle))
+                return arrays.like_input(result, template) if self.wrap and out is None else result
         ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in self.params]
         if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):
             launcher.launch_pointers(ptr_sizes, self.itemsize, nstream)
+            if readers is None and not (launcher.zero_output or launcher.tensor_maps):
+                self.layout = tuple((n, self.itemsize) for _, n in ptr_sizes)
+                self.readers = tuple((name, address_reader(result if name == out_name else inputs[name]))
+                                     for name in self.params)
         else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
             launcher({name: arrays.to_device_view(result if name == out_name else inputs[name], name).reshape(-1)
                       for name in self.params}, nstream)

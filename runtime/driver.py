@@ -168,6 +168,12 @@ class _FastLaunch:
         self.params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
         self.thread = threading.get_ident()
         self.launch = self._lib.cuLaunchKernel
+        # launch_addresses' own function object: no argtypes to convert through, its constant arguments made once
+        self.raw_launch = self._lib["cuLaunchKernel"]
+        self.raw_launch.restype = ctypes.c_int
+        self.fixed_args = (ctypes.c_void_p(self.handle),) + tuple(ctypes.c_uint(v) for v in (
+            *self.grid, threads, 1, 1, shared_bytes))
+        self.layout = None  # the (elements, itemsize) per array that the words hold (launch_addresses)
 
     def usable(self):
         return threading.get_ident() == self.thread
@@ -190,10 +196,35 @@ class _FastLaunch:
         call.keep_alive = (words, params)
         return call
 
+    def launch_addresses(self, addresses, layout, stream_handle):
+        """The launch of a repeated call (runtime.cuda_call.CudaRoute): one device address per array parameter;
+        `layout`, one (elements, itemsize) per array, is a tuple the caller keeps, written into the parameter
+        words only when it is not the one they hold already (the same object).  A kernel is specialised to its
+        shapes, so that is only on a route's first call, or after another route of the same kernel launched."""
+        import ctypes
+        words = self.words
+        if self.layout is not layout:
+            i = 0
+            for n, size in layout:
+                words[i + 2] = n
+                words[i + 3] = size
+                words[i + 5] = n
+                words[i + 6] = size
+                i += 7
+            self.layout = layout
+        i = 4
+        for ptr in addresses:
+            words[i] = ptr
+            i += 7
+        err = self.raw_launch(*self.fixed_args, ctypes.c_void_p(stream_handle), self.params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
     def __call__(self, ptr_sizes, itemsize, stream_handle, scalars=()):
         """ptr_sizes: (pointer, elements) per array parameter, or (pointer, elements, itemsize) where it differs;
         scalars: the int64 parameters after them."""
         words = self.words
+        self.layout = None  # (rewritten here: launch_addresses writes its layout again)
         i = 0
         for entry in ptr_sizes:
             ptr, n = entry[0], entry[1]
@@ -256,6 +287,27 @@ def _interface_pointer(a, name):
 
 
 _POINTER_READERS: dict = {}  # array type -> its reader (a dict's reads and writes are atomic: thread-safe)
+
+
+def address_reader(a):
+    """address(a) -> the device address of an array of a's type, with no checks: for a route whose signature
+    fixed its arrays' shapes and strides, checked (pointer_size) on the call that made it."""
+    kind = type(a).__module__
+    if kind.startswith("torch"):
+        return type(a).data_ptr
+    if kind.startswith("numba") and hasattr(a, "_dummy"):
+        return _numba_address
+    return lambda b: arrays.pointer(b, "array")
+
+
+def _numba_address(a):
+    mem = a.gpu_data
+    if mem is None:
+        return 0
+    try:
+        return int(mem.device_pointer)
+    except TypeError:
+        return mem.device_ctypes_pointer.value or 0
 
 
 def itemsize_of(a) -> int:

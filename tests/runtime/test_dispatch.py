@@ -215,7 +215,10 @@ def stand_in_gpu():
         launcher = api.get_launcher(make_plan(problem, "cuda"))
         bench_launch._stub_fast_launch(launcher)
         real = launcher.launch_pointers
-        launcher.launch_pointers = lambda ptrs, itemsize, stream=None: launched.append((list(ptrs), itemsize))
+        launcher.launch_pointers = lambda ptrs, itemsize, stream=None: launched.append((list(ptrs), itemsize, "checked"))
+        # a route's later calls launch by address alone, their layout (elements, itemsize) kept from its first
+        launcher._fast.launch_addresses = lambda addresses, layout, stream: launched.append(
+            ([(a, n) for a, (n, _) in zip(addresses, layout)], layout[0][1], "by address"))
         try:
             yield x.shape, w.shape, launched
         finally:
@@ -229,16 +232,17 @@ def test_cuda_route_binds_each_call_s_arrays_in_parameter_order(stand_in_gpu):
     kernel's parameter order; a new output each call unless out= is given; bad out refused by name."""
     x_shape, w_shape, launched = stand_in_gpu
     y_shape = (1, 7, 7, 5)
-    for _ in range(3):
+    for _ in range(4):  # the first call plans, the second makes the route, later ones launch by address
         dx, dw = bench_launch.StandInDeviceArray(x_shape), bench_launch.StandInDeviceArray(w_shape)
         y = kernelgen.conv(dx, dw, padding=1)
         assert isinstance(y, bench_launch.StandInDeviceArray) and y.shape == y_shape
-        ptrs, itemsize = launched[-1]
+        ptrs, itemsize, _ = launched[-1]
         assert itemsize == 4
         assert [p for p, _ in ptrs] == [a.__cuda_array_interface__["data"][0] for a in (dx, dw, y)]
         assert [n for _, n in ptrs] == [dx.size, dw.size, y.size]
+    assert [how for *_, how in launched] == ["checked", "checked", "by address", "by address"]
     out = bench_launch.StandInDeviceArray(y_shape)
-    for _ in range(2):
+    for _ in range(3):
         assert kernelgen.conv(dx, dw, padding=1, out=out) is out
         assert launched[-1][0][2][0] == out.__cuda_array_interface__["data"][0]
     assert api._DISPATCH.stats()["hits"] >= 3
