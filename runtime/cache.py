@@ -212,6 +212,34 @@ def _remove(entry: _Entry) -> int:
     return sum(_unlink(p) for p in [entry.path, *entry.cached])
 
 
+def restore_numba_stamp(path: Path) -> bool:
+    """numba-cuda's cache index of a module records the module's (mtime, size) and is void once either changes.
+    A copied cache (`cp -r`, a container layer) gives every module a new mtime, so every kernel it holds would
+    compile again, one after another in the caller (measured: a 120 s first step where 2 s was due).  A module's
+    name is its content's digest and its header a checksum (_read_valid), so a module of the recorded size is the
+    one the index was made for: its recorded mtime is put back.  Returns whether it was."""
+    import pickle
+    try:
+        st = path.stat()
+        indexes = list((path.parent / "__pycache__").glob(f"{path.stem}.*.nbi"))
+    except OSError:
+        return False
+    for index in indexes:
+        try:
+            with open(index, "rb") as f:
+                pickle.load(f)  # (numba's version)
+                stamp = pickle.loads(f.read())[0]
+        except Exception:  # noqa: BLE001 (another numba's index, or a torn one: numba itself will not use it)
+            continue
+        if isinstance(stamp, tuple) and len(stamp) == 2 and stamp[1] == st.st_size and stamp[0] != st.st_mtime:
+            try:
+                os.utime(path, ns=(st.st_atime_ns, round(stamp[0] * 1e9)))
+            except OSError:
+                return False  # a read-only cache: it compiles, as it would have
+            return True
+    return False
+
+
 @dataclass
 class KernelCache:
     """Maps a specialisation key to a compiled object built by `build(function) -> object`."""
@@ -260,6 +288,7 @@ class KernelCache:
             if not private and self._read_valid(path, digest) is not None:
                 self.stats.disk_hits += 1
                 self._touch(path)
+                restore_numba_stamp(path)
             else:
                 if body is None:
                     self.stats.misses += 1
@@ -379,10 +408,14 @@ class KernelCache:
         return evicted
 
     def compiled_on_disk(self, digest: str) -> bool:
-        """Does the disk cache hold this kernel's module and numba's compiled code for it (its index file)?"""
+        """Does the disk cache hold this kernel's module and numba's compiled code for it (its index file), valid
+        for the module as it is (restore_numba_stamp)?"""
         directory = self.directory
-        return (directory / f"kg_{digest}.py").exists() and \
-            any((directory / "__pycache__").glob(f"kg_{digest}.*.nbi"))
+        path = directory / f"kg_{digest}.py"
+        if not (path.exists() and any((directory / "__pycache__").glob(f"kg_{digest}.*.nbi"))):
+            return False
+        restore_numba_stamp(path)
+        return True
 
     def entries(self):
         return sorted(e.path for e in _scan(self.directory)[0].values())

@@ -310,3 +310,36 @@ def test_a_module_that_fails_to_import_is_not_retried(tmp_path):
     with pytest.raises(ZeroDivisionError):
         KernelCache(root=tmp_path).get(("broken", 0), lambda: renders.append(1) or "X = 1 / 0\n")
     assert renders == [1]
+
+
+def test_a_copied_cache_s_modules_get_the_mtime_numba_cuda_s_index_recorded(tmp_path):
+    """numba-cuda's index records its module's (mtime, size) and is void after either changes: a copied cache
+    (cp -r: new mtimes) would compile every kernel again.  restore_numba_stamp puts the recorded mtime back, so
+    numba-cuda's own index loads; a module of another size, or an index with a content-hash stamp (numba's CPU
+    cache), is left alone."""
+    import os
+
+    from numba.cuda.core.caching import IndexDataCacheFile
+
+    from kernelgen.runtime.cache import restore_numba_stamp
+    module = tmp_path / "kg_0123abcd.py"
+    module.write_text("# a kernel module\n")
+    os.utime(module, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    st = module.stat()
+    pycache = tmp_path / "__pycache__"
+    pycache.mkdir()
+
+    def index(stamp):
+        return IndexDataCacheFile(str(pycache), "kg_0123abcd.kernel-3.py312", stamp)
+    index((st.st_mtime, st.st_size))._save_index({"overload": "data"})
+    os.utime(module, ns=(1_800_000_000_000_000_000, 1_800_000_000_000_000_000))  # as cp -r leaves it
+    moved = module.stat()
+    assert index((moved.st_mtime, moved.st_size))._load_index() == {}  # numba-cuda would compile again
+    assert restore_numba_stamp(module)
+    back = module.stat()
+    assert back.st_mtime == st.st_mtime
+    assert index((back.st_mtime, back.st_size))._load_index() == {"overload": "data"}
+    assert not restore_numba_stamp(module)  # nothing left to restore
+    module.write_text("# a kernel module, longer\n")  # another size: not the module the index was made for
+    os.utime(module, ns=(1_800_000_000_000_000_000, 1_800_000_000_000_000_000))
+    assert not restore_numba_stamp(module) and module.stat().st_mtime != st.st_mtime
