@@ -4,7 +4,8 @@
 # Here, once (a machine with PyPI and scikit-learn):  bash scripts/gpu_run.sh --fetch-wheels   (.whl/, digits.npz)
 # There (repo root):  bash scripts/gpu_ddp.sh [STAGES]   STAGES: comma-separated, default all =
 #   tests   tests/distributed on the GPUs (the CPU ones too) and the 2-GPU pytest (test_ddp_gpu.py)
-#   check   one step on NGPUS GPUs equals one GPU on the combined batch to 1e-5 ($OUT/check_N.json)
+#   check   one step on NGPUS GPUs equals one GPU on the combined batch to 1e-5 ($OUT/check_N.json), for ResNet-18
+#           and for a small net whose float32 floor is below 1e-5 ($OUT/check_small_N.json)
 #   speed   ResNet-18 CIFAR, batch 128 per GPU: kernelgen 1 GPU, kernelgen NGPUS, PyTorch DDP 1 and NGPUS, in this
 #           run; images/s, scaling, the last step's bucket timeline ($OUT/speed_N.json, torch_N.json, summary.txt)
 #   digits  `train digits --gpus NGPUS` (>= 97 % test accuracy)
@@ -36,6 +37,7 @@ if has tests; then
 fi
 if has check; then
   run "${L[@]}" "$NGPUS" -m kernelgen.distributed.bench check --out "$OUT" | tee "$OUT/check.log" || true
+  run "${L[@]}" "$NGPUS" -m kernelgen.distributed.bench check --model small --out "$OUT" | tee -a "$OUT/check.log" || true
 fi
 if has speed; then
   run "${L[@]}" 1 -m kernelgen.distributed.bench speed --out "$OUT" | tee "$OUT/speed1.log" || true

@@ -24,6 +24,7 @@ import numpy as np
 
 from kernelgen import settings
 from kernelgen.distributed.process_group import get_default, init_process_group
+from kernelgen import nn
 from kernelgen.nn import functional as F
 from kernelgen.nn.bench_step import median_step, torch_resnet18
 from kernelgen.nn.models import resnet18
@@ -56,11 +57,23 @@ def _precompile(model, comm, *input_shapes):
         comm.barrier()
 
 
+def _model(args):
+    """The check's network (seed 0): ResNet-18 (CIFAR stem), or --model small: two convolutions with batch norm,
+    pooled, a linear head.  ResNet-18's one step moves by ~1e-3 when its input moves by one float32 rounding (its
+    chain of batch norms amplifies), so there 1e-5 is below float32's own floor; the small net's floor is
+    lower, so it tells whether the data-parallel arithmetic is the same at 1e-5."""
+    if args.model == "small":
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, rng=0), nn.BatchNorm2d(16), nn.ReLU(),
+                             nn.Conv2d(16, 32, 3, stride=2, padding=1, rng=1), nn.BatchNorm2d(32), nn.ReLU(),
+                             nn.GlobalAvgPool(), nn.Linear(32, args.classes, rng=2))
+    return resnet18(args.classes, width=args.width, stem="cifar", seed=0)
+
+
 def _one_gpu_step(args, x, y, with_grads=False):
     """The parameters after one SGD step of a fresh ResNet-18 (seed 0) on the whole batch, on this GPU (its kernels
     precompiled: a second call of the same shape and settings finds them in the disk cache); with_grads: and the
     step's gradients."""
-    twin = resnet18(args.classes, width=args.width, stem="cifar", seed=0).to("cuda")
+    twin = _model(args).to("cuda")
     _precompile(twin, None, x.shape)
     opt = SGD(twin.parameters(), lr=0.1)
     F.cross_entropy(twin(Tensor(x).to("cuda")), Tensor(y).to("cuda").data).backward()
@@ -99,7 +112,7 @@ def check(args):
     world, rank = comm.world_size, comm.rank
     x, y = _data(args.batch * world, args.classes)
     mine = slice(rank * args.batch, (rank + 1) * args.batch)
-    model = convert_sync_batchnorm(resnet18(args.classes, width=args.width, stem="cifar", seed=0)).to("cuda")
+    model = convert_sync_batchnorm(_model(args)).to("cuda")
     _precompile(model, comm, (args.batch, 32, 32, 3))
     ddp = DistributedDataParallel(model, bucket_mb=args.bucket_mb)
     opt = SGD(model.parameters(), lr=0.1)
@@ -120,8 +133,8 @@ def check(args):
     floor = _max_rel_error(_one_gpu_step(args, nudged, y), want)
     with settings.scope(winograd_states=()):
         algorithm_floor = _max_rel_error(_one_gpu_step(args, x, y), want)
-    _write(args, f"check_{world}.json", {
-        "gpus": world, "batch_per_gpu": args.batch, "max_rel_error": err, "worst": worst, "pass": err <= 1e-5,
+    _write(args, f"check_{args.model}_{world}.json" if args.model != "resnet18" else f"check_{world}.json", {
+        "model": args.model, "gpus": world, "batch_per_gpu": args.batch, "max_rel_error": err, "worst": worst, "pass": err <= 1e-5,
         "input_rounding_floor": floor, "winograd_off_floor": algorithm_floor,
         "within_floor": err <= max(1e-5, 2 * max(floor[0], algorithm_floor[0])),
         "tensors": len(errors), "tensors_over_1e-5": sorted(k for k, e in errors.items() if e > 1e-5),
@@ -188,7 +201,7 @@ def summary(args):
     rows = {}
     for path in sorted(glob.glob(os.path.join(args.out, "*_*.json"))):
         kind, n = os.path.basename(path)[:-5].rsplit("_", 1)
-        if kind not in ("speed", "torch", "check") or not n.isdigit():  # (other results share the folder)
+        if kind not in ("speed", "torch", "check", "check_small") or not n.isdigit():  # (other results share the folder)
             continue
         with open(path) as f:
             rows[(kind, int(n))] = json.load(f)
@@ -199,8 +212,8 @@ def summary(args):
         print(f"{n:>5}{k:>17.0f}{k / base if base else float('nan'):>9.2f}"
               f"{t if t else float('nan'):>17.0f}{k / t if t else float('nan'):>17.2f}")
     for (kind, n), r in sorted(rows.items()):
-        if kind == "check":
-            print(f"check on {n} GPUs: max relative parameter error {r['max_rel_error']:.2e} ({r['worst']}), "
+        if kind.startswith("check"):
+            print(f"check ({r.get('model', 'resnet18')}) on {n} GPUs: max relative parameter error {r['max_rel_error']:.2e} ({r['worst']}), "
                   f"{'PASS' if r['pass'] else 'FAIL'} (<= 1e-5)")
             if "input_rounding_floor" in r:
                 print(f"  float32 floors of one step: input rounding {r['input_rounding_floor'][0]:.2e}, Winograd "
@@ -218,6 +231,7 @@ def main(argv=None):
     ap.add_argument("--out", dest="out_flag", default=None, help="results folder (default ./ddp_results)")
     ap.add_argument("--batch", type=int, default=None, help="images per GPU (default 128; check: 16)")
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--model", choices=["resnet18", "small"], default="resnet18", help="(check) the network")
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
