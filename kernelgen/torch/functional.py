@@ -75,7 +75,7 @@ def _conv(nd, x, w, bias, stride, padding, dilation, groups, op):
         x, padding = _same_padding(x, w, stride, dilation)
     padding = [0] * nd if padding == "valid" else _tuple(padding, nd, "padding")
     precision, compute, result = _precision(x)
-    y = ops.conv(_cast(x, compute), _cast(w, compute), _cast(bias, compute), stride, padding, dilation, groups,
+    y = ops.apply_conv(_cast(x, compute), _cast(w, compute), _cast(bias, compute), stride, padding, dilation, groups,
                  precision)
     y = _cast(y, result)
     return y.squeeze(0) if unbatched else y
@@ -86,7 +86,7 @@ def _conv_transpose(nd, x, w, bias, stride, padding, output_padding, groups, dil
     unbatched = x.dim() == nd + 1
     x = x.unsqueeze(0) if unbatched else x
     precision, compute, result = _precision(x)
-    y = ops.conv_transpose(_cast(x, compute), _cast(w, compute), _cast(bias, compute), _tuple(stride, nd, "stride"),
+    y = ops.apply_conv_transpose(_cast(x, compute), _cast(w, compute), _cast(bias, compute), _tuple(stride, nd, "stride"),
                            _tuple(padding, nd, "padding"), _tuple(output_padding, nd, "output_padding"),
                            _tuple(dilation, nd, "dilation"), groups, precision)
     y = _cast(y, result)

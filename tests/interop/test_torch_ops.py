@@ -97,3 +97,23 @@ def test_refusals_name_the_argument(call, exc, message, monkeypatch):
     monkeypatch.setattr("kernelgen.api.get_launcher", tripwire)
     with pytest.raises(exc, match=message):
         call()
+
+
+def test_the_custom_ops_torch_compile_sees_have_the_same_gradients(gen):
+    """Eager calls run through autograd Functions (the custom ops' dispatch costs more than a small kernel); the
+    custom ops torch.compile traces carry the same formulas: both gradchecked, both against torch's forward."""
+    x_shape, w_shape, kw = PROBLEM_2D
+    s, p, d = [[kw[k]] * 2 for k in ("stride", "padding", "dilation")]
+    x, w, b = tensors(gen, x_shape, w_shape, (w_shape[0],))
+    for apply in (ops.conv, ops.apply_conv):
+        def f(x, w, b, apply=apply):
+            return apply(x, w, b, s, p, d, kw["groups"], "fp32")
+        torch.testing.assert_close(f(x, w, b), F.conv2d(x, w, b, **kw), rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(f, (x, w, b))
+    y_shape = ops.conv_output_shape(x_shape, w_shape, s, p, d)
+    xt, _, bt = tensors(gen, y_shape, w_shape, (w_shape[1] * kw["groups"],))
+    for apply in (ops.conv_transpose, ops.apply_conv_transpose):
+        def g(x, w, b, apply=apply):
+            return apply(x, w, b, s, p, [0, 0], d, kw["groups"], "fp32")
+        torch.testing.assert_close(g(xt, w, bt), F.conv_transpose2d(xt, w, bt, **kw), rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(g, (xt, w, bt))
