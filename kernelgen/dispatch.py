@@ -100,8 +100,8 @@ def value_signature(v):
     t = type(v)
     if t is int or v is None:
         return v
-    if t is tuple or t is list:
-        return t, tuple(map(value_signature, v))
+    if t is tuple or t is list:  # (ints, the common case - strides, paddings - enter as themselves, at once)
+        return t, tuple(v) if all(type(e) is int for e in v) else tuple(map(value_signature, v))
     if isinstance(v, _VALUE_TYPES):
         return t, v
     raise Unkeyable(t.__name__)
