@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import kernelgen
+import kernelgen.torch as kt
 from kernelgen.torch import convert
 
 
@@ -92,14 +93,19 @@ def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
     return losses, times
 
 
-def compare(mode, batch, steps, warmup):
-    """One mode's row: both models from the same seed, trained on the same batches."""
+def compare(mode, batch, steps, warmup, precompile=True):
+    """One mode's row: both models from the same seed, trained on the same batches.  precompile: kernelgen's
+    warm-up starts with kernelgen.torch.precompile (its step's kernels side by side), as a user's would."""
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     data = batches(4, batch)
     row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup}
     for name, model in zip(("torch", "kernelgen"), models()):
         start = time.perf_counter()
+        if name == "kernelgen" and precompile:
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
+                kt.precompile(model, (batch, 3, 32, 32))
+            row["kernelgen_precompile_s"] = time.perf_counter() - start
         train(model, data, warmup, mode)  # compiles (kernelgen) / autotunes (cuDNN); not the loss curve's steps
         row[f"{name}_warmup_s"] = time.perf_counter() - start
     for name, model in zip(("torch", "kernelgen"), models()):
@@ -126,13 +132,14 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="fp32,bf16")
+    p.add_argument("--no-precompile", action="store_true", help="kernelgen's warm-up without kernelgen.torch.precompile")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernelgen": kernelgen.__version__,
               "commit": _commit(), "python": platform.python_version(), "rows": []}
     for mode in args.modes.split(","):
-        row = compare(mode, args.batch, args.steps, args.warmup)
+        row = compare(mode, args.batch, args.steps, args.warmup, precompile=not args.no_precompile)
         result["rows"].append(row)
         print(f"{mode}: torch {row['torch_step_ms']:.2f} ms, kernelgen {row['kernelgen_step_ms']:.2f} ms "
               f"({row['step_ratio_kernelgen_over_torch']:.3f}x), max relative loss difference "

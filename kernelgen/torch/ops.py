@@ -249,11 +249,37 @@ def apply_conv(x, w, bias, stride, padding, dilation, groups, precision):
     """The differentiable convolution: the custom op under torch.compile, the eager Function otherwise."""
     if torch.compiler.is_compiling():
         return conv(x, w, bias, stride, padding, dilation, groups, precision)
-    return _EagerConv.apply(x, w, bias, stride, padding, dilation, groups, precision)
+    y = _EagerConv.apply(x, w, bias, stride, padding, dilation, groups, precision)
+    if api.RECORDING.get() is not None:
+        record_backward(_conv_setup, _conv_backward, (conv_backward_data_impl, conv_backward_weight_impl),
+                        (x, w, bias, stride, padding, dilation, groups, precision), y)
+    return y
 
 
 def apply_conv_transpose(x, w, bias, stride, padding, output_padding, dilation, groups, precision):
     """The differentiable transposed convolution (as apply_conv)."""
     if torch.compiler.is_compiling():
         return conv_transpose(x, w, bias, stride, padding, output_padding, dilation, groups, precision)
-    return _EagerConvTranspose.apply(x, w, bias, stride, padding, output_padding, dilation, groups, precision)
+    y = _EagerConvTranspose.apply(x, w, bias, stride, padding, output_padding, dilation, groups, precision)
+    if api.RECORDING.get() is not None:
+        record_backward(_conv_transpose_setup, _conv_transpose_backward, (conv_impl, conv_backward_weight_impl),
+                        (x, w, bias, stride, padding, output_padding, dilation, groups, precision), y)
+    return y
+
+
+class _TraceContext:
+    """What a backward formula reads of its ctx, for record_backward."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def record_backward(setup, backward, impls, inputs, y):
+    """Under kernelgen.torch.precompile's recording: the calls `backward` would make for this forward call, made
+    now, in this thread (planned and recorded, not run; torch's own CUDA backward runs on threads where the
+    recording is not in force), for the inputs that require grad."""
+    ctx = _TraceContext()
+    setup(ctx, inputs, y)
+    ctx.needs_input_grad = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    with torch.no_grad():
+        backward(ctx, torch.zeros_like(y), *impls)
