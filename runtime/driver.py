@@ -273,13 +273,7 @@ def _numba_pointer(a, name):
     first), or 0 for an empty array."""
     if not a._dummy.is_c_contig:
         raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {a.strides}")
-    mem = a.gpu_data
-    if mem is None:
-        return 0, a.size
-    try:
-        return int(mem.device_pointer), a.size  # numba-cuda's CUdeviceptr (or a plain int)
-    except TypeError:
-        return mem.device_ctypes_pointer.value or 0, a.size  # an older numba's ctypes pointer
+    return _numba_address(a), a.size
 
 
 def _interface_pointer(a, name):
@@ -302,12 +296,12 @@ def address_reader(a):
 
 def _numba_address(a):
     mem = a.gpu_data
-    if mem is None:
+    if mem is None:  # (an empty array)
         return 0
     try:
-        return int(mem.device_pointer)
+        return int(mem.device_pointer)  # numba-cuda's CUdeviceptr (or a plain int)
     except TypeError:
-        return mem.device_ctypes_pointer.value or 0
+        return mem.device_ctypes_pointer.value or 0  # an older numba's ctypes pointer
 
 
 def itemsize_of(a) -> int:
