@@ -14,13 +14,15 @@ from __future__ import annotations
 import torch
 
 from kernelgen.precompile import PrecompileReport, compile_plans, recording
+from kernelgen.tuning.compile_pool import pool_on_demand
 
 
 def precompile(model, input_shape, dtype=torch.float32, device=None, workers=None) -> PrecompileReport:
     """Compile the kernels of `model`'s training step on an input of `input_shape` (torch's (N, C, *spatial)) and
     `dtype` - forward, and backward for every input and weight that requires grad - in `workers` processes (None:
-    one per kernel, at most one per CPU) into kernelgen's disk cache.  `device`: the input's (default: the model's
-    parameters').  Under torch.autocast, the autocast precision's kernels.  Returns the PrecompileReport."""
+    one per kernel, at most one per CPU, started at the first traced kernel not on disk) into kernelgen's disk
+    cache.  `device`: the input's (default: the model's parameters').  Under torch.autocast, the autocast
+    precision's kernels.  Returns the PrecompileReport."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(input_shape, (tuple, list, torch.Size)) or len(input_shape) < 3 or \
@@ -28,18 +30,26 @@ def precompile(model, input_shape, dtype=torch.float32, device=None, workers=Non
         raise ValueError(f"input_shape must be (N, C, *spatial) positive ints, got {input_shape!r}")
     if device is None:
         device = next(iter(model.parameters()), torch.empty(0)).device
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     x = torch.zeros(tuple(input_shape), dtype=dtype, device=device)
     if x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
+    if workers is not None:
+        return compile_plans(_trace(model, x), workers)
+    with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
+        return compile_plans(_trace(model, x, demand.see), pool=demand.pool)
+
+
+def _trace(model, x, on_plan=None) -> list:
+    """The plans of one training step of `model` on `x`, the model's state and torch's generators put back."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
-        with recording() as plans, torch.enable_grad():
+        with recording(on_plan) as plans, torch.enable_grad():
             model(x)
     finally:
         model.load_state_dict(state)
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return compile_plans(plans, workers)
+    return plans

@@ -12,7 +12,7 @@ from kernelgen.runtime.cache import KERNELS  # noqa: E402
 from test_torch_modules import Net  # noqa: E402
 
 
-def test_precompile_compiles_the_step_s_kernels_and_leaves_the_model_as_it_was(tmp_path):
+def test_precompile_compiles_the_step_s_kernels_and_leaves_the_model_as_it_was(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = kt.convert(Net())  # float32, the CPU backend
     model.train()
@@ -31,6 +31,14 @@ def test_precompile_compiles_the_step_s_kernels_and_leaves_the_model_as_it_was(t
         model(x).sum().backward()  # the step: every kernel it runs was compiled by precompile
         assert KERNELS.stats.misses == misses
         assert all(p.grad is not None for p in model.parameters())
+        # again, with the default workers: every kernel is on disk now, so no compile pool starts
+        from kernelgen.tuning import compile_pool
+        started = []
+        pool_class = compile_pool.ProcessPoolExecutor
+        monkeypatch.setattr(compile_pool, "ProcessPoolExecutor",
+                            lambda *a, **k: started.append(a) or pool_class(*a, **k))
+        again = kt.precompile(model, tuple(x.shape))
+        assert (again.kernels, again.cached, again.compiled, started) == (5, 5, 0, [])
 
 
 def test_precompile_refuses_bad_arguments_by_name():
