@@ -212,18 +212,24 @@ def _remove(entry: _Entry) -> int:
     return sum(_unlink(p) for p in [entry.path, *entry.cached])
 
 
+_STAMPS_CHECKED: set = set()  # (module path, mtime_ns, size) that restore_numba_stamp has read the index of
+
+
 def restore_numba_stamp(path: Path) -> bool:
-    """numba-cuda's cache index of a module records the module's (mtime, size) and is void once either changes.
-    A copied cache (`cp -r`, a container layer) gives every module a new mtime, so every kernel it holds would
-    compile again, one after another in the caller (measured: a 120 s first step where 2 s was due).  A module's
-    name is its content's digest and its header a checksum (_read_valid), so a module of the recorded size is the
-    one the index was made for: its recorded mtime is put back.  Returns whether it was."""
+    """numba-cuda's index of a module records its (mtime, size) and is void once either changes: a copied cache
+    (`cp -r`) would compile every kernel again, one by one (a 120 s first step where 2 s was due).  A module's name
+    is its content's digest and its header a checksum, so a module of the recorded size is the one the index was
+    made for: its recorded mtime is put back.  Returns whether it was.  Each (path, mtime, size) is read once: a
+    warm step asks of each kernel three times (PoolOnDemand.see, compile_plans, the load)."""
     import pickle
     try:
         st = path.stat()
-        indexes = list((path.parent / "__pycache__").glob(f"{path.stem}.*.nbi"))
+        seen = (str(path), st.st_mtime_ns, st.st_size)
+        indexes = [] if seen in _STAMPS_CHECKED else list((path.parent / "__pycache__").glob(f"{path.stem}.*.nbi"))
     except OSError:
         return False
+    if indexes:  # (none yet: numba writes one after this module's first compile, and it is read then)
+        _STAMPS_CHECKED.add(seen)  # (a set's add is atomic: threads checking together only read twice)
     for index in indexes:
         try:
             with open(index, "rb") as f:

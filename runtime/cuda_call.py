@@ -118,7 +118,7 @@ class CudaRoute:
         if readers is not None:  # the arrays' addresses, and the launch with no more Python than that
             addresses = [read(result if name == out_name else inputs[name]) for name, read in readers]
             if launcher.kernel_any is None or launcher.aligned(addresses):
-                launcher._fast.launch_addresses(addresses, self.layout, 0 if nstream is None else int(nstream.handle))
+                launcher._fast.launch_addresses(addresses, self.layout, stream_handle(nstream))
                 return arrays.like_input(result, template) if self.wrap and out is None else result
         ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in self.params]
         if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):
