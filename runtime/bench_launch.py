@@ -213,6 +213,8 @@ def main(argv=None):
             lambda: prep.launcher._fast(ptrs, 4, 0), args.calls, cuda.synchronize)))
         rows.append(("  of which: the kernel's GPU time (events)", 1e3 * time_cuda(
             lambda: prep.launcher._fast(ptrs, 4, 0), repeat=200)))
+        rows.append(("  a pooled output alone (allocate, drop)", per_call_us(
+            lambda: arena.pooled_array((1, 8, 8, 4), "float32"), args.calls)))
         empty = cuda.jit(lambda a: None)
         rows.append(("empty numba kernel launch", per_call_us(lambda: empty[1, 32](out), args.calls,
                                                                cuda.synchronize)))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import multiprocessing
+import os
 import platform
 import statistics
 import subprocess
@@ -93,13 +95,17 @@ def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
     return losses, times
 
 
-def compare(mode, batch, steps, warmup, precompile=True):
+def compare(mode, batch, steps, warmup, precompile=True, rounds=3):
     """One mode's row: both models from the same seed, trained on the same batches.  precompile: kernelgen's
-    warm-up starts with kernelgen.torch.precompile (its step's kernels side by side), as a user's would."""
+    warm-up starts with kernelgen.torch.precompile (its step's kernels side by side), as a user's would.  The
+    timed steps alternate between the two models in `rounds` rounds (the loss curves are the first round's, from
+    fresh models); each keeps its best round's median, as the convolution bench does: the GPU machine's host is
+    shared, and one round in several runs slow for either side.  Each round also records the host's load average
+    and kernelgen's live worker processes, so a slow round can be told from a slow step."""
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     data = batches(4, batch)
-    row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup}
+    row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup, "rounds": []}
     for name, model in zip(("torch", "kernelgen"), models()):
         start = time.perf_counter()
         if name == "kernelgen" and precompile:
@@ -108,10 +114,17 @@ def compare(mode, batch, steps, warmup, precompile=True):
             row["kernelgen_precompile_s"] = time.perf_counter() - start
         train(model, data, warmup, mode)  # compiles (kernelgen) / autotunes (cuDNN); not the loss curve's steps
         row[f"{name}_warmup_s"] = time.perf_counter() - start
-    for name, model in zip(("torch", "kernelgen"), models()):
-        losses, times = train(model, data, steps + warmup, mode, timed_from=warmup)
-        row[f"{name}_losses"] = losses
-        row[f"{name}_step_ms"] = 1e3 * statistics.median(times)
+    fresh = dict(zip(("torch", "kernelgen"), models()))
+    for r in range(rounds):
+        for name, model in fresh.items():
+            host = {"load_avg_1min": os.getloadavg()[0], "worker_processes": len(multiprocessing.active_children())}
+            losses, times = train(model, data, steps + warmup if r == 0 else steps, mode,
+                                  timed_from=warmup if r == 0 else 0)
+            if r == 0:
+                row[f"{name}_losses"] = losses
+            row["rounds"].append({"round": r, "model": name, "step_ms": 1e3 * statistics.median(times), **host})
+    for name in fresh:
+        row[f"{name}_step_ms"] = min(x["step_ms"] for x in row["rounds"] if x["model"] == name)
     row["step_ratio_kernelgen_over_torch"] = row["kernelgen_step_ms"] / row["torch_step_ms"]
     row["max_rel_loss_diff"] = max(abs(a - b) / abs(b) for a, b in zip(row["kernelgen_losses"], row["torch_losses"]))
     return row
@@ -132,6 +145,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="fp32,bf16")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds, alternating torch and kernelgen")
     p.add_argument("--no-precompile", action="store_true", help="kernelgen's warm-up without kernelgen.torch.precompile")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -139,11 +153,14 @@ def main(argv=None):
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernelgen": kernelgen.__version__,
               "commit": _commit(), "python": platform.python_version(), "rows": []}
     for mode in args.modes.split(","):
-        row = compare(mode, args.batch, args.steps, args.warmup, precompile=not args.no_precompile)
+        row = compare(mode, args.batch, args.steps, args.warmup, precompile=not args.no_precompile,
+                      rounds=args.rounds)
         result["rows"].append(row)
         print(f"{mode}: torch {row['torch_step_ms']:.2f} ms, kernelgen {row['kernelgen_step_ms']:.2f} ms "
               f"({row['step_ratio_kernelgen_over_torch']:.3f}x), max relative loss difference "
-              f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s", flush=True)
+              f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s; rounds (ms): "
+              + ", ".join(f"{x['model']} {x['step_ms']:.2f} (load {x['load_avg_1min']:.1f}, "
+                          f"{x['worker_processes']} workers)" for x in row["rounds"]), flush=True)
         with open(args.out, "w") as f:  # after every mode: a run cut short keeps what it measured
             json.dump(result, f, indent=1)
 
