@@ -65,7 +65,10 @@ class Pool:
                 "oom_retries": self.oom_retries, "oom_errors": self.oom_errors}
 
     def alloc(self, nbytes: int, stream=0) -> Block:
-        size = size_class(nbytes)
+        return self.alloc_class(size_class(nbytes), nbytes, stream)
+
+    def alloc_class(self, size: int, nbytes: int, stream=0) -> Block:
+        """alloc of `nbytes` whose size class the caller already knows (size_class(nbytes)): the per-call route."""
         free = self._free.get((size, stream))
         if free:
             block = free.pop()
@@ -76,7 +79,8 @@ class Pool:
             self.backing_allocs += 1
         self._live[id(block.handle)] = block
         self.in_use += size
-        self.peak = max(self.peak, self.in_use)
+        if self.in_use > self.peak:
+            self.peak = self.in_use
         return block
 
     def _backing_alloc(self, size, requested):
@@ -311,20 +315,8 @@ def _context():
     return ctx
 
 
-_PROTOTYPES = {}  # (shape, dtype) -> (bytes, attributes of a DeviceNDArray of that shape), for cheap clones
+_PROTOTYPES = {}  # (shape, dtype) -> _prototype's tuple, for cheap clones
 _NUMBA = None     # (DeviceNDArray, PooledPointer), made on the first allocation (numba.cuda is slow to import)
-
-
-def _make_prototype(shape, dtype, mem):
-    import numpy as np
-    from numba.cuda.cudadrv import devicearray
-    dtype = np.dtype(dtype)
-    strides, acc = [], dtype.itemsize
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    arr = devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, gpu_data=mem)
-    return {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
 
 
 def _numba_classes():
@@ -363,35 +355,55 @@ def device_empty(shape, dtype, stream=None):
 
 
 def pooled_array(shape: tuple, dtype, stream=None):
-    """device_empty on a real GPU (the fast route's output: the caller knows it is not the simulator).  The
-    pointer's and the array's attributes are set as whole dicts: each attribute set one by one costs as much."""
-    global _NUMBA
-    if _NUMBA is None:
-        _NUMBA = _numba_classes()
-    array_class, pointer_class = _NUMBA
+    """device_empty on a real GPU (the fast route's output: the caller knows it is not the simulator).  Everything
+    that depends only on (shape, dtype) - the byte count, its size class, the array's attributes - is worked out once
+    (_prototype); the pointer's and the array's attributes are then set as whole dicts: each attribute set one by one
+    costs as much."""
     proto = _PROTOTYPES.get((shape, dtype))
     if proto is None:
-        import math
-
-        import numpy as np
-        nbytes = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
-    else:
-        nbytes = proto[0]
+        proto = _prototype(shape, dtype)
+    nbytes, size, attributes, pointer_class, array_class = proto
     ctx = _context()  # before the raw cuMemAlloc: it needs a current context (the process's first CUDA call)
     pool = device_pool()
-    block = pool.alloc(nbytes, _stream_key(stream))
+    block = pool.alloc_class(size, nbytes, 0 if stream is None else _stream_key(stream))
     mem = pointer_class.__new__(pointer_class)  # (MemoryPointer.__init__'s fields, without its finalizer)
-    mem.__dict__ = {"context": ctx, "device_pointer": block.handle, "handle": block.handle, "size": nbytes,
+    handle = block.handle
+    mem.__dict__ = {"context": ctx, "device_pointer": handle, "handle": handle, "size": nbytes,
                     "_cuda_memsize_": nbytes, "is_managed": True, "refct": 1, "_owner": None,
                     "_pool_block": (pool, block)}
-    if proto is None:  # DeviceNDArray's constructor costs more than the kernel launch: build one, then clone
-        proto = _PROTOTYPES[(shape, dtype)] = (nbytes, _make_prototype(shape, dtype, mem))
-    attributes = proto[1].copy()
+    attributes = attributes.copy()
     attributes["gpu_data"] = mem
     attributes["stream"] = stream or 0
     arr = array_class.__new__(array_class)
     arr.__dict__ = attributes
     return arr
+
+
+def _prototype(shape, dtype):
+    """(bytes, their size class, a DeviceNDArray's attributes but its memory and stream, the pointer class, the
+    array class) of a (shape, dtype): DeviceNDArray's constructor costs more than the kernel launch, so one is
+    built here, over a stand-in pointer, and later arrays clone its attributes."""
+    global _NUMBA
+    import math
+
+    import numpy as np
+    from numba.cuda.cudadrv import devicearray, driver
+    if _NUMBA is None:
+        _NUMBA = _numba_classes()
+    array_class, pointer_class = _NUMBA
+    np_dtype = np.dtype(dtype)
+    nbytes = max(1, math.prod(shape) * np_dtype.itemsize)
+    strides, acc = [], np_dtype.itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    stand_in = driver.MemoryPointer.__new__(driver.MemoryPointer)  # (never used: its attributes are dropped)
+    stand_in.__dict__ = {"device_pointer": 0, "handle": 0, "size": nbytes, "_cuda_memsize_": nbytes, "refct": 1,
+                         "is_managed": True, "_owner": None, "context": None}
+    arr = devicearray.DeviceNDArray(shape, tuple(reversed(strides)), np_dtype, gpu_data=stand_in)
+    attributes = {k: v for k, v in arr.__dict__.items() if k not in ("gpu_data", "stream")}
+    proto = _PROTOTYPES[(shape, dtype)] = (nbytes, size_class(nbytes), attributes, pointer_class, array_class)
+    return proto
 
 
 _PENDING = []   # (event, pinned block): staging buffers whose async copy may still be running
