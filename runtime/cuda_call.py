@@ -80,7 +80,7 @@ class CudaRoute:
     kind, shape and dtype, and each address read checks contiguity.  Where the prepacked launch cannot be used
     (the simulator, a thread other than the one that compiled, host inputs) it is run_cuda."""
     __slots__ = ("prep", "launcher", "shape", "dtype", "itemsize", "out_name", "params", "on_device", "torch_empty",
-                 "torch_dtype", "torch_device", "wrap", "readers", "layout")
+                 "torch_like", "wrap", "readers", "layout")
 
     def __init__(self, prep, template, inputs: dict):
         self.prep, self.launcher = prep, prep.launcher
@@ -94,9 +94,7 @@ class CudaRoute:
                                                                  for a in inputs.values())
         self.torch_empty = None
         if arrays.is_torch(template):
-            import torch  # (torch is optional: only where the caller's tensors are torch's)
-            self.torch_empty, self.torch_dtype, self.torch_device = torch.empty, getattr(torch, problem.dtype), \
-                template.device
+            self.torch_empty, self.torch_like = _torch_output_maker(template, self.shape, problem.dtype)
         self.wrap = type(template).__module__.split(".")[0] == "cupy"  # a numba result returned as CuPy
         # (address reader per parameter, in order) and the arrays' (elements, itemsize): learnt on the route's first
         # call, where pointer_size checks each array; the signature fixes both for every later call
@@ -110,7 +108,7 @@ class CudaRoute:
         if out is not None:
             result = out
         elif self.torch_empty is not None:
-            result = self.torch_empty(self.shape, dtype=self.torch_dtype, device=self.torch_device)
+            result = self.torch_empty(self.torch_like)
         else:
             result = pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
         out_name = self.out_name
@@ -131,6 +129,21 @@ class CudaRoute:
             launcher({name: arrays.to_device_view(result if name == out_name else inputs[name], name).reshape(-1)
                       for name in self.params}, nstream)
         return arrays.like_input(result, template) if self.wrap and out is None else result
+
+
+def _torch_output_maker(template, shape, dtype):
+    """(make, like): make(like) is a new C-contiguous torch tensor of `shape` and `dtype` on template's device, from
+    torch's caching allocator.  torch.empty_like of a one-element tensor expanded to `shape` (overlapping, so torch
+    lays the copy out C-contiguous) parses one argument where torch.empty(shape, dtype=, device=) parses three: on
+    every call that returns a new tensor.  Checked once here; where torch lays it out otherwise, torch.empty."""
+    import torch  # (torch is optional: only where the caller's tensors are torch's)
+    torch_dtype = getattr(torch, dtype)
+    like = torch.empty((), dtype=torch_dtype, device=template.device).expand(shape)
+    probe = torch.empty_like(like)
+    if probe.is_contiguous() and tuple(probe.shape) == tuple(shape) and probe.dtype == torch_dtype:
+        return torch.empty_like, like
+    device = template.device
+    return (lambda _: torch.empty(shape, dtype=torch_dtype, device=device)), None
 
 
 def bound_call(prep, inputs: dict, template, stream=None, out=None):
