@@ -170,11 +170,18 @@ def _numba_array_rows(x, w, calls, profile):
     return rows
 
 
+def _repeat(fn, calls):
+    """fn() `calls` times, each result dropped at once (as the timed rows do: a list of them would keep every output
+    alive, and each call would then allocate fresh device memory)."""
+    for _ in range(calls):
+        fn()
+
+
 def _print_profile(fn, calls):
     import cProfile
     import pstats
     prof = cProfile.Profile()
-    prof.runcall(lambda: [fn() for _ in range(calls)])
+    prof.runcall(_repeat, fn, calls)
     pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
@@ -241,7 +248,7 @@ def main(argv=None):
             import cProfile
             import pstats
             prof = cProfile.Profile()
-            prof.runcall(lambda: [kernelgen.conv(dx, dw, padding=1) for _ in range(args.calls)])
+            prof.runcall(_repeat, lambda: kernelgen.conv(dx, dw, padding=1), args.calls)
             pstats.Stats(prof).sort_stats("tottime").print_stats(14)
         rows.append(("(device pool served_from_pool)", float(arena.device_pool().stats()["served_from_pool"])))
     rows.append(("kernelgen.conv cpu (numpy arrays)",
