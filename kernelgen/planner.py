@@ -7,7 +7,8 @@ says why; kernelgen.explain shows both):
                      CPU backend, the entry first-call autotuning (tuning/autotune.py) measured on this machine;
   "nearest tuned K"  fp32: the entry of the nearest tuned problem K, where it is near enough (tuning/database.py);
   "model"            the performance model fitted on the tuner's measurements (tuning/perf_model.py) ranks the
-                     variant's configs (automatic fp32: every candidate variant's) and its best-scored one runs;
+                     variant's configs (automatic fp32: every candidate variant's) and its best-scored one runs
+                     (depthwise: its own fitted model, tuning/depthwise_model.py);
   "untuned sm_90 TMA tile"  fp16 on an sm_90 GPU without a model: the TMA tile measured best on average;
   "default"          the variant's cost-model default.
 With the autotune setting on, kernelgen.api hands a plan that no tuned entry decided to tuning/autotune.py, which
@@ -34,7 +35,7 @@ from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
-from kernelgen.tuning import database, perf_model_predict
+from kernelgen.tuning import database, depthwise_model_predict, perf_model_predict
 
 BACKENDS = ("cuda", "cpu")
 
@@ -310,9 +311,10 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
     variants) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
     tensor cores), 16-bit operands with fp32 accumulation for "fp16" / "bf16".  The given config, else (CUDA) the
     tuned database's fastest depthwise config for exactly this problem at this precision ("tf32" also reads the
-    fp32 entry: the same fp32 FMAs), else its cost model's.  No nearest neighbour (a depthwise block's shape follows
-    its channels and rows too closely to borrow another layer's), no GEMM entry, and no performance model (it has
-    no measurements of this template) decides."""
+    fp32 entry: the same fp32 FMAs), else (CUDA, depthwise) the fitted depthwise model's pick
+    (tuning/depthwise_model.py: fitted on the tuner's measurements of other networks' depthwise layers), else its
+    cost model's.  No nearest neighbour (a depthwise block's shape follows its channels and rows too closely to
+    borrow another layer's) and no GEMM entry or model decides."""
     variant = depthwise.VARIANT
     db = _tuned_db() if config is None and backend == "cuda" else None
     tuned = None
@@ -326,6 +328,8 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
                                                       f"fastest depthwise config")
     elif backend != "cuda" and (mine := _cpu_tuned(problem, precision, target, {variant.name})) is not None:
         choice = mine
+    elif (fitted := _depthwise_model_choice(problem, backend, precision, target)) is not None:
+        choice = fitted
     else:
         choice = Choice(variant.name, variant.default_config(problem, target, precision), "default",
                         f"depthwise's cost-model default on {target.name}: no tuned entry for this problem"
@@ -336,6 +340,18 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
     if backend != "cuda" and choice.config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {choice.config.split_k}")
     return Plan(problem, variant.name, choice.config, backend, precision, target, choice.decided_by, choice.reason)
+
+
+def _depthwise_model_choice(problem, backend, precision, target: Target) -> Choice | None:
+    """The fitted depthwise model's pick (tuning/depthwise_model.py) for a depthwise problem (one channel a group) on
+    the GPU, or None where the link is off, the device has no such model or it does not rank the tensors' dtype."""
+    device = model_device() if backend == "cuda" and problem.Cg == 1 else None
+    config = None if device is None else depthwise_model_predict.choose(problem, precision, target, device)
+    if config is None:
+        return None
+    return Choice(depthwise.NAME, config, "model", f"no tuned entry for this problem; the depthwise model of {device} "
+                                                   f"(fitted on the tuner's measurements) ranked "
+                                                   f"{depthwise_model_predict.KEEP} configs")
 
 
 def _fp32_variants(problem, algo):

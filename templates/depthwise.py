@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 from kernelgen.ir import Kernel
 from kernelgen.problem import ConvProblem
@@ -121,10 +122,23 @@ def _sectors(run_bytes):
     return cdiv(run_bytes, SECTOR) * SECTOR
 
 
-def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry | None = None) -> float:
-    """Modeled time (bytes-equivalent): the global traffic in whole sectors (each block's window, its filter, the
-    outputs; dy and the atomic adds of backward-weight) plus the FMAs at FLOPS_PER_BYTE, over the SMs' memory
-    parallelism (resident threads, up to SATURATING_THREADS) and the last wave's idle SMs."""
+class ModelTerms(NamedTuple):
+    """model_time's parts: global traffic (bytes, whole sectors), FMAs, the grid's blocks, blocks resident per SM,
+    the waves they take, the last wave's fill and the memory parallelism the SMs reach (tuning/depthwise_model.py's
+    features are these)."""
+    traffic: float
+    fmas: float
+    blocks: int
+    resident: int
+    waves: int
+    fill: float
+    parallel: float
+
+
+def model_terms(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry | None = None) -> ModelTerms:
+    """The global traffic in whole sectors (each block's window, its filter, the outputs; dy and the atomic adds of
+    backward-weight), the FMAs, and the SMs' memory parallelism (resident threads, up to SATURATING_THREADS, and
+    the last wave's idle SMs)."""
     g, item = g or geometry(p, cfg), _itemsize(p)
     pixel = _sectors(cfg.block_groups * g.src_per_group * item)  # a window pixel's channels of one block
     window = math.prod(g.window_shape[:3]) * pixel * (1.0 if cfg.halo else NO_HALO_TRAFFIC)
@@ -143,7 +157,15 @@ def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry
     waves = cdiv(blocks, target.sm_count * resident)
     fill = blocks / (waves * target.sm_count * resident)
     parallel = min(1.0, resident * cfg.threads / SATURATING_THREADS) * fill
-    return (traffic + 2.0 * p.N * math.prod(p.out_size) * p.K * g.taps * p.Cg / FLOPS_PER_BYTE) / parallel
+    return ModelTerms(traffic, p.N * math.prod(p.out_size) * p.K * g.taps * p.Cg, blocks, resident, waves, fill,
+                      parallel)
+
+
+def model_time(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometry | None = None) -> float:
+    """Modeled time (bytes-equivalent): model_terms' traffic plus its FMAs at FLOPS_PER_BYTE, over its memory
+    parallelism."""
+    t = model_terms(p, cfg, target, g)
+    return (t.traffic + 2.0 * t.fmas / FLOPS_PER_BYTE) / t.parallel
 
 
 def _split_choices(p, channel_blocks, target: Target):

@@ -104,8 +104,11 @@ def parse_config(text):
 
 
 def _distance(a, b):
-    """How unlike two problems are (same direction and filter required); log-scale over sizes."""
+    """How unlike two problems are (same direction, filter and stride required, and both depthwise or neither: a
+    depthwise entry's candidates are all direct depthwise configs); log-scale over sizes."""
     if a.direction != b.direction or a.filter_size != b.filter_size or a.stride != b.stride:
+        return None
+    if (a.groups == a.C > 1) != (b.groups == b.C > 1):
         return None
     pairs = [(a.N, b.N), (a.C, b.C), (a.K, b.K)] + list(zip(a.in_size, b.in_size))
     return sum(abs(math.log(x) - math.log(y)) for x, y in pairs)

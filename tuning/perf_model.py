@@ -188,7 +188,8 @@ def _print_loo(result):
 
 def main(argv=None):
     """`python -m kernelgen.tuning.perf_model fit|loo [--db FILE] [--out FILE]`."""
-    shipped = sorted(p for p in database.SHIPPED.glob("*.json") if not p.name.startswith("model_"))
+    shipped = sorted(p for p in database.SHIPPED.glob("*.json")
+                     if not p.name.startswith(("model_", "depthwise_model_")))  # (the model files sit beside it)
     ap = argparse.ArgumentParser(prog="python -m kernelgen.tuning.perf_model", description=__doc__.splitlines()[0])
     ap.add_argument("action", choices=["fit", "loo"])
     ap.add_argument("--db", default=str(shipped[0]) if shipped else None, help="the tuned database to fit on")
