@@ -1,7 +1,8 @@
 """The depthwise template's fitted ranking model: what the tuner measured of its configs (the tuned database's
 "tried" lists of depthwise entries) fitted as perf_model fits the GEMM variants - log time against features of a
-(problem, config), centred per problem (ridge least squares, rows weighted towards each problem's fastest) - so that
-it ranks the configs of a problem nobody tuned.
+(problem, config), centred per problem (ridge least squares, rows weighted towards each problem's fastest), plus
+each training config's residual, which corrects the same config's score on nearby problems (perf_model.fit_model) -
+so that it ranks the configs of a problem nobody tuned.
 
 The features are the template's own cost-model terms (templates/depthwise.py's model_terms: traffic in whole
 sectors, resident blocks, waves, the last wave's fill) and its knobs (block shape, channel vector, register strip,
@@ -28,19 +29,21 @@ from kernelgen.target import Target
 from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
 from kernelgen.tuning import database
-from kernelgen.tuning.depthwise_model_predict import FORMAT, NAMES, coef_for, features, model_path
-from kernelgen.tuning.perf_model import WITHIN, Group, fit_groups, summary
+from kernelgen.tuning.depthwise_model_predict import FITTED, NAMES, features, model_path, models_for, to_json
+from kernelgen.tuning.perf_model import WITHIN, Group, fit_model, loo_records, summary
 from kernelgen.tuning.perf_model_predict import target_of
 
 RIDGE = 3.0
 
-def groups_of(entries: dict, target: Target) -> list[Group]:
-    """The training groups: each fp32 depthwise entry's measured depthwise candidates (at least
-    two)."""
+
+def groups_of(entries: dict, target: Target, dtype="float32") -> list[Group]:
+    """The training groups of one tensor dtype: each depthwise entry's measured depthwise candidates (at least two)
+    at the precision that dtype's model is fitted on (FITTED)."""
     out = []
     for key in sorted(entries):
         e = entries[key]
-        if database.precision_of(e) != "fp32" or e.get("variant") != depthwise.NAME:
+        if database.precision_of(e) != FITTED[dtype] or e.get("variant") != depthwise.NAME \
+                or e.get("problem", {}).get("dtype") != dtype:
             continue
         rows = [(DepthwiseConfig.parse(t["config"]), float(t["ms"])) for t in e.get("tried", ())
                 if t.get("variant") == depthwise.NAME and t.get("ms", 0) > 0 and is_depthwise_config(t["config"])]
@@ -53,28 +56,28 @@ def groups_of(entries: dict, target: Target) -> list[Group]:
     return out
 
 
-def loo_records(groups, ridge=RIDGE) -> list[dict]:
-    """For each problem, fitted on all the others: its pick among that problem's measured configs against the best,
-    and the cost-model default's (where the tune measured it) against the same best."""
-    out = []
-    for i, g in enumerate(groups):
-        coef = fit_groups(groups[:i] + groups[i + 1:], ridge)
-        pick, best = int(np.argmin(g.X @ coef)), int(np.argmin(g.ms))
-        out.append({"problem": g.key, "direction": g.problem.direction, "picked": str(g.candidates[pick][1]),
-                    "best": str(g.candidates[best][1]), "ms_picked": float(g.ms[pick]), "ms_best": float(g.ms[best]),
-                    "slowdown": float(g.ms[pick] / g.ms[best]), "candidates": len(g.ms)})
-    return out
-
-
-def default_slowdowns(groups, target: Target) -> list[float]:
+def default_slowdowns(groups, target: Target, precision="fp32") -> list[float]:
     """The cost-model default's measured time over the best, on the problems whose tune measured the default."""
     out = []
     for g in groups:
-        default = depthwise.default_config(g.problem, target)
+        default = depthwise.default_config(g.problem, target, precision)
         ms = [m for (_, c), m in zip(g.candidates, g.ms) if c == default]
         if ms:
             out.append(ms[0] / float(g.ms.min()))
     return out
+
+
+def loo(groups, target: Target, precision: str, ridge=RIDGE) -> dict:
+    """The leave-one-out result of one dtype's groups: its summary, per direction, the cost-model default's, and every
+    problem's record."""
+    records = loo_records(groups, ridge)
+    defaults = default_slowdowns(groups, target, precision)
+    return {"summary": summary(records),
+            "directions": {d: summary([r for r in records if r["direction"] == d])
+                           for d in sorted({r["direction"] for r in records})},
+            "default": {"problems": len(defaults), "within_10pct": float(np.mean(np.array(defaults) <= WITHIN)),
+                        "geomean_slowdown": float(math.exp(np.mean(np.log(defaults))))} if defaults else {},
+            "records": records}
 
 
 def main(argv=None):
@@ -93,28 +96,25 @@ def main(argv=None):
         print(f"depthwise_model: device {device!r} of {args.db} is none of kernelgen.target's KNOWN_TARGETS",
               file=sys.stderr)
         return 2
-    groups = groups_of(entries, target)
+    groups = {dtype: groups_of(entries, target, dtype) for dtype in FITTED}
+    groups = {dtype: g for dtype, g in groups.items() if len(g) >= 2}
     if args.action == "fit":
         out = Path(args.out) if args.out else model_path(device)
-        coef = fit_groups(groups, args.ridge)
-        out.write_text(json.dumps({"format": FORMAT, "device": device, "features": list(NAMES),
-                                   "coef": coef.tolist(), "fitted_on": {"database": Path(args.db).name,
-                                                                       "ridge": args.ridge, "problems": len(groups)}},
-                                  indent=1) + "\n")
-        coef_for.cache_clear()
-        print(f"depthwise_model fit: {len(groups)} problems of {device} -> {out}")
+        models = {dtype: fit_model(g, FITTED[dtype], args.ridge) for dtype, g in groups.items()}
+        fitted_on = {"database": Path(args.db).name, "ridge": args.ridge,
+                     "problems": {dtype: len(g) for dtype, g in groups.items()}}
+        out.write_text(json.dumps(to_json(models, device, fitted_on), indent=1) + "\n")
+        models_for.cache_clear()
+        fitted = ", ".join(f"{dtype} ({len(g)} problems)" for dtype, g in groups.items())
+        print(f"depthwise_model fit: {fitted} of {device} -> {out}")
         return 0
-    records = loo_records(groups, args.ridge)
-    defaults = default_slowdowns(groups, target)
-    result = {"summary": summary(records), "directions": {d: summary([r for r in records if r["direction"] == d])
-                                                           for d in sorted({r["direction"] for r in records})},
-              "default": {"problems": len(defaults), "within_10pct": float(np.mean(np.array(defaults) <= WITHIN)),
-                          "geomean_slowdown": float(math.exp(np.mean(np.log(defaults))))} if defaults else {},
-              "records": records}
-    for name, s in [("all", result["summary"])] + list(result["directions"].items()) + [("default", result["default"])]:
-        if s:
-            print(f"{name:10} problems {s['problems']:3}  within 10 %: {s['within_10pct']:.0%}  geo-mean slowdown "
-                  f"{s['geomean_slowdown']:.3f}" + (f"  worst {s['worst']:.2f}" if "worst" in s else ""))
+    result = {dtype: loo(g, target, FITTED[dtype], args.ridge) for dtype, g in groups.items()}
+    for dtype, r in result.items():
+        for name, s in [("all", r["summary"])] + list(r["directions"].items()) + [("default", r["default"])]:
+            if s:
+                print(f"{dtype:8} {name:10} problems {s['problems']:3}  within 10 %: {s['within_10pct']:.0%}  "
+                      f"geo-mean slowdown {s['geomean_slowdown']:.3f}" + (f"  worst {s['worst']:.2f}" if "worst" in s
+                                                                         else ""))
     if args.out:
         Path(args.out).write_text(json.dumps({"device": device, "ridge": args.ridge, "within": WITHIN, **result},
                                              indent=1) + "\n")

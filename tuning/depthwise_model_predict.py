@@ -1,6 +1,7 @@
 """The planner's half of the depthwise template's fitted model (tuning/depthwise_model.py fits it): its features of a
-(problem, config), the fitted weights read from tuning/db/depthwise_model_<device>.json (the user's cache dir first),
-and `choose`, the planner's "model" link for depthwise problems.  A missing or unreadable file is no model (the
+(problem, config), the fitted model read from tuning/db/depthwise_model_<device>.json (the user's cache dir first) -
+a perf_model_predict.Model: linear weights plus the residuals of the training problems' configs, which correct the
+same config's score on nearby problems - and `choose`, the planner's "model" link for depthwise problems.  A missing or unreadable file is no model (the
 planner falls through to the cost-model default), never an error or a warning.  (Apart from the fit, as
 perf_model_predict is from perf_model: `python -m kernelgen.tuning.depthwise_model` then runs a module nothing has
 imported yet.)
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,15 +21,18 @@ from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.templates.depthwise_geometry import geometry
 from kernelgen.tuning import database
+from kernelgen.tuning.perf_model_predict import Model
 
-FORMAT = 1
+FORMAT = 2  # {"models": {tensor dtype: {"coef": [...], "residuals": [...]}}}
 # configs the planner scores: the tuner's depthwise candidates (tuner.depthwise_candidates with its default keep:
 # spread over every block size, channel vector and window), the distribution the model was fitted on; the tuned
 # winners use every block size from 64 to 512 threads, so none is left out (about 0.1 s a problem to enumerate)
 KEEP = 24
-# the float32-storage precisions the fp32 fit ranks: "tf32" is the same fp32 kernel; "fp16" / "bf16" on float32
-# tensors add a rounding per load, not a byte (float16 tensors move half the bytes: no model until measured)
-RANKS = {"float32": ("fp32", "tf32", "fp16", "bf16")}
+# per tensor dtype, the entries a fit reads (their precision) and the precisions its model ranks: on float32 tensors
+# "tf32" is the same fp32 kernel and "fp16" / "bf16" add a rounding per load, not a byte; float16 tensors (half the
+# bytes, 8-channel vectors) have their own
+FITTED = {"float32": "fp32", "float16": "fp16"}
+RANKS = {"float32": ("fp32", "tf32", "fp16", "bf16"), "float16": ("fp16",)}
 
 NAMES = ("log_traffic", "log_parallel", "log_fill", "log_resident", "log_waves", "log_threads", "vc2", "vc4", "vc8",
          "halo", "smem_pad", "log_pw", "log_ph", "log_registers", "log_split_k", "log_block_bytes", "log_tc",
@@ -52,30 +57,47 @@ def model_path(device: str, base: Path | None = None) -> Path:
     return (base or database.SHIPPED) / ("depthwise_model_" + database.db_name(device))
 
 
+def to_json(models: dict, device: str, fitted_on: dict) -> dict:
+    """The model file of {tensor dtype: perf_model_predict.Model}: weights and each training problem's residuals."""
+    return {"format": FORMAT, "device": device, "features": list(NAMES), "fitted_on": fitted_on,
+            "models": {dtype: {"coef": m.coef.tolist(),
+                               "residuals": [{"problem": asdict(q), "configs": r} for q, r in m.residuals]}
+                       for dtype, m in models.items()}}
+
+
 @lru_cache(maxsize=8)
-def coef_for(device: str):
-    """The fitted weights of a device (the user's cache dir first, then the shipped file), or None: a missing or
-    unreadable file is no model, never an error."""
+def models_for(device: str) -> dict:
+    """{tensor dtype: perf_model_predict.Model} of a device (the user's cache dir first, then the shipped file): the
+    fitted weights, and the residuals each training problem's configs left (they correct the same config's score on
+    nearby problems, as the GEMM model's do).  {} where no file reads as one: a missing or unreadable file is no
+    model, never an error."""
     for base in (database.user_db_dir(), database.SHIPPED):
         try:
             data = json.loads(model_path(device, base).read_text())
-            coef = np.asarray(data["coef"], dtype=np.float64)
-            if data.get("format") == FORMAT and data.get("features") == list(NAMES) and coef.shape == (len(NAMES),) \
-                    and np.all(np.isfinite(coef)):
-                return coef
-        except (OSError, ValueError, KeyError, TypeError):
+            if data.get("format") != FORMAT or data.get("features") != list(NAMES):
+                continue
+            out = {}
+            for dtype, m in data["models"].items():
+                coef = np.asarray(m["coef"], dtype=np.float64)
+                residuals = tuple((database.problem_of(n), {str(k): float(v) for k, v in n["configs"].items()})
+                                  for n in m.get("residuals", ()))
+                if dtype in FITTED and coef.shape == (len(NAMES),) and np.all(np.isfinite(coef)) \
+                        and all(math.isfinite(v) for _, r in residuals for v in r.values()):
+                    out[dtype] = Model(FITTED[dtype], coef, frozenset((depthwise.NAME,)), residuals)
+            return out
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-    return None
+    return {}
 
 
 def choose(problem, precision: str, target: Target, device: str) -> DepthwiseConfig | None:
-    """The model's best-scored config of the variant's config space (KEEP of them), or None (no model for the device,
-    a dtype it does not rank, or no candidate)."""
-    coef = coef_for(device)
-    if coef is None or precision not in RANKS.get(problem.dtype, ()):
+    """The model's best-scored config of the variant's config space (KEEP of them), or None (no model for the device
+    and the tensors' dtype, a precision it does not rank, or no candidate)."""
+    model = models_for(device).get(problem.dtype)
+    if model is None or precision not in RANKS[problem.dtype]:
         return None
-    configs = depthwise.VARIANT.config_space(problem, target, precision, keep=KEEP)
-    if not configs:
+    choices = [(depthwise.NAME, c) for c in depthwise.VARIANT.config_space(problem, target, precision, keep=KEEP)]
+    if not choices:
         return None
-    scores = [features(problem, c, target) @ coef for c in configs]
-    return configs[int(np.argmin(scores))]
+    X = np.stack([features(problem, c, target) for _, c in choices])
+    return choices[int(np.argmin(model.scores(problem, choices, target, X)))][1]

@@ -28,9 +28,9 @@ UNSEEN = make_problem("fwd", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, group
 
 @pytest.fixture
 def fresh_model():
-    predict.coef_for.cache_clear()
+    predict.models_for.cache_clear()
     yield
-    predict.coef_for.cache_clear()
+    predict.models_for.cache_clear()
 
 
 @pytest.fixture
@@ -69,20 +69,21 @@ def test_fit_recovers_a_known_ranking():
             X = np.stack([predict.features(p, cfg, H100) for cfg in configs])
             ms = np.exp(X @ truth + i)
             groups.append(perf_model.Group(f"{direction}{i}", p, tuple(("depthwise", cfg) for cfg in configs), X, ms))
-    records = depthwise_model.loo_records(groups, ridge=1e-3)
+    records = perf_model.loo_records(groups, ridge=1e-3)
     assert all(r["slowdown"] < 1.05 for r in records), records
 
 
 def test_leave_one_out_on_the_shipped_database_beats_the_default():
     """The shipped depthwise entries (tuning/tables/depthwise_train.json, tuned on the H100): the model's pick,
-    fitted without each problem, is nearer that problem's best than the cost-model default is."""
+    fitted without each problem, is nearer that problem's best than the cost-model default is (each tensor dtype)."""
     entries = database.load(SHIPPED_DB)
-    groups = depthwise_model.groups_of(entries, H100)
-    assert len(groups) >= 40
-    records = depthwise_model.loo_records(groups)
-    model = math.exp(np.mean([math.log(r["slowdown"]) for r in records]))
-    default = math.exp(np.mean(np.log(depthwise_model.default_slowdowns(groups, H100))))
-    assert model < default and model < 1.15, (model, default)
+    for dtype, precision in predict.FITTED.items():
+        groups = depthwise_model.groups_of(entries, H100, dtype)
+        assert len(groups) >= 30, dtype
+        records = perf_model.loo_records(groups, depthwise_model.RIDGE)
+        model = math.exp(np.mean([math.log(r["slowdown"]) for r in records]))
+        default = math.exp(np.mean(np.log(depthwise_model.default_slowdowns(groups, H100, precision))))
+        assert model < default and model < 1.15, (dtype, model, default)
 
 
 def test_fit_command_reproduces_the_shipped_model(tmp_path, capsys):
@@ -90,7 +91,10 @@ def test_fit_command_reproduces_the_shipped_model(tmp_path, capsys):
     assert depthwise_model.main(["fit", "--db", str(SHIPPED_DB), "--out", str(out)]) == 0
     fitted, shipped = json.loads(out.read_text()), json.loads(predict.model_path(DEVICE).read_text())
     assert fitted["features"] == shipped["features"] == list(predict.NAMES)
-    assert np.allclose(fitted["coef"], shipped["coef"], rtol=1e-6, atol=1e-9)
+    assert set(fitted["models"]) == set(shipped["models"]) and "float32" in fitted["models"]
+    for dtype, m in fitted["models"].items():
+        assert np.allclose(m["coef"], shipped["models"][dtype]["coef"], rtol=1e-6, atol=1e-9), dtype
+        assert len(m["residuals"]) == len(shipped["models"][dtype]["residuals"]) > 0, dtype
 
 
 def test_the_bench_table_stays_untuned():
@@ -118,19 +122,22 @@ def test_chain_order(on_h100, fresh_model):
         off = planner.make_plan(UNSEEN, "cuda")
         assert off.decided_by == "default" and off.config == depthwise.default_config(UNSEEN, H100)
     half = make_problem("fwd", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144, dtype="float16")
-    assert planner.make_plan(half, "cuda", precision="fp16").decided_by == "default"  # float16 tensors: not fitted
+    assert planner.make_plan(half, "cuda", precision="fp16").decided_by == "model"  # float16 tensors: their own
     assert planner.make_plan(UNSEEN, "cpu").decided_by == "default"  # never the model on the CPU backend
 
 
-@pytest.mark.parametrize("case", [None, "not json", "other features", "nan"])
+@pytest.mark.parametrize("case", [None, "not json", "other features", "nan", "old format"])
 def test_missing_or_corrupt_model_falls_through_silently(case, tmp_path, monkeypatch, on_h100, fresh_model):
     shipped, user = tmp_path / "shipped", tmp_path / "user"
     shipped.mkdir(), user.mkdir()
     (shipped / database.db_name(DEVICE)).write_text(SHIPPED_DB.read_text())
-    text = {"not json": "{ no", "other features": json.dumps({"format": predict.FORMAT, "features": ["x"],
-                                                               "coef": [1.0]}),
+    text = {"not json": "{ no",
+            "other features": json.dumps({"format": predict.FORMAT, "features": ["x"],
+                                          "models": {"float32": {"coef": [1.0]}}}),
             "nan": json.dumps({"format": predict.FORMAT, "features": list(predict.NAMES),
-                               "coef": [float("nan")] * len(predict.NAMES)})}.get(case)
+                               "models": {"float32": {"coef": [float("nan")] * len(predict.NAMES)}}}),
+            "old format": json.dumps({"format": 1, "features": list(predict.NAMES),
+                                      "coef": [0.0] * len(predict.NAMES)})}.get(case)
     if text is not None:
         predict.model_path(DEVICE, shipped).write_text(text)
     monkeypatch.setattr(database, "SHIPPED", shipped)
