@@ -29,7 +29,7 @@ from kernelgen.target import Target
 from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
 from kernelgen.tuning import database
-from kernelgen.tuning.depthwise_model_predict import FITTED, NAMES, features, model_path, models_for, to_json
+from kernelgen.tuning.depthwise_model_predict import FITTED, features, model_path, models_for, to_json
 from kernelgen.tuning.perf_model import WITHIN, Group, fit_model, loo_records, summary
 from kernelgen.tuning.perf_model_predict import target_of
 

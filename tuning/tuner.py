@@ -29,10 +29,8 @@ import argparse
 import os
 import sys
 import time
-import traceback
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm

@@ -12,9 +12,9 @@ import warnings
 import numpy as np
 import pytest
 
-from kernelgen import api, planner, settings
+from kernelgen import planner, settings
 from kernelgen.problem import make_problem
-from kernelgen.target import CPU_TARGET, KNOWN_TARGETS
+from kernelgen.target import KNOWN_TARGETS
 from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.tuning import database, depthwise_model, depthwise_model_predict as predict, perf_model, shapes
@@ -24,25 +24,6 @@ DEVICE = H100.device_name
 SHIPPED_DB = database.SHIPPED / database.db_name(DEVICE)
 # a depthwise layer of none of the tuned tables (MobileNetV2's 56x56 layer at batch 64: the unseen table's row)
 UNSEEN = make_problem("fwd", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144)
-
-
-@pytest.fixture
-def fresh_model():
-    predict.models_for.cache_clear()
-    yield
-    predict.models_for.cache_clear()
-
-
-@pytest.fixture
-def on_h100(monkeypatch):
-    """Plan as on an H100 with the shipped database and models (the links need a GPU: pretend there is one)."""
-    monkeypatch.setattr(planner, "gpu_present", lambda: True)
-    monkeypatch.setattr(planner, "target_for", lambda backend: H100 if backend == "cuda" else CPU_TARGET)
-    monkeypatch.setattr(planner, "tuned_device", lambda: DEVICE)
-    database.entries_for.cache_clear()
-    api.clear_caches()
-    yield
-    api.clear_caches()
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
@@ -107,7 +88,7 @@ def test_the_bench_table_stays_untuned():
                 assert database.entry_key(layer.problem(d, dtype), precision) not in keys, layer.name
 
 
-def test_chain_order(on_h100, fresh_model):
+def test_chain_order(on_h100, fresh_models):
     entries = database.entries_for(DEVICE)
     key = next(k for k, e in sorted(entries.items()) if e["variant"] == "depthwise")
     tuned = database.problem_of(entries[key])
@@ -127,7 +108,7 @@ def test_chain_order(on_h100, fresh_model):
 
 
 @pytest.mark.parametrize("case", [None, "not json", "other features", "nan", "old format"])
-def test_missing_or_corrupt_model_falls_through_silently(case, tmp_path, monkeypatch, on_h100, fresh_model):
+def test_missing_or_corrupt_model_falls_through_silently(case, tmp_path, monkeypatch, on_h100, fresh_models):
     shipped, user = tmp_path / "shipped", tmp_path / "user"
     shipped.mkdir(), user.mkdir()
     (shipped / database.db_name(DEVICE)).write_text(SHIPPED_DB.read_text())

@@ -11,9 +11,9 @@ import warnings
 import numpy as np
 import pytest
 
-from kernelgen import api, planner, settings
+from kernelgen import planner, settings
 from kernelgen.problem import make_problem
-from kernelgen.target import CPU_TARGET, KNOWN_TARGETS
+from kernelgen.target import KNOWN_TARGETS
 from kernelgen.templates import VARIANTS, candidates, implicit_gemm, implicit_gemm_tc
 from kernelgen.templates.config import TileConfig
 from kernelgen.tuning import database, perf_model
@@ -30,26 +30,6 @@ def some_candidates(problem, precision="fp32"):
     variants = candidates(problem) if precision == "fp32" else [implicit_gemm_tc.VARIANT]
     return [(v.name, c) for v in variants if v.name in perf_model.VARIANT_NAMES
             for c in v.config_space(problem, H100, precision, keep=perf_model.KEEP)]
-
-
-@pytest.fixture
-def fresh_models():
-    """No model file read before the test leaks into it, nor the test's into later ones."""
-    perf_model.models_for.cache_clear()
-    yield
-    perf_model.models_for.cache_clear()
-
-
-@pytest.fixture
-def on_h100(monkeypatch):
-    """Plan as on an H100 with the shipped database and model (the links need a GPU: pretend there is one)."""
-    monkeypatch.setattr(planner, "gpu_present", lambda: True)
-    monkeypatch.setattr(planner, "target_for", lambda backend: H100 if backend == "cuda" else CPU_TARGET)
-    monkeypatch.setattr(planner, "tuned_device", lambda: DEVICE)
-    database.entries_for.cache_clear()
-    api.clear_caches()
-    yield
-    api.clear_caches()
 
 
 # --- features ---------------------------------------------------------------------------------------------------
