@@ -20,6 +20,7 @@ float16 tensors (precision "fp16") are read as they are stored, accumulated in f
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import NamedTuple
@@ -30,8 +31,8 @@ from kernelgen.storage import PRECISIONS_BY_DTYPE
 from kernelgen.target import Target
 from kernelgen.templates import implicit_gemm, tile_space
 from kernelgen.templates.depthwise_config import DepthwiseConfig
-from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, Geometry, cdiv, geometry, narrow_problem_unmet,
-                                                    over_limits, unmet)
+from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, MAX_GRID_Y, Geometry, cdiv, geometry,
+                                                    narrow_problem_unmet, over_limits, unmet)
 from kernelgen.templates.depthwise_kernels import gather_kernel, weight_kernel
 
 NAME = "depthwise"
@@ -212,11 +213,17 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
     for n in threads:
         for vc, tc, tw, th, pw, ph, gs in _shapes(p, widths, n):
             for halo, pad in windows:
+                # a block's geometry and limits do not depend on its split: checked once, on the unsplit config
+                # (the planner enumerates this space for every problem its fitted model ranks)
+                base = DepthwiseConfig(tc, tw, th, vc, pw, ph, halo, pad, 1, gs)
+                g = geometry(p, base)
+                if unmet(p, base, g) or over_limits(g, **limits):
+                    continue
                 for split in _split_choices(p, cdiv(p.groups, tc // gs * vc), target):
-                    cfg = DepthwiseConfig(tc, tw, th, vc, pw, ph, halo, pad, split, gs)
-                    g = geometry(p, cfg)
-                    if not (unmet(p, cfg) or over_limits(g, **limits)):
-                        scored.append((model_time(p, cfg, target, g), str(cfg), cfg))
+                    if split > max(1, min(g.spatial_tiles, MAX_GRID_Y)):  # (unmet's one test of the split)
+                        continue
+                    cfg = base if split == 1 else dataclasses.replace(base, split_k=split)
+                    scored.append((model_time(p, cfg, target, g), str(cfg), cfg))
     return [cfg for _, _, cfg in sorted(scored)]
 
 

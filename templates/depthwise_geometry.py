@@ -283,8 +283,9 @@ def geometry(p: ConvProblem, cfg: DepthwiseConfig) -> Geometry:
     return Geometry(p, cfg, gather, h, w, out_d, src_d)
 
 
-def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
-    """Why this config cannot build this problem (an empty list: it builds)."""
+def unmet(p: ConvProblem, cfg: DepthwiseConfig, g: Geometry | None = None) -> list[str]:
+    """Why this config cannot build this problem (an empty list: it builds).  g: its geometry, where the caller has
+    it (the candidate search builds thousands)."""
     try:
         cfg.validate()
     except ValueError as e:
@@ -296,7 +297,7 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig) -> list[str]:
         why.append("VC=8 (16 bytes of float16) for float16 tensors only")
     if cfg.split_k > 1 and p.direction != "bwd_weight":
         why.append(f"split_k=1 outside backward-weight, got {cfg.split_k}")
-    g = geometry(p, cfg)
+    g = g or geometry(p, cfg)
     if cfg.split_k > max(1, min(g.spatial_tiles, MAX_GRID_Y)):
         why.append(f"split_k <= the {g.spatial_tiles} spatial tiles and {MAX_GRID_Y}, got {cfg.split_k}")
     if g.channel_blocks > MAX_GRID_Y:

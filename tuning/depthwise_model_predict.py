@@ -8,8 +8,11 @@ imported yet.)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import threading
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -72,8 +75,9 @@ def models_for(device: str) -> dict:
     nearby problems, as the GEMM model's do).  {} where no file reads as one: a missing or unreadable file is no
     model, never an error."""
     for base in (database.user_db_dir(), database.SHIPPED):
+        path = model_path(device, base)
         try:
-            data = json.loads(model_path(device, base).read_text())
+            data = json.loads(path.read_text())
             if data.get("format") != FORMAT or data.get("features") != list(NAMES):
                 continue
             out = {}
@@ -84,20 +88,66 @@ def models_for(device: str) -> dict:
                 if dtype in FITTED and coef.shape == (len(NAMES),) and np.all(np.isfinite(coef)) \
                         and all(math.isfinite(v) for _, r in residuals for v in r.values()):
                     out[dtype] = Model(FITTED[dtype], coef, frozenset((depthwise.NAME,)), residuals)
+            if out:
+                _FILES[device] = _file_stamp(path)
             return out
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return {}
 
 
+_FILES: dict = {}  # device -> the stamp of the model file models_for read (part of every remembered pick's key)
+
+
+def _file_stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def choose(problem, precision: str, target: Target, device: str) -> DepthwiseConfig | None:
     """The model's best-scored config of the variant's config space (KEEP of them), or None (no model for the device
-    and the tensors' dtype, a precision it does not rank, or no candidate)."""
+    and the tensors' dtype, a precision it does not rank, or no candidate).  The config space takes 0.1-0.7 s to
+    enumerate per problem (a MobileNetV2's 51 depthwise problems: ~10 s), so each pick is remembered on disk
+    (remembered_pick) for every later process."""
     model = models_for(device).get(problem.dtype)
     if model is None or precision not in RANKS[problem.dtype]:
         return None
+    memo = _pick_path(problem, precision, target, device)
+    hit = remembered_pick(memo, problem, precision)
+    if hit is not None:
+        return hit
     choices = [(depthwise.NAME, c) for c in depthwise.VARIANT.config_space(problem, target, precision, keep=KEEP)]
     if not choices:
         return None
     X = np.stack([features(problem, c, target) for _, c in choices])
-    return choices[int(np.argmin(model.scores(problem, choices, target, X)))][1]
+    pick = choices[int(np.argmin(model.scores(problem, choices, target, X)))][1]
+    _remember(memo, pick)
+    return pick
+
+
+def _pick_path(problem, precision, target: Target, device: str) -> Path:
+    """Where a pick is remembered: named by a digest of everything it depends on - the problem, the precision, the
+    Target's facts, the model file (path, size, mtime) and this module's candidate count."""
+    text = repr((problem.key(), precision, target, _FILES.get(device), KEEP, FORMAT))
+    return database.user_db_dir().parent / "depthwise_picks" / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".txt")
+
+
+def remembered_pick(path: Path, problem, precision) -> DepthwiseConfig | None:
+    """The pick remembered at `path`, if it reads and still fits the problem (else None: computed again)."""
+    try:
+        cfg = DepthwiseConfig.parse(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return cfg if depthwise.VARIANT.accepts(problem, cfg, precision) else None
+
+
+def _remember(path: Path, cfg: DepthwiseConfig):
+    """Write the pick whole (a temporary file renamed over it: a reader in another process sees all of it or none);
+    a cache directory that cannot be written only costs the next process the enumeration."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(str(cfg) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
