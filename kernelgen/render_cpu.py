@@ -15,9 +15,10 @@ from .render_base import SourcePrinter, launch_constants
 
 
 class CpuPrinter(SourcePrinter):
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, serial: bool = False):
         super().__init__(kernel)
         self.tma_helpers = set()  # what the module imports from kernelgen.cpu_tma
+        self.serial = serial  # the blocks run one after another (render_cpu(parallel=False)): an atomic add is +=
 
     def index(self, buf, index):
         idx = super().index(buf, index)
@@ -111,8 +112,14 @@ class CpuPrinter(SourcePrinter):
         self.stmts(s.body, depth + 1)
 
     def atomic_add(self, s, depth):
-        # blocks of one prange run concurrently: a plain += here would be a silent race
-        raise ValueError("the CPU target has no atomic stores: use split_k=1 for CPU configs")
+        # blocks of a parallel prange run concurrently: a plain += there would be a silent race.  Serial blocks (a
+        # test checking a split-K kernel's arithmetic on the CPU) add in turn.
+        if not self.serial:
+            raise ValueError("the CPU target has no atomic stores: use split_k=1 for CPU configs")
+        if s.buf in self.stored_narrow:
+            raise ValueError(f"{s.buf} stores float16: split-K (atomic adds into it) needs a float32 output")
+        at = self.index(s.buf, s.index)
+        self.emit(depth, f"{s.buf}[{at}] += {self.expr(s.value)}")
 
     def barrier(self, depth):
         self.emit(depth, "# barrier: the thread phases above ran to completion")
@@ -164,7 +171,7 @@ def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = No
             blocks *= g
         parallel = blocks >= PARALLEL_MIN_BLOCKS and kernel.meta.get("work", 0) >= PARALLEL_MIN_WORK
     lowered = lower(kernel, "cpu")
-    printer = CpuPrinter(lowered)
+    printer = CpuPrinter(lowered, serial=not parallel)
     body = printer.render()
     helpers = f"from kernelgen.cpu_round import {', '.join(sorted(printer.helpers))}\n" if printer.helpers else ""
     if printer.tma_helpers:

@@ -32,8 +32,16 @@ def check_dtype_precision(dtype, precision):
                      f"got {dtype}")
 
 
-def check_split_k(dtype, config):
-    """Split-K adds partial sums into the output atomically: that needs a float32 output, not float16."""
-    if dtype == "float16" and config.split_k > 1:
-        raise ValueError(f"config: split_k must be 1 for float16 tensors (split-K adds partial sums into the "
-                         f"output, which must then be float32), got {config}")
+# the suffix of an output parameter the launcher allocates in float32, zeroes, and rounds into the caller's array of
+# the name without it after the kernel (runtime/launch.py Launcher.widened): split backward-weight on float16 tensors
+# (its blocks add partial sums atomically, and there are no 16-bit atomic adds)
+WIDE_SUFFIX = "__fp32"
+
+
+def check_split_k(dtype, config, direction=None):
+    """Split-K adds partial sums into the output atomically: that needs a float32 output.  Backward-weight on float16
+    tensors adds into a float32 workspace the launcher rounds into dw (WIDE_SUFFIX); any other float16 output
+    cannot split."""
+    if dtype == "float16" and config.split_k > 1 and direction != "bwd_weight":
+        raise ValueError(f"config: split_k must be 1 for float16 tensors outside backward-weight (split-K adds "
+                         f"partial sums into the output, which must then be float32), got {config}")

@@ -24,7 +24,7 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_pair_pointers, round_tf32_pointers)
 from kernelgen.runtime.narrow import narrow_device, narrow_host
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
-from kernelgen.templates.depthwise_kernels import WIDE_SUFFIX
+from kernelgen.storage import WIDE_SUFFIX
 
 _NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from kernelgen.ir import Assign, Barrier, Buffer, For, If, Kernel, Load, Store, Var, VectorLoad, all_of, compute_dtype, \
     minimum, select
+from kernelgen.storage import WIDE_SUFFIX
 from kernelgen.templates.depthwise_geometry import Geometry, cdiv
 from kernelgen.templates.depthwise_ir import (ZERO, block_coords, channel_ok, filter_rows, rounded, segment_buffer,
                                               stage_buffer, thread_coords, unroll, window_copy)
@@ -166,9 +167,6 @@ def _weight_strips(g: Geometry, bufs, rnd):
     return [For("ph", cfg.PH, tuple(loads + rows), "serial")]
 
 
-# the suffix of an output parameter the launcher allocates in float32 and narrows into the caller's array of the
-# name without it (runtime/launch.py reads it): the float32 dw of split float16 backward-weight
-WIDE_SUFFIX = "__fp32"
 
 
 def dw_name(g: Geometry) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, select
+from kernelgen.ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, select
+from kernelgen.storage import WIDE_SUFFIX
 
 from .config import TileConfig
 from .tile_space import TiledGemmVariant
@@ -291,11 +292,16 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
         return all_of(pred), Load("x", (off,))
 
+    # split float16 backward-weight adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes
+    # and rounds into the caller's dw (kernelgen.storage.WIDE_SUFFIX)
+    widened = p.dtype == "float16" and cfg.split_k > 1
+    dw, dw_dtype = ("dw" + WIDE_SUFFIX, "float32") if widened else ("dw", p.dtype)
+
     def store(m, n, g, value, split):
-        return [Store("dw", ((g * p.Kg + m) * Ng + n,), value, "atomic" if split is not None else False)]
+        return [Store(dw, ((g * p.Kg + m) * Ng + n,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
-              Buffer("dy", (Kr * p.K,), p.dtype), Buffer("dw", (p.K * Ng,), p.dtype, role="out"))
+              Buffer("dy", (Kr * p.K,), p.dtype), Buffer(dw, (p.K * Ng,), dw_dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("mn", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
                     params, p.dtype, doc=f"implicit-GEMM backward-weight: dw[{p.K} x {Ng}] = dy^T * x")
 

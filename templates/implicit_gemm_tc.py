@@ -102,7 +102,8 @@ def build(p, cfg: TileConfig, precision="tf32"):
 
 def default_config(p, target: Target | str, precision="tf32") -> TileConfig:
     """The CPU default (BK 16 for the 16-bit MMAs), or the CUDA tile with the least padded work per SM (narrow tiles for GEMMs with
-    few columns); backward-weight splits its long reduction until the grid fills two waves (float32 outputs only).
+    few columns); backward-weight splits its long reduction until the grid fills two waves (float16 tensors into a
+    float32 workspace).
     target: a Target, or a backend name for the target in effect on it."""
     target = as_target(target)
     if target.backend != "cuda":
@@ -115,9 +116,8 @@ def default_config(p, target: Target | str, precision="tf32") -> TileConfig:
         return _cdiv(blocks, sms) * t[0] * t[1] * (1.0 if t[0] * t[1] >= 128 * 64 else 1.25)
     bm, bn, wm, wn = min(CUDA_TC_TILES, key=cost)
     split = 1
-    # a float16 output takes no atomic adds, so no split-K: its backward-weight tile is picked by waves as above
-    # (few blocks for a long reduction: slower than the float32 path, never wrong)
-    if p.direction == "bwd_weight" and p.dtype != "float16":
+    # (float16 tensors too: their split adds into a float32 workspace the launcher rounds into dw)
+    if p.direction == "bwd_weight":
         # split-K supplies the blocks here, so the tile is picked by padded work x issue cost per MMA
         # (PERF_NOTES #21), not by waves
         bm, bn, wm, wn = min(CUDA_TC_TILES, key=lambda t: _cdiv(M, t[0]) * t[0] * _cdiv(N, t[1]) * t[1]
@@ -149,11 +149,12 @@ def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(
     1, and where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that
     fill about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA
     boxes must not run past the filter), the nearest such to each target.  A float16 output: 1 only (split-K adds
-    partial sums into the output atomically, which needs float32: kernelgen.storage.check_split_k)."""
-    if problem.dtype == "float16":
-        return [1]
+    partial sums into the output atomically, which needs float32: kernelgen.storage.check_split_k), but for
+    backward-weight, whose split adds into a float32 workspace (implicit_gemm.backward_weight_view)."""
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk, target)
+    if problem.dtype == "float16":
+        return [1]
     M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
     if blocks >= target.sm_count:
@@ -230,10 +231,10 @@ def untuned_tma_config(problem, precision, target: Target | str = "cuda"):
 
 
 def fits_storage(problem, cfg):
-    """Can a tensor-core config compute the problem's storage dtype (float16: no split-K, no float32 async
-    copies), as the planner checks?"""
+    """Can a tensor-core config compute the problem's storage dtype (float16: no split-K but backward-weight's, no
+    float32 async copies), as the planner checks?"""
     try:
-        check_split_k(problem.dtype, cfg)
+        check_split_k(problem.dtype, cfg, problem.direction)
     except ValueError:
         return False
     return config_ok(problem, cfg)

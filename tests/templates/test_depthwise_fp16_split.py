@@ -19,7 +19,7 @@ from kernelgen.target import as_target
 from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.templates.depthwise_geometry import unmet
-from kernelgen.templates.depthwise_kernels import WIDE_SUFFIX
+from kernelgen.storage import WIDE_SUFFIX
 from kernelgen.tuning.compile_pool import compile_launcher
 from harness import assert_close, direction_inputs, launch_poisoned, tolerance
 from test_depthwise import depthwise_problem, launcher_for

@@ -27,6 +27,9 @@ from kernelgen.problem import make_problem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
 from kernelgen.templates import implicit_gemm_tc
+from kernelgen.runtime.cache import KERNELS
+from kernelgen.runtime.launch import Launcher
+from kernelgen.storage import WIDE_SUFFIX
 from kernelgen.templates.config import TileConfig
 from harness import conv_tensors, norm_err, poisoned, random_array, reference, tolerance
 from vector_copy import THREADS, copy_kernel, module
@@ -182,19 +185,45 @@ def test_cuda_rendering_without_load4():
     assert "load4(x, " in f32_src  # (what float16 must not use)
 
 
-def test_no_split_k_for_float16():
-    """Backward-weight with a long reduction: the float32 default splits it (atomic adds into dw), float16's
-    never does, and a split-K config is refused naming config; the renderer refuses atomics into float16 too."""
+def test_float16_backward_weight_splits_into_a_float32_workspace():
+    """Backward-weight with a long reduction splits it on float16 tensors too: no 16-bit atomic adds, so the blocks
+    add into a float32 workspace (dw + WIDE_SUFFIX) the launcher zeroes and rounds into dw.  Any other float16 output
+    refuses split-K naming config, and the renderers refuse atomics into float16."""
     kw = dict(padding=1)
     p32 = make_problem("bwd_weight", (32, 28, 28, 64), (64, 3, 3, 64), **kw)
     p16 = make_problem("bwd_weight", (32, 28, 28, 64), (64, 3, 3, 64), dtype="float16", **kw)
     assert make_plan(p32, "cuda", precision="fp16").config.split_k > 1
-    assert make_plan(p16, "cuda", precision="fp16").config.split_k == 1
+    assert make_plan(p16, "cuda", precision="fp16").config.split_k > 1
     split = TileConfig(64, 32, 16, split_k=4, stages=2, WM=32, WN=16, swizzle=1)
-    with pytest.raises(ValueError, match="config: split_k must be 1 for float16"):
-        make_plan(p16, "cuda", config=split, precision="fp16")
-    with pytest.raises(ValueError, match="dw stores float16"):
-        render_cuda(implicit_gemm_tc.build(p16, split, "fp16"), cache=False)
+    assert make_plan(p16, "cuda", config=split, precision="fp16").config == split
+    kernel = implicit_gemm_tc.build(p16, split, "fp16")
+    dw = kernel.params[-1]
+    assert (dw.name, dw.dtype, dw.role) == ("dw" + WIDE_SUFFIX, "float32", "out") and kernel.meta["zero_output"]
+    assert "cuda.atomic.add(dw" + WIDE_SUFFIX in render_cuda(kernel, cache=False)
+    f16 = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), dtype="float16", **kw)
+    with pytest.raises(ValueError, match="config: split_k must be 1 for float16 tensors outside backward-weight"):
+        make_plan(f16, "cuda", config=split, precision="fp16")
+    with pytest.raises(ValueError, match="y stores float16"):
+        render_cuda(implicit_gemm_tc.build(f16, split, "fp16"), cache=False)
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_float16_split_backward_weight_matches_float64(split_k, rng):
+    """The split kernel's arithmetic on the CPU backend, its blocks in turn (render_cpu(parallel=False): the adds
+    are plain +=), against the float64 reference, the output poisoned; twice (the workspace is zeroed each call)."""
+    kw = dict(padding=1)
+    p = make_problem("bwd_weight", (2, 6, 6, 16), (16, 3, 3, 16), dtype="float16", **kw)
+    x, dy = half(rng, p.x_shape), half(rng, p.y_shape)
+    want = reference("bwd_weight", x, np.empty(p.w_shape), dy, kw)
+    cfg = TileConfig(32, 16, 16, split_k=split_k, stages=2, WM=16, WN=8)
+    source = render_cpu(implicit_gemm_tc.build(p, cfg, "fp16"), parallel=False)
+    launcher = KERNELS.get(("test_fp16_split", p, cfg), lambda: source, lambda m: Launcher.from_module(m, "cpu"))
+    assert launcher.widened == ("dw",) and launcher.outputs == ("dw",) and launcher.zero_output
+    for _ in range(2):
+        dw = poisoned(int(np.prod(p.w_shape)), np.float16)
+        launcher({"x": x.reshape(-1), "dy": dy.reshape(-1), "dw": dw})
+        assert dw.dtype == np.float16 and np.isfinite(dw.astype(np.float32)).all()
+        assert norm_err(dw.reshape(p.w_shape), want) <= tolerance("float16", "fp16")
 
 
 # --- refusals, before any kernel ------------------------------------------------------------------------
@@ -343,6 +372,24 @@ def test_gpu_float16_device_arrays(name, direction, rng):
     out = cuda.to_device(poisoned(want.shape, np.float16))
     assert _gpu_op(direction, xd, wd, dyd, bd, kw, out) is out
     check_half(out.copy_to_host(), want, f"{direction} {name} out=", accumulation=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_float16_split_backward_weight(rng):
+    """Backward-weight with a long reduction on float16 device arrays: the planner splits it (atomic adds into the
+    launcher's float32 workspace, rounded into dw), against float64, on a fresh and on a given (poisoned) dw."""
+    from numba import cuda
+    kw = dict(padding=1)
+    x, dy = half(rng, (16, 28, 28, 32)), half(rng, (16, 28, 28, 48))
+    p = make_problem("bwd_weight", x.shape, (48, 3, 3, 32), dtype="float16", **kw)
+    assert make_plan(p, "cuda", precision="fp16").config.split_k > 1
+    want = reference("bwd_weight", x, np.empty(p.w_shape), dy, kw)
+    xd, dyd = cuda.to_device(x), cuda.to_device(dy)
+    got = kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", **kw)
+    assert got.dtype == np.float16 and norm_err(got.copy_to_host(), want) <= HALF_TOL
+    out = cuda.to_device(poisoned(48 * 9 * 32, np.float16).reshape(48, 3, 3, 32))
+    kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", out=out, **kw)
+    assert norm_err(out.copy_to_host(), want) <= HALF_TOL
 
 
 @pytest.mark.gpu
