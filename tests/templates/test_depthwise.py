@@ -132,8 +132,10 @@ def test_split_k_refused_on_cpu_and_outside_backward_weight():
     with pytest.raises(ValueError, match="split_k=1 outside backward-weight"):
         depthwise.build(fwd, DepthwiseConfig(split_k=2))
     bwd = depthwise_problem("bwd_weight", (2, 8, 8, 8), 1, (3, 3), dict(padding=1))
-    with pytest.raises(ValueError, match="atomic"):
-        render_cpu(depthwise.build(bwd, DepthwiseConfig(TC=2, TW=2, TH=2, split_k=2)))
+    split = depthwise.build(bwd, DepthwiseConfig(TC=2, TW=2, TH=2, split_k=2))
+    with pytest.raises(ValueError, match="atomic"):  # parallel blocks: a += would race
+        render_cpu(split, parallel=True)
+    assert "dw[" in render_cpu(split, parallel=False)  # blocks in turn (a test's check of the arithmetic): +=
 
 
 # --- the config, the geometry, the variant ---------------------------------------------------------------------
