@@ -100,8 +100,9 @@ def compare(mode, batch, steps, warmup, precompile=True, rounds=3):
     warm-up starts with kernelgen.torch.precompile (its step's kernels side by side), as a user's would.  The
     timed steps alternate between the two models in `rounds` rounds (the loss curves are the first round's, from
     fresh models); each keeps its best round's median, as the convolution bench does: the GPU machine's host is
-    shared, and one round in several runs slow for either side.  Each round also records the host's load average
-    and kernelgen's live worker processes, so a slow round can be told from a slow step."""
+    shared, and one round in several runs slow for either side.  Each round also records kernelgen's live worker
+    processes and the host's 1-minute load average (slow to move: it tells what the last minute ran, not the
+    round)."""
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     data = batches(4, batch)
