@@ -31,7 +31,7 @@ from kernelgen.storage import PRECISIONS_BY_DTYPE
 from kernelgen.target import Target
 from kernelgen.templates import implicit_gemm, tile_space
 from kernelgen.templates.depthwise_config import DepthwiseConfig
-from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, MAX_GRID_Y, Geometry, cdiv, geometry,
+from kernelgen.templates.depthwise_geometry import (MAX_FILTER_WORDS, Geometry, cdiv, geometry, max_split,
                                                     narrow_problem_unmet, over_limits, unmet)
 from kernelgen.templates.depthwise_kernels import gather_kernel, weight_kernel
 
@@ -66,7 +66,8 @@ def _rounding(p, precision):
     return precision if precision in ("fp16", "bf16") and p.dtype == "float32" else None
 
 
-def _itemsize(p):
+def itemsize(p):
+    """Bytes of one element of the problem's tensors (the depthwise model's features read it too)."""
     return {"float64": 8, "float16": 2}.get(p.dtype, 4)
 
 
@@ -140,7 +141,7 @@ def model_terms(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometr
     """The global traffic in whole sectors (each block's window, its filter, the outputs; dy and the atomic adds of
     backward-weight), the FMAs, and the SMs' memory parallelism (resident threads, up to SATURATING_THREADS, and
     the last wave's idle SMs)."""
-    g, item = g or geometry(p, cfg), _itemsize(p)
+    g, item = g or geometry(p, cfg), itemsize(p)
     pixel = _sectors(cfg.block_groups * g.src_per_group * item)  # a window pixel's channels of one block
     window = math.prod(g.window_shape[:3]) * pixel * (1.0 if cfg.halo else NO_HALO_TRAFFIC)
     outputs = p.N * g.out_depth * g.h.out_size * g.w.out_size
@@ -190,7 +191,7 @@ def _shapes(p: ConvProblem, vector_widths, threads):
     one sector of a pixel (or all of them), no more than twice the problem's groups, rows or columns."""
     (_, H, W), (_, OH, OW) = p.in_size, p.out_size
     rows, cols = (H, W) if p.direction == "bwd_data" else (OH, OW)
-    spg, item = (p.Kg if p.direction == "bwd_data" else p.Cg), _itemsize(p)
+    spg, item = (p.Kg if p.direction == "bwd_data" else p.Cg), itemsize(p)
     pow2 = (1, 2, 4, 8, 16, 32, 64)
     for vc, tc, th, pw, ph, gs in itertools.product(vector_widths, pow2, (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4),
                                                     group_splits(p)):
@@ -220,7 +221,7 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
                 if unmet(p, base, g) or over_limits(g, **limits):
                     continue
                 for split in _split_choices(p, cdiv(p.groups, tc // gs * vc), target):
-                    if split > max(1, min(g.spatial_tiles, MAX_GRID_Y)):  # (unmet's one test of the split)
+                    if split > max_split(g):  # (unmet's one test of the split)
                         continue
                     cfg = base if split == 1 else dataclasses.replace(base, split_k=split)
                     scored.append((model_time(p, cfg, target, g), str(cfg), cfg))
@@ -281,7 +282,7 @@ def gemm_model_time(p: ConvProblem, target: Target) -> float:
     if tile not in tile_space.CUDA_TILES:
         return math.inf
     fmas = tile_space.estimated_cost(p, tile, target, cfg.split_k) * target.sm_count
-    tensors = (math.prod(p.x_shape) + math.prod(p.w_shape) + math.prod(p.y_shape)) * _itemsize(p)
+    tensors = (math.prod(p.x_shape) + math.prod(p.w_shape) + math.prod(p.y_shape)) * itemsize(p)
     return tensors + 2.0 * fmas / FLOPS_PER_BYTE
 
 

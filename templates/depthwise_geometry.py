@@ -298,11 +298,16 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig, g: Geometry | None = None) -> li
     if cfg.split_k > 1 and p.direction != "bwd_weight":
         why.append(f"split_k=1 outside backward-weight, got {cfg.split_k}")
     g = g or geometry(p, cfg)
-    if cfg.split_k > max(1, min(g.spatial_tiles, MAX_GRID_Y)):
+    if cfg.split_k > max_split(g):
         why.append(f"split_k <= the {g.spatial_tiles} spatial tiles and {MAX_GRID_Y}, got {cfg.split_k}")
     if g.channel_blocks > MAX_GRID_Y:
         why.append(f"at most {MAX_GRID_Y} channel blocks (the grid's y), got {g.channel_blocks}")
     return why
+
+
+def max_split(g: Geometry) -> int:
+    """The most split_k shares a block shape's backward-weight can take: one spatial tile each, within the grid's y."""
+    return max(1, min(g.spatial_tiles, MAX_GRID_Y))
 
 
 def narrow_problem_unmet(p: ConvProblem) -> list[str]:

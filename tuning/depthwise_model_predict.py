@@ -1,10 +1,10 @@
 """The planner's half of the depthwise template's fitted model (tuning/depthwise_model.py fits it): its features of a
-(problem, config), the fitted model read from tuning/db/depthwise_model_<device>.json (the user's cache dir first) -
-a perf_model_predict.Model: linear weights plus the residuals of the training problems' configs, which correct the
-same config's score on nearby problems - and `choose`, the planner's "model" link for depthwise problems.  A missing or unreadable file is no model (the
-planner falls through to the cost-model default), never an error or a warning.  (Apart from the fit, as
-perf_model_predict is from perf_model: `python -m kernelgen.tuning.depthwise_model` then runs a module nothing has
-imported yet.)
+(problem, config); the fitted model read from tuning/db/depthwise_model_<device>.json (the user's cache dir first),
+a perf_model_predict.Model - linear weights plus the residuals of the training problems' configs, which correct the
+same config's score on nearby problems; and `choose`, the planner's "model" link for depthwise problems.  A missing
+or unreadable file is no model (the planner falls through to the cost-model default), never an error or a warning.
+(Apart from the fit, as perf_model_predict is from perf_model: `python -m kernelgen.tuning.depthwise_model` then runs
+a module nothing has imported yet.)
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def features(problem, cfg: DepthwiseConfig, target: Target) -> np.ndarray:
     """The NAMES columns of one (problem, config) on a target."""
     g = geometry(problem, cfg)
     t = depthwise.model_terms(problem, cfg, target, g)
-    item = {"float64": 8, "float16": 2}.get(problem.dtype, 4)
+    item = depthwise.itemsize(problem)
     bw = float(problem.direction == "bwd_weight")
     log = math.log
     return np.array([log(t.traffic), log(t.parallel), log(t.fill), log(t.resident), log(t.waves), log(cfg.threads),
@@ -106,9 +106,9 @@ def _file_stamp(path: Path) -> str:
 
 def choose(problem, precision: str, target: Target, device: str) -> DepthwiseConfig | None:
     """The model's best-scored config of the variant's config space (KEEP of them), or None (no model for the device
-    and the tensors' dtype, a precision it does not rank, or no candidate).  The config space takes 0.1-0.7 s to
-    enumerate per problem (a MobileNetV2's 51 depthwise problems: ~10 s), so each pick is remembered on disk
-    (remembered_pick) for every later process."""
+    and the tensors' dtype, a precision it does not rank, or no candidate).  The config space takes 0.1-0.4 s to
+    enumerate per problem (a MobileNetV2's 30 batch-128 depthwise problems: 4.7 s), so each pick is remembered on
+    disk (remembered_pick) for every later process."""
     model = models_for(device).get(problem.dtype)
     if model is None or precision not in RANKS[problem.dtype]:
         return None
