@@ -87,6 +87,8 @@ class SourcePrinter:
         if isinstance(s, Assign):
             self.emit(depth, f"{s.var} = {self.expr(s.value)}")
         elif isinstance(s, Store) and s.accumulate == "atomic":
+            if s.buf in self.stored_narrow:  # partial sums rounded to fp16 one by one would lose the point
+                raise ValueError(f"{s.buf} stores float16: split-K (atomic adds into it) needs a float32 output")
             self.atomic_add(s, depth)
         elif isinstance(s, Store) and s.pair is not None:
             self.pair_store(s, depth)
