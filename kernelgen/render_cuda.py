@@ -353,6 +353,8 @@ def render_cuda(kernel: Kernel, *, cache: bool = True, index32: bool | None = No
         body = fresh_names(body)
     if printer.dynamic:
         constants += f"DYNAMIC_SHARED = {printer.dynamic}\n"
+    if lowered.meta.get("batch_grid"):  # fewer blocks along a grid axis run fewer images: Launcher.on_images
+        constants += f"BATCH_GRID = {tuple(lowered.meta['batch_grid'])!r}\n"
     helpers = lambda attr: sorted(set().union(*(getattr(p, attr) for p in printers)))
     mma = f"from kernelgen.cuda_mma import {', '.join(helpers('helpers'))}\n" if printer.helpers else ""
     if lowered.meta.get("launch_bounds"):

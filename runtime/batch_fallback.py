@@ -3,23 +3,27 @@
 Kernels are specialised to their shape, the batch size included, so a network's first step on a new batch size
 (an epoch's last, shorter batch; 128 -> 96) would compile each of its kernels again, seconds each.  Where this
 process has already run the same convolution (every field of the problem but N, the same precision and settings)
-on a larger batch, a call whose own kernel is not compiled yet runs that kernel instead, on its batched inputs
-zero-extended to the larger batch:
-- forward and backward-data: the first N images of the larger result are the call's result (images do not mix);
-- backward-weight: the zero images add zero products, so the larger problem's gradient is the call's.
-Meanwhile the call's own kernel compiles in a background process (tuning.compile_pool.compile_in_background),
-into the disk cache; the first call after it is there loads it and runs as usual, and only then is the call's
-dispatch route kept.
+on a larger batch, a call whose own kernel is not compiled yet runs that kernel instead:
+- on fewer blocks, where the kernel says it can (Launcher.on_images: its GEMM rows, or its split-K reduction, are
+  image-major, so the blocks past the call's images are simply not launched) and the call's images fill whole
+  blocks: then that is the call's kernel from now on - nothing compiles, nothing is copied, it runs as fast as the
+  larger batch's own (kernelgen.explain still shows the plan the call's own kernel would have);
+- otherwise on its batched inputs zero-extended, to the images the fewer blocks read (or to the larger batch):
+  - forward and backward-data: the first N images of the larger result are the call's result (images do not mix);
+  - backward-weight: the zero images add zero products, so the larger problem's gradient is the call's;
+  meanwhile the call's own kernel compiles in a background process (tuning.compile_pool.compile_in_background),
+  into the disk cache; the first call after it is there loads it and runs as usual, and only then is the call's
+  dispatch route kept.  The price, while it compiles: the extra images' arithmetic and a copy of each input.
 
-The price, while the kernel compiles: the larger batch's arithmetic and one copy of each batched input.  Only
-device arrays take this path (host arrays pay a copy anyway); the batch_fallback setting turns it off.  Nothing
-compiles in numba's simulator, so there it is off too.
+Only device arrays take this path (host arrays pay a copy anyway); the batch_fallback setting turns it off.
+Nothing compiles in numba's simulator, so there it is off too.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import threading
+from typing import NamedTuple
 
 from kernelgen import arrays, settings
 from kernelgen.runtime.arena import device_empty
@@ -46,7 +50,10 @@ def run(prep, inputs: dict, template, stream=None, out=None):
     """(result, borrowed) of a CUDA call: on its own kernel (noted: a smaller batch may borrow it from now on),
     or, while that kernel is not compiled, on a larger batch's (borrowed; its own compiling in the background)."""
     big = larger_batch(prep, inputs)
-    if big is None:
+    fewer = None if big is None else big.launcher.on_images(prep.problem.N)
+    if fewer is not None and fewer[1] == prep.problem.N:
+        prep._launcher = fewer[0]  # the call's images fill whole blocks of the larger batch's kernel: its own now
+    if big is None or prep._launcher is not None:
         result = run_cuda(prep, inputs, template, stream, out)
         note_ran(prep)
         return result, False
@@ -68,8 +75,8 @@ def note_ran(prep):
 def larger_batch(prep, inputs: dict):
     """The Prepared of the smallest larger batch of prep's convolution that ran here, where prep's own kernel
     would be compiled by its first launch and every input is a device array; else None."""
-    if prep.plan is None or prep.backend != "cuda" or not settings.get("batch_fallback"):
-        return None
+    if prep.plan is None or prep.backend != "cuda" or prep._launcher is not None or not settings.get("batch_fallback"):
+        return None  # (a call with a launcher has its kernel: compiled, or a larger batch's on fewer blocks)
     with _LOCK:
         ran = _RAN.get(_batchless(prep))
         larger = sorted(n for n in ran or () if n > prep.problem.N)
@@ -101,11 +108,21 @@ def start_compile(plan):
             _PENDING[digest] = compile_in_background(plan)
 
 
+class _OnImages(NamedTuple):
+    """What run_cuda reads of a Prepared: the larger batch's kernel on fewer blocks, as a problem of `images`."""
+    problem: object
+    launcher: object
+
+
 def run_on_larger_batch(prep, big, inputs: dict, template, stream=None, out=None):
-    """prep's call computed by big's kernel (see the module): the batched inputs zero-extended to big's batch.
-    Copies and clears go to the driver by address: numba's slicing and fill kernel cost more than the rest of a
-    borrowed call (which runs for every call until the call's own kernel is in)."""
+    """prep's call computed by big's kernel (see the module): the batched inputs zero-extended to the images the
+    kernel's fewer blocks read (Launcher.on_images), or to big's batch.  Copies and clears go to the driver by
+    address: numba's slicing and fill kernel cost more than the rest of a borrowed call (which runs for every call
+    until the call's own kernel is in)."""
     problem, nstream = prep.problem, as_numba_stream(stream)
+    fewer = big.launcher.on_images(problem.N)
+    if fewer is not None:
+        big = _OnImages(dataclasses.replace(big.problem, N=fewer[1]), fewer[0])
     extended = {name: (_zero_extended(a, name, big.problem.N, nstream) if name in BATCHED[problem.direction]
                        else a) for name, a in inputs.items()}
     if problem.direction == "bwd_weight":

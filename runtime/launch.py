@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -63,6 +63,9 @@ class Launcher:
     # rounds it into the caller's array after the kernel.  params and outputs name the caller's arrays.
     widened: tuple = ()
     label: str = ""  # the kernel's name in kernelgen.profile_compile's report (its problem's key)
+    # (grid axis, items per image, items a block) where fewer blocks along that axis compute fewer images (the
+    # module's BATCH_GRID: templates.tiled_gemm.batch_grid); () where they do not.  on_images reads it.
+    batch_grid: tuple = ()
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
@@ -72,6 +75,7 @@ class Launcher:
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
     _general_path: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    _fewer: dict = field(default_factory=dict, repr=False, compare=False)  # on_images' answers by image count
 
     @classmethod
     def from_module(cls, module, backend, label=""):
@@ -84,7 +88,27 @@ class Launcher:
         return cls(module.KERNEL, tuple(map(caller, module.PARAMS)), tuple(map(caller, module.OUTPUTS)),
                    module.GRID, module.THREADS, module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""),
                    getattr(module, "DYNAMIC_SHARED", 0), getattr(module, "KERNEL_ANY_ALIGNMENT", None),
-                   getattr(module, "TENSOR_MAPS", ()), widened=widened, label=label)
+                   getattr(module, "TENSOR_MAPS", ()), widened=widened, label=label,
+                   batch_grid=tuple(getattr(module, "BATCH_GRID", ())))
+
+    def on_images(self, images: int):
+        """(launcher, images read): this kernel on a batch of `images` images, fewer than it was built for - the same
+        compiled kernel over fewer blocks along BATCH_GRID's axis - and the images its last block reads: `images`
+        where they fill whole blocks, else up to the next block's end (the caller zero-extends its arrays to that).
+        None where the kernel cannot (no BATCH_GRID) or it would take every block."""
+        if not self.batch_grid:
+            return None
+        found = self._fewer.get(images)
+        if found is None:
+            axis, per_image, unit = self.batch_grid
+            blocks = -(-images * per_image // unit)
+            if blocks >= self.grid[axis]:
+                return None
+            grid = self.grid[:axis] + (blocks,) + self.grid[axis + 1:]
+            fewer = replace(self, grid=grid, label=f"{self.label} (on {images} images)", _configured={}, _maps={},
+                            _rounded={}, _derived={}, _fast=None, _general_path=threading.RLock(), _fewer={})
+            found = self._fewer[images] = (fewer, -(-blocks * unit // per_image))  # (two threads: either is right)
+        return found
 
     @property
     def caller_params(self) -> tuple:

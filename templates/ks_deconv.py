@@ -126,7 +126,8 @@ def ks_view(p, cfg: TileConfig) -> GemmView:
                     Operand("mn", b_inv, b_elem, context=True), store, params, p.dtype,
                     doc=f"KS-deconv backward-data: {classes} stride-1 classes of dx[{p.N * _prod(I)} x {p.C}]",
                     tma=lambda cfg, ctx: ks_tma(p, cfg, ctx), pairs=True,
-                    k_tiles=(lambda ctx: _tma_slices(p, cfg, ctx)) if _tma_trims(cfg) else None)
+                    k_tiles=(lambda ctx: _tma_slices(p, cfg, ctx)) if _tma_trims(cfg) else None,
+                    batch=("M", _prod(U)))
 
 
 def tma_unmet(p):

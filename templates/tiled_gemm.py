@@ -65,6 +65,10 @@ class GemmView:
     # store(m, n + 1) writes the element after store(m, n)'s (a channels-last output, n its channel), so an
     # epilogue may write the two as one Store with a pair
     pairs: bool = False
+    # where the batch is the outermost index of an axis: ("M", items per image) - image n owns rows n * items ..
+    # (n + 1) * items - 1 and no other row reads it - or ("K", items per image) for the reduction (backward-weight);
+    # None where images interleave (ConvV2) or the view does not say.  batch_grid reads it.
+    batch: tuple | None = None
 
 
 def shared_limit(cfg, target: Target = KNOWN_TARGETS["h100"]):
@@ -91,6 +95,25 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     return _kernel(s, pipeline.main_loop(s))
 
 
+def batch_grid(s: GemmSchedule) -> tuple:
+    """(grid axis, items per image, items per block along it) where fewer blocks along that axis compute the same
+    convolution on fewer images (runtime.launch.Launcher.on_images; () where they do not):
+    - ("M", items): the blocks along x are BM rows each, and a block reads only its own rows' images;
+    - ("K", items): split-K blocks along z (one GEMM: z is the split) each add k_extent whole BK slices of the
+      reduction, and a split reads only its own slices' images (a ragged last split is never among fewer blocks).
+    The images past the last block are never read, whatever N the kernel was built for.  Not with TMA boxes (their
+    tensor maps hold N) or a reduction whose length is per block (ConvV2)."""
+    view, cfg = s.view, s.cfg
+    if view.batch is None or view.k_tiles is not None:
+        return ()
+    axis, per_image = view.batch
+    if axis == "M":
+        return (0, per_image, cfg.BM)
+    if axis == "K" and cfg.split_k > 1 and view.groups == 1:
+        return (2, per_image, s.k_extent * cfg.BK)
+    return ()
+
+
 def _kernel(s: GemmSchedule, loop) -> Kernel:
     """The block: invariants and zeroed accumulators (and the pipeline's prologue) in one thread phase, the k-loop,
     the epilogue's stores; over a grid of M / BM x N / BN x groups * split_k blocks."""
@@ -110,6 +133,8 @@ def _kernel(s: GemmSchedule, loop) -> Kernel:
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     if loop.maps:  # the launcher encodes these from the arrays they name (render_base.launch_constants)
         meta["tensor_maps"] = loop.maps
+    elif batch_grid(s):  # (render_base.launch_constants: BATCH_GRID)
+        meta["batch_grid"] = batch_grid(s)
     if cfg.min_blocks or cfg.tma:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM);
         # a TMA tile's block must launch whatever ptxas allocates (288 threads: at most 224 registers each)
         meta["launch_bounds"] = (cfg.threads, max(1, cfg.min_blocks))

@@ -478,7 +478,9 @@ def _kernel(s, block):
             "gemm_macs": alpha * s.M * Kout * p.groups * T * R * Cin,
             # two blocks per SM: NVVM otherwise takes ~145 registers for the 8-state 3x3 kernels (one
             # block per SM); ptxas fits them in 128 with no spills (scripts/ptxas_report.py --maxrreg)
-            "launch_bounds": (NT, max(1, min(2, 65536 // (128 * NT))))}
+            "launch_bounds": (NT, max(1, min(2, 65536 // (128 * NT)))),
+            # image-major GEMM rows, BM a block: fewer blocks compute fewer images (tiled_gemm.batch_grid)
+            "batch_grid": (0, OD * OH * s.TW, cfg.BM)}
     return Kernel(f"winograd_{p.direction}_a{alpha}_s{S}", tuple(params), locals_, body, grid, NT, meta)
 
 

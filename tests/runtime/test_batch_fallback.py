@@ -151,3 +151,71 @@ def test_on_the_gpu_a_smaller_batch_borrows_a_larger_batch_s_kernel(fallback, rn
         want = reference(direction, *host, KW)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     assert fallback.borrowed == [2, 2, 2] and [p.problem.direction for p in fallback] == list(OPS)
+
+
+ALIGNED = dict(stride=1, padding=1)  # 8x8 maps: 64 rows an image, whole blocks of the planner's tiles here
+ALIGNED_OPS = {"fwd": lambda x, w, dy: kernelgen.conv(x, w, **ALIGNED),
+               "bwd_data": lambda x, w, dy: kernelgen.conv_backward_data(dy, w, x.shape, **ALIGNED),
+               "bwd_weight": lambda x, w, dy: kernelgen.conv_backward_weight(x, dy, W_SHAPE, **ALIGNED)}
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("direction", list(ALIGNED_OPS))
+def test_a_batch_that_fills_whole_blocks_adopts_the_larger_batch_s_kernel(fallback, rng, direction):
+    """Nothing compiles and nothing is copied: the larger batch's kernel on fewer blocks is the call's from then on
+    (its route kept), and the next smaller batch adopts it in turn."""
+    from numba import cuda
+    def run(n):
+        host = conv_tensors(rng, (n, 8, 8, 5), W_SHAPE, ALIGNED)
+        got = ALIGNED_OPS[direction](*[cuda.to_device(a) for a in host]).copy_to_host()
+        want = reference(direction, *host, ALIGNED)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    run(4)
+    (ran,) = batch_fallback._RAN.values()
+    assert ran[4].launcher.on_images(2)[1] == 2, "the planner's tile no longer fills whole blocks at 2 images"
+    for n in (2, 2, 1):
+        run(n)
+    assert fallback == [] and fallback.borrowed == []
+    assert sorted(ran) == [1, 2, 4] and ran[1].launcher.kernel is ran[2].launcher.kernel is ran[4].launcher.kernel
+    axis = ran[4].launcher.batch_grid[0]
+    assert ran[1].launcher.grid[axis] < ran[2].launcher.grid[axis] < ran[4].launcher.grid[axis]
+
+
+@pytest.mark.sim
+def test_a_batch_that_does_not_fill_whole_blocks_is_extended_only_to_the_images_they_read(fallback, monkeypatch,
+                                                                                        rng):
+    """5x5 maps at 25 rows an image, 32 a block: 1 image of a batch of 4 runs 1 block, which reads 2 images."""
+    extended_to = []
+    zero_extended = batch_fallback._zero_extended
+    monkeypatch.setattr(batch_fallback, "_zero_extended",
+                        lambda a, name, batch, nstream: extended_to.append(batch) or zero_extended(a, name, batch,
+                                                                                                 nstream))
+    from numba import cuda
+    shapes = [conv_tensors(rng, (n, 5, 5, 5), W_SHAPE, ALIGNED) for n in (4, 1)]
+    kernelgen.conv(*[cuda.to_device(a) for a in shapes[0][:2]], **ALIGNED)
+    (ran,) = batch_fallback._RAN.values()
+    assert ran[4].launcher.on_images(1)[1] == 2, "the planner's tile is no longer 32 rows here"
+    got = kernelgen.conv(*[cuda.to_device(a) for a in shapes[1][:2]], **ALIGNED).copy_to_host()
+    want = reference("fwd", *shapes[1], ALIGNED)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert extended_to == [2] and fallback.borrowed == [1] and [p.problem.N for p in fallback] == [1]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_smaller_batch_runs_the_larger_kernel_s_fewer_blocks(fallback, rng):
+    """The larger kernel on fewer blocks through the prepacked launch (a route's second call), every direction:
+    adopted where the images fill whole blocks of the tile the GPU's planner picks, else borrowed, extended only to
+    the images those blocks read."""
+    from numba import cuda
+    for direction, op in ALIGNED_OPS.items():
+        batch_fallback._RAN.clear()
+        op(*[cuda.to_device(a) for a in conv_tensors(rng, (8, 8, 8, 5), W_SHAPE, ALIGNED)])
+        (ran,) = batch_fallback._RAN.values()
+        fewer, before = ran[8].launcher.on_images(4), len(fallback.borrowed)
+        for _ in range(2):
+            host = conv_tensors(rng, (4, 8, 8, 5), W_SHAPE, ALIGNED)
+            got = op(*[cuda.to_device(a) for a in host]).copy_to_host()
+            want = reference(direction, *host, ALIGNED)
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+        adopted = fewer is not None and fewer[1] == 4
+        assert fallback.borrowed[before:] == ([] if adopted else [4, 4]), direction
