@@ -156,7 +156,8 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
     out_name = launcher.outputs[0]
     ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in launcher.caller_params] \
         if launcher.fast else None
-    if not launcher.fast or launcher.tensor_maps or not launcher.aligned([p for p, _ in ptr_sizes]):
+    if not launcher.fast or launcher.tensor_maps or launcher.widened or \
+            not launcher.aligned([p for p, _ in ptr_sizes]):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call

@@ -22,7 +22,7 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_flipped_device, round_tf32_flipped_host,
                                            round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
                                            round_tf32_pair_pointers, round_tf32_pointers)
-from kernelgen.runtime.narrow import narrow_device, narrow_host
+from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_pointers
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 from kernelgen.storage import WIDE_SUFFIX
 
@@ -261,16 +261,17 @@ class Launcher:
                 narrow_device(wide[name], to_device_view(args[name], name).reshape(args[name].size), stream)
 
     def __call__(self, args: dict, stream=None):
-        if self.widened:
-            return self._call_widened(args, stream)
-        return self._call(args, stream)
-
-    def _call(self, args: dict, stream=None):
         if self.backend == "cuda" and self.fast and all(hasattr(type(args[n]), "__cuda_array_interface__")
                                                         for n in self.caller_params):
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
             if self.aligned([p for p, _ in ptr_sizes]):
                 return self.launch_pointers(ptr_sizes, itemsize_of(args[self.outputs[0]]), stream)
+        if self.widened:
+            return self._call_widened(args, stream)
+        return self._call(args, stream)
+
+    def _call(self, args: dict, stream=None):
+        """Through numba's dispatcher (CUDA), or the CPU kernel: args as the kernel takes them."""
         if self.backend == "cuda":
             # numba-cuda's first launch (compile, load) is unsafe in two threads at once; so are the map caches
             with self._general_path:
@@ -340,13 +341,32 @@ class Launcher:
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one
         (device pointer, element count) per caller parameter, in PARAMS order, all C-contiguous; a kernel that
         accumulates into its outputs (split-K) gets them cleared first."""
+        if self.widened:
+            return self._launch_widened(ptr_sizes, itemsize, stream)
         if self.zero_output:
             self.zero_pointers(ptr_sizes, itemsize, stream)
         if self.tensor_maps:
             ptr_sizes = self._derived_pointers(ptr_sizes, stream)
         self._fast(ptr_sizes, itemsize, stream_handle(stream))
 
+    def _launch_widened(self, ptr_sizes, itemsize, stream=None):
+        """launch_pointers of a kernel that adds its widened outputs into float32 workspaces (one per name, size
+        and stream, as _call_widened's: the work on one stream runs in order): each workspace cleared, the kernel,
+        each workspace rounded into the caller's array - three launches by address, none through numba's
+        dispatcher (which costs more than a small backward-weight kernel itself)."""
+        handle, entries, rounded = stream_handle(stream), [], []
+        for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
+            if name in self.widened:
+                wide = self._workspace(name, n, stream).device_ctypes_pointer.value
+                zero_pointer(wide, n, 4, handle)
+                entries.append((wide, n, 4))
+                rounded.append((wide, ptr, n))
+            else:
+                entries.append((ptr, n, itemsize))
+        self._fast(entries, itemsize, handle)
+        for wide, ptr, n in rounded:
+            narrow_pointers(wide, ptr, n, handle)
+
     @property
     def fast(self) -> bool:
-        # (a widened output is rounded by a second kernel after this one: those calls take the general route)
-        return self._fast is not None and self._fast.usable() and not self.widened
+        return self._fast is not None and self._fast.usable()

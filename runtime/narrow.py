@@ -6,13 +6,14 @@ import threading
 
 import numpy as np
 
-from kernelgen.runtime.driver import configure
+from kernelgen.runtime.driver import _FastLaunch, configure
 
 NARROW_THREADS = 256
 NARROW_GRID = 1056  # as elementwise.ROUND_GRID: 8 blocks per SM of an H100, striding over any size
 
 _kernel = None
 _kernel_lock = threading.Lock()
+_fast = None  # narrow_pointers' launch (usable by the thread that made it)
 
 
 def _narrow_body(src, dst):
@@ -40,6 +41,19 @@ def narrow_device(src, dst, stream=None):
         raise ValueError(f"dst: {dst.size} elements, the workspace has {src.size}")
     grid = max(1, min(NARROW_GRID, -(-dst.size // NARROW_THREADS)))
     configure(_dispatcher(), grid, NARROW_THREADS, stream or 0)(src, dst)
+
+
+def narrow_pointers(src, dst, n, stream_handle=0):
+    """narrow_device on raw device addresses of n elements (src float32, dst float16), without numba's dispatcher:
+    the Launcher's fast route runs it after every split float16 backward-weight kernel."""
+    global _fast
+    fast = _fast
+    if fast is None or not fast.usable():
+        from numba import cuda
+        kernel = _dispatcher()
+        configure(kernel, 1, NARROW_THREADS)(cuda.device_array(1, np.float32), cuda.device_array(1, np.float16))
+        fast = _fast = _FastLaunch(kernel, NARROW_GRID, NARROW_THREADS, 2)  # (its one overload, compiled above)
+    fast([(src, n, 4), (dst, n, 2)], 4, stream_handle)
 
 
 def narrow_host(src, dst):

@@ -390,6 +390,16 @@ def test_gpu_float16_split_backward_weight(rng):
     out = cuda.to_device(poisoned(48 * 9 * 32, np.float16).reshape(48, 3, 3, 32))
     kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", out=out, **kw)
     assert norm_err(out.copy_to_host(), want) <= HALF_TOL
+    # the repeated calls launch by address (Launcher._launch_widened: clear, kernel, round; no numba dispatcher), on
+    # fresh data, a new dw and the poisoned one again
+    assert get_launcher(make_plan(p, "cuda", precision="fp16")).fast
+    x, dy = half(rng, x.shape), half(rng, dy.shape)
+    want = reference("bwd_weight", x, np.empty(p.w_shape), dy, kw)
+    xd, dyd = cuda.to_device(x), cuda.to_device(dy)
+    out.copy_to_device(poisoned(48 * 9 * 32, np.float16).reshape(48, 3, 3, 32))
+    for dw in (kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", **kw),
+               kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", out=out, **kw)):
+        assert norm_err(dw.copy_to_host(), want) <= HALF_TOL
 
 
 @pytest.mark.gpu
