@@ -179,7 +179,7 @@ if has launch-cost; then  # a TMA launcher's call taken apart: rounding, conv, h
 fi
 if has autotune-bench; then  # first-call autotuning, then the bench on its entries (scripts/autotune_bench.py)
   python3 "$REPO/scripts/autotune_bench.py" "${BENCH_TABLE:-unseen}" --out-dir "$OUT" "$@" 2>&1 \
-    | tee "$OUT/autotune_bench.log" | grep -v "Warning\|warn(\|bench:"
+    | tee "$OUT/autotune_bench.log" | grep --line-buffered -v "Warning\|warn(\|bench:"
 fi
 if has wino-sweep; then  # Winograd state counts x tiles against cuDNN (scripts/wino_sweep.py; args go to it)
   python3 "$REPO/scripts/wino_sweep.py" --out "$OUT/wino_sweep.json" "$@" 2>&1 | tee "$OUT/wino_sweep.log" | grep -v "Warning\|warn("

@@ -7,14 +7,16 @@ performance model or a default - comes here before it runs:
      "tuned" lookup, which asks for that variant), then the next best configs - ranked by the performance model
      where the device has one (the variants taking turns), else each variant's cheapest under its own cost
      model - up to the `autotune_candidates` setting;
-  2. they compile side by side in worker processes (tuning/compile_pool.compile_plans, as kernelgen.precompile);
+  2. they compile side by side in worker processes (tuning/compile_pool.compile_within, as kernelgen.precompile
+     compiles), the planner's pick here: once the pick is in and the `autotune_budget` setting's seconds are
+     spent, those still compiling are stopped and left out (a candidate whose kernel takes a minute to compile
+     would otherwise hold the call for that minute: measured on the H100, 60 s for a Winograd backward-data);
   3. each runs on scratch inputs (the caller's arrays and `out=` are never touched) and is verified against the
      float64 reference, as the tuner verifies: batch item 0 holds random data and the others zeros, so the
      reference of one batch item checks the whole output (a kernel that writes a wrong or stray value anywhere
      fails) at the cost of one item;
   4. the verified ones are timed on those inputs (on CUDA by the tuner's own measure, which also refuses a
-     kernel that spills), the planner's pick first, until the `autotune_budget` setting's seconds (compiling
-     included) are spent;
+     kernel that spills), the planner's pick first, until the same seconds (compiling included) are spent;
   5. the fastest is recorded in the user's tuned database (tuning/database.record: locked, atomic), so the next
      call - in this process or a later one - plans it as "tuned" without tuning again.
 A problem where nothing verifies records nothing and runs the planner's pick.
@@ -34,7 +36,7 @@ from kernelgen.target import gpu_present
 from kernelgen.templates import candidates as variant_candidates
 from kernelgen.templates import depthwise, get_variant
 from kernelgen.tuning import database, perf_model_predict, tuner
-from kernelgen.tuning.compile_pool import compile_plans
+from kernelgen.tuning.compile_pool import compile_within
 from kernelgen.tuning.timing import time_host
 
 # the links whose plans autotuning leaves alone: the caller's config, and a measured entry for exactly the problem
@@ -122,7 +124,7 @@ def autotune(plan: Plan, algo=None) -> Plan:
     start = time.perf_counter()
     budget = settings.get("autotune_budget")
     plans = candidate_plans(plan, algo)
-    failed = compile_plans(plans).failed
+    compiled, failed = compile_within(plans, budget)
     inputs, ref = _verification_case(plan.problem)
     device_sets = functools.cache(lambda: tuner.device_sets(inputs))  # (CUDA only, at its first candidate)
     tried, best = [], None
@@ -130,6 +132,9 @@ def autotune(plan: Plan, algo=None) -> Plan:
         label = {"variant": cand.variant, "config": str(cand.config)}
         if key_digest(cand.key()) in failed:
             tried.append({**label, "error": "compile failed"})
+            continue
+        if key_digest(cand.key()) not in compiled:
+            tried.append({**label, "error": "not timed: not compiled within the budget"})
             continue
         if i > 0 and time.perf_counter() - start > budget:
             # the rest listed untimed: the planner's lookup asks whether the heuristic's variant was a candidate

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import queue
 import sys
 import threading
 import time
@@ -188,6 +189,46 @@ def _pooled(jobs, n, given=None):
         for future, job in futures.items():
             if future not in done:
                 yield job, (f"BrokenProcessPool: {e}", 0.0, {}), False
+
+
+def compile_within(plans, seconds, workers=None) -> tuple[set, set]:
+    """First-call autotuning's compile (tuning/autotune.py): plans[0] - the call's own pick, which runs whatever the
+    tuning finds - compiled here while the others compile side by side in workers (as compile_plans'), but within
+    a deadline: once plans[0] is in and `seconds` have passed since the call, the workers still compiling are
+    stopped (the pool terminated: numba and the kernel cache write each file whole, by rename, so a stopped
+    compile leaves nothing half-written) and the candidates not in are left out.  Without idle CPUs the others
+    compile here, in turn, while time is left.  Returns (the digests compiled, on disk; those that failed)."""
+    deadline = time.perf_counter() + seconds
+    unique = {}
+    for plan in plans:
+        unique.setdefault(key_digest(plan.key()), plan)
+    todo = {digest: plan for digest, plan in unique.items() if not KERNELS.compiled_on_disk(digest)}
+    ready, failed = set(unique) - set(todo), set()
+    first = key_digest(plans[0].key())
+    others = sorted(((d, p, _worker_settings(), False) for d, p in todo.items() if d != first), key=_estimated_cost,
+                    reverse=True)  # (the longest first: started last, it would finish last, alone)
+    n = min(len(others), _idle_cpus() if workers is None else workers)
+    finished, pool = queue.SimpleQueue(), None
+    if n > 0 and seconds > 0:
+        pool = _pool_context(list(todo.values())).Pool(n)
+        for job in others:
+            pool.apply_async(compile_job, (job,), callback=lambda r, d=job[0]: finished.put((d, r[0])),
+                             error_callback=lambda e, d=job[0]: finished.put((d, repr(e))))
+    try:
+        for digest, plan, *_ in [j for j in todo.items() if j[0] == first] + ([] if pool else others):
+            if digest != first and time.perf_counter() >= deadline:
+                break
+            error = compile_job((digest, plan, _worker_settings(), False), here=True)[0]
+            (failed if error else ready).add(digest)
+        for _ in range(len(others) if pool else 0):
+            digest, error = finished.get(timeout=max(0.0, deadline - time.perf_counter()))
+            (failed if error else ready).add(digest)
+    except queue.Empty:
+        pass  # the deadline: the candidates still compiling are left out
+    finally:
+        if pool is not None:
+            pool.terminate()
+    return ready, failed
 
 
 _BACKGROUND = {"pool": None}

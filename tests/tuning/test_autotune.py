@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -168,3 +169,40 @@ def test_an_entry_recorded_at_a_path_keeps_what_another_writer_put_there(tmp_pat
     database.record(b, "sm_90_test", {"ms": 2.0}, path=path)
     assert set(database.load(path)) == {database.entry_key(a), database.entry_key(b)}
 
+
+
+def test_candidates_compile_within_the_budget_the_pick_whatever_it_takes(monkeypatch, tmp_path):
+    """compile_within, compiling here (workers=0) with compile_job standing in: the pick compiles however long it
+    takes, the others while time is left; one that fails is reported; the deadline counts from the call."""
+    from kernelgen.tuning import compile_pool
+    plans = [planner.make_plan(make_problem("fwd", (1, 5, 5, c), (2, 3, 3, c)), "cpu") for c in (1, 2, 3, 4)]
+    digests = [compile_pool.key_digest(p.key()) for p in plans]
+    compiled = []
+
+    def fake_compile(job, here=False):
+        compiled.append(job[0])
+        time.sleep(0.3 if job[0] == digests[0] else 0.05)
+        return ("SyntaxError: stand-in" if job[0] == digests[2] else None), 0.0, {}
+    monkeypatch.setattr(compile_pool, "compile_job", fake_compile)
+    monkeypatch.setattr(compile_pool, "_estimated_cost", lambda job: -digests.index(job[0]))  # in the plans' order
+    monkeypatch.setattr(compile_pool.KERNELS, "compiled_on_disk", lambda digest: False)
+    with settings.scope(cache_dir=str(tmp_path)):
+        ready, failed = compile_pool.compile_within(plans, 0.2, workers=0)
+        assert (ready, failed, compiled) == ({digests[0]}, set(), [digests[0]])  # the pick alone: 0.3 s > 0.2
+        compiled.clear()
+        ready, failed = compile_pool.compile_within(plans, 5.0, workers=0)
+    assert compiled == digests and ready == {digests[0], digests[1], digests[3]} and failed == {digests[2]}
+
+
+def test_a_worker_still_compiling_at_the_deadline_is_left_out(rng, user_db):
+    """compile_within with a worker pool on real CPU kernels: a budget of a few seconds takes what is in by then and
+    stops the rest; a long one takes all."""
+    from kernelgen.tuning import compile_pool
+    plans = [planner.make_plan(make_problem("fwd", (1, 6, 6, 3), (c, 3, 3, 3)), "cpu") for c in (5, 6, 7)]
+    with settings.scope(cache_dir=str(user_db.parent / "kernels")):
+        ready, failed = compile_pool.compile_within(plans, 0.0, workers=2)
+        assert ready == {compile_pool.key_digest(plans[0].key())} and not failed  # no pool: the pick only
+        start = time.perf_counter()
+        ready, failed = compile_pool.compile_within(plans, 300.0, workers=2)
+        assert ready == {compile_pool.key_digest(p.key()) for p in plans} and not failed
+        assert time.perf_counter() - start < 300
