@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arrays, bfloat16, compile_profile, settings
-from .planner import (BACKENDS, Plan, check_precision, device_key, get_launcher, gpu_present,  # noqa: F401
-                      make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
+from .planner import (BACKENDS, Plan, check_precision, device_key, forget_rendered, get_launcher,  # noqa: F401
+                      gpu_present, make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
 from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
 from .dispatch import DispatchCache, signature
@@ -109,10 +109,12 @@ RECORDING: ContextVar = ContextVar("kernelgen_recording", default=None)
 
 
 def clear_caches():
-    """Forget prepared calls, dispatch routes and loaded tuning databases (after tuning in this process, say)."""
+    """Forget prepared calls, dispatch routes, loaded tuning databases (after tuning in this process, say) and
+    rendered sources."""
     _PREPARED.clear()
     _DISPATCH.clear()
     database.entries_for.cache_clear()
+    forget_rendered()
 
 
 def _array_sig(a):

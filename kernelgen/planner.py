@@ -141,6 +141,12 @@ _RENDERED_LOCK = threading.Lock()
 _RENDERED_KEEP = 16  # sources of large tiles are ~200 KB
 
 
+def forget_rendered():
+    """Drop the rendered sources kept here (Plan.render's): the next render builds the IR and prints again."""
+    with _RENDERED_LOCK:
+        _RENDERED.clear()
+
+
 @dataclass(frozen=True)
 class Choice:
     """One link's answer: the variant and config it chose, the link (Plan.decided_by) and why (Plan.reason)."""
