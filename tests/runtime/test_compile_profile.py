@@ -5,6 +5,7 @@ import time
 
 import kernelgen
 from kernelgen import compile_profile, settings
+from kernelgen.runtime.cache import KERNELS
 from harness import random_array
 
 KW = dict(padding=1)
@@ -49,10 +50,13 @@ def test_nothing_is_recorded_outside_a_profile():
 
 
 def test_precompile_reports_its_workers_seconds_per_kernel(rng, tmp_path):
-    """(No source rendered here before: a worker forked from this process would find it rendered and build no IR,
-    as the order-dependent failure of `pytest tests/tuning tests/runtime` showed.)"""
+    """(Nothing of these kernels kept in this process first: where another test had compiled or rendered them here, a
+    worker forked from this process inherited them and compiled nothing, or built no IR - the order-dependent failure
+    of `pytest tests/tuning tests/runtime`.)"""
     calls = [(kernelgen.conv, (random_array(rng, (2, 5, 5, c)), random_array(rng, (4, 3, 3, c))), KW) for c in (2, 3)]
     kernelgen.api.clear_caches()
+    with settings.scope(cache_dir=str(tmp_path)):
+        KERNELS.clear()  # (the empty tmp_path's files, and the compiled kernels this process keeps in memory)
     with settings.scope(cache_dir=str(tmp_path)), kernelgen.profile_compile() as report:
         result = kernelgen.precompile(calls, workers=1)
     assert result.compiled == 2 and result.workers == 1
