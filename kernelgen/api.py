@@ -80,6 +80,16 @@ class Prepared:
             self._launcher = get_launcher(self.plan)  # two threads may both fetch it: the cache returns one
         return self._launcher
 
+    @property
+    def has_launcher(self) -> bool:
+        """Is the launcher fetched already (its kernel compiled or loaded, or adopted)?"""
+        return self._launcher is not None
+
+    def adopt(self, launcher):
+        """Run `launcher` for this call from now on, not the plan's own kernel (runtime.batch_fallback: a larger
+        batch's kernel on fewer blocks, which computes this call's problem)."""
+        self._launcher = launcher
+
 
 class Call:
     """One op's call, checked and planned, not yet run: what `explain` shows and `bind` binds.  (A plain class

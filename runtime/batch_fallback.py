@@ -52,8 +52,8 @@ def run(prep, inputs: dict, template, stream=None, out=None):
     big = larger_batch(prep, inputs)
     fewer = None if big is None else big.launcher.on_images(prep.problem.N)
     if fewer is not None and fewer[1] == prep.problem.N:
-        prep._launcher = fewer[0]  # the call's images fill whole blocks of the larger batch's kernel: its own now
-    if big is None or prep._launcher is not None:
+        prep.adopt(fewer[0])  # the call's images fill whole blocks of the larger batch's kernel: its own now
+    if big is None or prep.has_launcher:
         result = run_cuda(prep, inputs, template, stream, out)
         note_ran(prep)
         return result, False
@@ -75,7 +75,7 @@ def note_ran(prep):
 def larger_batch(prep, inputs: dict):
     """The Prepared of the smallest larger batch of prep's convolution that ran here, where prep's own kernel
     would be compiled by its first launch and every input is a device array; else None."""
-    if prep.plan is None or prep.backend != "cuda" or prep._launcher is not None or not settings.get("batch_fallback"):
+    if prep.plan is None or prep.backend != "cuda" or prep.has_launcher or not settings.get("batch_fallback"):
         return None  # (a call with a launcher has its kernel: compiled, or a larger batch's on fewer blocks)
     with _LOCK:
         ran = _RAN.get(_batchless(prep))

@@ -369,4 +369,6 @@ class Launcher:
 
     @property
     def fast(self) -> bool:
-        return self._fast is not None and self._fast.usable()
+        # (_launch_widened derives no tensor maps: a widened kernel with maps, which no template makes, would take
+        # the general route)
+        return self._fast is not None and self._fast.usable() and not (self.widened and self.tensor_maps)

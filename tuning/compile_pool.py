@@ -215,7 +215,8 @@ def compile_within(plans, seconds, workers=None) -> tuple[set, set]:
             pool.apply_async(compile_job, (job,), callback=lambda r, d=job[0]: finished.put((d, r[0])),
                              error_callback=lambda e, d=job[0]: finished.put((d, repr(e))))
     try:
-        for digest, plan, *_ in [j for j in todo.items() if j[0] == first] + ([] if pool else others):
+        here = ([(first, todo[first])] if first in todo else []) + ([] if pool else [job[:2] for job in others])
+        for digest, plan in here:
             if digest != first and time.perf_counter() >= deadline:
                 break
             error = compile_job((digest, plan, _worker_settings(), False), here=True)[0]
