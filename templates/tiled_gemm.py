@@ -133,8 +133,8 @@ def _kernel(s: GemmSchedule, loop) -> Kernel:
             "work": view.M * view.N * view.K * view.groups, **view.meta}
     if loop.maps:  # the launcher encodes these from the arrays they name (render_base.launch_constants)
         meta["tensor_maps"] = loop.maps
-    elif batch_grid(s):  # (render_base.launch_constants: BATCH_GRID)
-        meta["batch_grid"] = batch_grid(s)
+    elif batch := batch_grid(s):  # (render_cuda writes it as BATCH_GRID)
+        meta["batch_grid"] = batch
     if cfg.min_blocks or cfg.tma:  # CUDA launch bounds (render_cuda): (threads per block, min blocks per SM);
         # a TMA tile's block must launch whatever ptxas allocates (288 threads: at most 224 registers each)
         meta["launch_bounds"] = (cfg.threads, max(1, cfg.min_blocks))

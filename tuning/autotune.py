@@ -134,11 +134,11 @@ def autotune(plan: Plan, algo=None) -> Plan:
     device_sets = functools.cache(lambda: tuner.device_sets(inputs))  # (CUDA only, at its first candidate)
     tried, best, last = [], None, 0.0  # last: the seconds the last candidate's measure took
     for i, cand in enumerate(plans):
-        label = {"variant": cand.variant, "config": str(cand.config)}
-        if key_digest(cand.key()) in failed:
+        label, digest = {"variant": cand.variant, "config": str(cand.config)}, key_digest(cand.key())
+        if digest in failed:
             tried.append({**label, "error": "compile failed"})
             continue
-        if key_digest(cand.key()) not in compiled:
+        if digest not in compiled:
             tried.append({**label, "error": "not timed: not compiled within the budget"})
             continue
         if i > 0 and time.perf_counter() - start + last > budget:  # (the next one would end past the budget)

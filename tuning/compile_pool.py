@@ -76,11 +76,7 @@ def compile_plans(plans, workers=None, pool=None) -> PrecompileReport:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers must be None or an int >= 0, got {workers!r}")
     start = time.perf_counter()
-    unique = {}
-    for plan in plans:
-        if plan is not None:  # (a recorded empty problem)
-            unique.setdefault(key_digest(plan.key()), plan)
-    todo = {digest: plan for digest, plan in unique.items() if not KERNELS.compiled_on_disk(digest)}
+    unique, todo = _unique_and_todo(plans)
     report = PrecompileReport(kernels=len(unique), cached=len(unique) - len(todo))
     cached = [plan for digest, plan in unique.items() if digest not in todo]
     if todo:
@@ -101,6 +97,15 @@ def compile_plans(plans, workers=None, pool=None) -> PrecompileReport:
         _load(plan)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _unique_and_todo(plans):
+    """({digest: plan} of the plans, one per kernel; those of them whose kernel is not compiled on disk)."""
+    unique = {}
+    for plan in plans:
+        if plan is not None:  # (a recorded empty problem)
+            unique.setdefault(key_digest(plan.key()), plan)
+    return unique, {digest: plan for digest, plan in unique.items() if not KERNELS.compiled_on_disk(digest)}
 
 
 def _load(plan):
@@ -199,13 +204,10 @@ def compile_within(plans, seconds, workers=None) -> tuple[set, set]:
     compile leaves nothing half-written) and the candidates not in are left out.  Without idle CPUs the others
     compile here, in turn, while time is left.  Returns (the digests compiled, on disk; those that failed)."""
     deadline = time.perf_counter() + seconds
-    unique = {}
-    for plan in plans:
-        unique.setdefault(key_digest(plan.key()), plan)
-    todo = {digest: plan for digest, plan in unique.items() if not KERNELS.compiled_on_disk(digest)}
+    unique, todo = _unique_and_todo(plans)
     ready, failed = set(unique) - set(todo), set()
-    first = key_digest(plans[0].key())
-    others = sorted(((d, p, _worker_settings(), False) for d, p in todo.items() if d != first), key=_estimated_cost,
+    first, values = key_digest(plans[0].key()), _worker_settings()
+    others = sorted(((d, p, values, False) for d, p in todo.items() if d != first), key=_estimated_cost,
                     reverse=True)  # (the longest first: started last, it would finish last, alone)
     n = min(len(others), _idle_cpus() if workers is None else workers)
     finished, pool = queue.SimpleQueue(), None
@@ -219,7 +221,7 @@ def compile_within(plans, seconds, workers=None) -> tuple[set, set]:
         for digest, plan in here:
             if digest != first and time.perf_counter() >= deadline:
                 break
-            error = compile_job((digest, plan, _worker_settings(), False), here=True)[0]
+            error = compile_job((digest, plan, values, False), here=True)[0]
             (failed if error else ready).add(digest)
         for _ in range(len(others) if pool else 0):
             digest, error = finished.get(timeout=max(0.0, deadline - time.perf_counter()))
