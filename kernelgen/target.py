@@ -126,12 +126,31 @@ def gpu_present() -> bool:
     """A real GPU (the simulator does not count: it is a debugging tool, ~ms per thread)."""
     if settings.get("cuda_simulator"):
         return False
+    if not _driver_loadable():  # (before importing numba.cuda: 0.3-0.7 s that a machine without a GPU never needs)
+        return False
     install_from_env()  # KERNELGEN_ARENA=1: numba accepts a memory manager only before its context exists
     try:
         from numba import cuda  # optional: numba-cuda
         return cuda.is_available()
     except Exception:
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_loadable() -> bool:
+    """Whether the CUDA driver library loads here (what numba-cuda loads first, from NUMBA_CUDA_DRIVER if set): a
+    GPU needs it, so without it there is none, and numba.cuda need not be imported to say so."""
+    import ctypes
+    import sys
+    given = settings.process_environment().get("NUMBA_CUDA_DRIVER")  # (numba-cuda's own variable)
+    names = [given] if given else ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"]
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return sys.platform not in ("linux", "win32")  # (elsewhere: let numba-cuda decide)
 
 
 @functools.lru_cache(maxsize=None)

@@ -214,6 +214,11 @@ CPU_DEFAULT = TileConfig(BM=32, BN=32, BK=8, TM=4, TN=4)
 # machine), and at that size the 1.3-1.7x slower run (measured at 151 MFLOP: 145 against 84 ms) costs less.
 CPU_SMALL = TileConfig(BM=16, BN=16, BK=8, TM=2, TN=2)
 CPU_SMALL_FLOPS = 5e7
+# Tiny ones (below CPU_TINY_FLOPS: a first call that runs in milliseconds) take one output a thread: numba compiles
+# the demo's 3x3 forward in 1.1 s against 1.8 s for the 2 x 2 tile (idle 2-core machine), and the 1.8x slower run
+# (2.5 against 1.4 ms at 2.4 MFLOP) would take ~600 calls to repay the difference.
+CPU_TINY = TileConfig(BM=16, BN=16, BK=8, TM=1, TN=1)
+CPU_TINY_FLOPS = 1e7
 # Tensor-core (TF32) defaults: 4 warps of 64 x 32 (4 x 4 MMA tiles, 64 accumulators per lane) on the GPU;
 # 4 warps of 16 x 8 on the CPU (one MMA tile each: small emulation code).  In the k-major layout
 # (swizzle=0, as first shipped) smem_pad 8 makes a row 8 banks apart (mod 32), so the scalar fragment loads

@@ -137,3 +137,33 @@ def test_worker_blas_threads_are_capped_unless_set(monkeypatch):
     settings.cap_worker_blas_threads(1)
     import os
     assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "4"
+
+
+def test_no_driver_library_means_no_gpu_without_importing_numba_cuda():
+    """Where the CUDA driver library does not load, gpu_present says so before importing numba.cuda (0.3-0.7 s of a
+    cold start on a machine without a GPU); checked in a fresh process, with the driver's path pointed nowhere."""
+    import subprocess
+    import sys
+    code = ("import sys; from kernelgen.target import gpu_present; "
+            "print(gpu_present(), 'numba.cuda' in sys.modules)")
+    env = dict(settings.process_environment(), NUMBA_CUDA_DRIVER="/nonexistent/libcuda.so.1")
+    env.pop("KERNELGEN_CUDA_SIMULATOR", None)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
+
+
+def test_cpu_default_tile_shrinks_with_the_problem():
+    """The CPU's default register tile: one output a thread below CPU_TINY_FLOPS (numba compiles the kernel fastest),
+    2 x 2 below CPU_SMALL_FLOPS, the 4 x 4 default above."""
+    from kernelgen.templates import config
+    sizes = {"tiny": (2, 16, 16, 16), "small": (8, 16, 16, 32), "large": (8, 32, 32, 64)}
+    tiles = {}
+    for name, x in sizes.items():
+        p = make_problem("fwd", x, (x[3], 3, 3, x[3]), padding=1)
+        tiles[name] = tile_space.default_tile_config(p, CPU_TARGET, lambda c: True, "t")
+        assert (p.flops < config.CPU_TINY_FLOPS, p.flops < config.CPU_SMALL_FLOPS) == \
+            {"tiny": (True, True), "small": (False, True), "large": (False, False)}[name], (name, p.flops)
+    assert (tiles["tiny"].TM, tiles["tiny"].TN) == (1, 1)
+    assert (tiles["small"].TM, tiles["small"].TN) == (2, 2)
+    assert (tiles["large"].TM, tiles["large"].TN) == (4, 4)
