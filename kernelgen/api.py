@@ -73,6 +73,7 @@ class Prepared:
     plan: Plan | None
     backend: str
     _launcher: object = None
+    kept_borrow: object = None  # runtime.batch_fallback: the larger batch's Prepared this call runs on for good
 
     @property
     def launcher(self):

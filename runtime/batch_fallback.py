@@ -14,6 +14,10 @@ on a larger batch, a call whose own kernel is not compiled yet runs that kernel 
   meanwhile the call's own kernel compiles in a background process (tuning.compile_pool.compile_in_background),
   into the disk cache; the first call after it is there loads it and runs as usual, and only then is the call's
   dispatch route kept.  The price, while it compiles: the extra images' arithmetic and a copy of each input.
+  Where the fewer blocks read at most KEEP_PADDED more images than the call's own (a split-K backward-weight whose
+  last split ends a few images past them: 97-99 for 96), the call stays on the larger batch's kernel and nothing
+  compiles: its own kernel would save that share of one kernel's arithmetic, and compiling it in the background
+  costs the steps around it more (CPUs, module loads) than the share ever would in a run of minutes.
 
 Only device arrays take this path (host arrays pay a copy anyway); the batch_fallback setting turns it off.
 Nothing compiles in numba's simulator, so there it is off too.
@@ -34,6 +38,9 @@ from kernelgen.runtime.driver import (as_numba_stream, copy_device, copy_pointer
 from kernelgen.tuning.compile_pool import compile_in_background
 
 log = logging.getLogger(__name__)
+# the most extra images (a share of the call's own) a borrowed kernel may read and still be kept for good (issue 27:
+# where specialising on the batch is worth < 3 %, the batch is not specialised on)
+KEEP_PADDED = 0.03
 # the inputs that carry the batch, per direction (deconv runs as backward-data on dy)
 BATCHED = {"fwd": ("x",), "bwd_data": ("dy",), "bwd_weight": ("x", "dy")}
 
@@ -48,20 +55,27 @@ def _batchless(prep) -> tuple:
 
 def run(prep, inputs: dict, template, stream=None, out=None):
     """(result, borrowed) of a CUDA call: on its own kernel (noted: a smaller batch may borrow it from now on),
-    or, while that kernel is not compiled, on a larger batch's (borrowed; its own compiling in the background)."""
-    big = larger_batch(prep, inputs)
-    fewer = None if big is None else big.launcher.on_images(prep.problem.N)
-    if fewer is not None and fewer[1] == prep.problem.N:
-        prep.adopt(fewer[0])  # the call's images fill whole blocks of the larger batch's kernel: its own now
-    if big is None or prep.has_launcher:
-        result = run_cuda(prep, inputs, template, stream, out)
-        note_ran(prep)
-        return result, False
-    start_compile(prep.plan)
+    or, while that kernel is not compiled, on a larger batch's (borrowed; its own compiling in the background, or
+    not at all where the larger batch's fewer blocks read few more images: then borrowed for good)."""
+    big = prep.kept_borrow
+    if big is None:
+        big = larger_batch(prep, inputs)
+        fewer = None if big is None else big.launcher.on_images(prep.problem.N)
+        if fewer is not None and fewer[1] == prep.problem.N:
+            prep.adopt(fewer[0])  # the call's images fill whole blocks of the larger batch's kernel: its own now
+        if big is None or prep.has_launcher:
+            result = run_cuda(prep, inputs, template, stream, out)
+            note_ran(prep)
+            return result, False
+        if fewer is not None and fewer[1] - prep.problem.N <= KEEP_PADDED * prep.problem.N:
+            prep.kept_borrow = big  # (two threads may both set it: to the same)
+        else:
+            start_compile(prep.plan)
     try:
         return run_on_larger_batch(prep, big, inputs, template, stream, out), True
     except Exception as e:  # noqa: BLE001 (a head start only: the call runs as it would without it, and says so)
         log.debug("no batch fallback for %s: %s: %s", prep.problem.key(), type(e).__name__, e)
+        prep.kept_borrow = None
         return run_cuda(prep, inputs, template, stream, out), False
 
 

@@ -95,7 +95,8 @@ def bench_kernelgen(x, labels, args):
         xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
             Tensor(np.resize(labels, n)).to("cuda").data
         compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize,
-                                         profile=getattr(args, "profile", False)))
+                                         profile=getattr(args, "profile", False),
+                                         control_seconds=getattr(args, "new_batch_control_seconds", 0.0)))
     free, total = cuda.current_context().get_memory_info()
     return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
             "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
@@ -104,11 +105,14 @@ def bench_kernelgen(x, labels, args):
             "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
 
 
-def _new_batch_steps(step, n, seconds, sync, profile=False):
+def _new_batch_steps(step, n, seconds, sync, profile=False, control_seconds=0.0):
     """A new batch size's first step, then steps on it for `seconds` (its own kernels compiling in the background
     meanwhile, runtime.batch_fallback): the first step's seconds, the median of the next 5, each step's ms, and
     the time the batch cost beyond its steady step (the median of the last 5): sum(step - steady).  profile: the
-    5 steps after the first under cProfile (printed: where a step on borrowed kernels spends its host time)."""
+    5 steps after the first under cProfile (printed: where a step on borrowed kernels spends its host time).
+    control_seconds: then as many more seconds of steps on it, a control: what the window cost beyond the
+    control's mean step (new_batch_extra_vs_control_s).  A steady step of 5 counts every slow stretch of 40 s
+    (the clocks', the host's) as the new batch's; the control's mean counts such stretches on both sides."""
     if profile:
         import cProfile
         import pstats
@@ -119,16 +123,28 @@ def _new_batch_steps(step, n, seconds, sync, profile=False):
     else:
         first, five = median_step(step, 1, 5, sync)
     times = [first] + list(five)
-    start = time.perf_counter()
+    times += _steps_for(step, seconds, sync)
+    steady = statistics.median(times[-5:])
+    result = {"new_batch": n, "new_batch_first_step_s": first, "new_batch_step_ms": 1e3 * statistics.median(five),
+              "new_batch_steady_step_ms": 1e3 * steady, "new_batch_extra_s": sum(t - steady for t in times),
+              "new_batch_steps_ms": [round(1e3 * t, 2) for t in times]}
+    if control_seconds > 0:
+        control = _steps_for(step, control_seconds, sync)
+        mean = statistics.fmean(control)
+        result.update(new_batch_control_step_ms=1e3 * mean, new_batch_control_steps=len(control),
+                      new_batch_extra_vs_control_s=sum(times) - len(times) * mean)
+    return result
+
+
+def _steps_for(step, seconds, sync) -> list:
+    """Each step's seconds, stepping for `seconds`."""
+    times, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         t = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - t)
-    steady = statistics.median(times[-5:])
-    return {"new_batch": n, "new_batch_first_step_s": first, "new_batch_step_ms": 1e3 * statistics.median(five),
-            "new_batch_steady_step_ms": 1e3 * steady, "new_batch_extra_s": sum(t - steady for t in times),
-            "new_batch_steps_ms": [round(1e3 * t, 2) for t in times]}
+    return times
 
 
 def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
@@ -244,6 +260,9 @@ def main(argv=None):
     ap.add_argument("--new-batch-seconds", type=float, default=0.0,
                     help="then steps on the new batch for this long: each one's ms, and what the batch cost beyond "
                     "its steady step (new_batch_extra_s)")
+    ap.add_argument("--new-batch-control-seconds", type=float, default=0.0,
+                    help="then steps on it for this long more, a control: what the --new-batch-seconds window cost "
+                    "beyond the control's mean step (new_batch_extra_vs_control_s)")
     ap.add_argument("--amp", action="store_true",
                     help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
                     "torch.autocast fp16 with torch.amp.GradScaler")
@@ -285,6 +304,9 @@ def main(argv=None):
         print(f"kernelgen, then batch {k['new_batch']}: first step {k['new_batch_first_step_s']:.2f} s, next 5 steps "
               f"{k['new_batch_step_ms']:.2f} ms (median); {len(k['new_batch_steps_ms'])} steps: steady "
               f"{k['new_batch_steady_step_ms']:.2f} ms, {k['new_batch_extra_s']:.2f} s beyond it in all")
+        if "new_batch_extra_vs_control_s" in k:
+            print(f"  control: {k['new_batch_control_steps']} more steps at {k['new_batch_control_step_ms']:.2f} ms "
+                  f"(mean): the window cost {k['new_batch_extra_vs_control_s']:.2f} s beyond them")
     if "precompile_s" in result["kernelgen"]:
         k = result["kernelgen"]
         print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "

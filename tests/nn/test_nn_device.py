@@ -310,3 +310,22 @@ def test_bench_step_new_batch_accounts_every_step_against_the_steady_one():
     assert r["new_batch"] == 96 and len(steps) == len(calls) >= 6
     steady = r["new_batch_steady_step_ms"]
     assert abs(r["new_batch_extra_s"] - sum(t - steady for t in steps) / 1e3) < 1e-4 * len(steps)
+
+
+def test_bench_step_new_batch_control_counts_the_window_against_the_control_s_mean_step():
+    """With a control window: the window's steps cost beyond as many steps at the control's mean.  A step that
+    sleeps 2 ms for its first 8 calls and 1 ms after: the first 8 cost ~8 ms beyond the control."""
+    import time
+    from kernelgen.nn import bench_step
+    calls = []
+
+    def step():
+        calls.append(1)
+        time.sleep(0.002 if len(calls) <= 8 else 0.001)
+    r = bench_step._new_batch_steps(step, 96, 0.05, lambda: None, control_seconds=0.05)
+    steps = r["new_batch_steps_ms"]
+    assert len(steps) + r["new_batch_control_steps"] == len(calls)
+    assert 0.9e-3 < r["new_batch_control_step_ms"] / 1e3 < 1.5e-3
+    assert abs(r["new_batch_extra_vs_control_s"] - (sum(steps) / 1e3 - len(steps) * r["new_batch_control_step_ms"]
+                                                    / 1e3)) < 1e-5 * len(steps)  # (steps_ms rounded)
+    assert 0.004 < r["new_batch_extra_vs_control_s"] < 0.012

@@ -201,6 +201,26 @@ def test_a_batch_that_does_not_fill_whole_blocks_is_extended_only_to_the_images_
     assert extended_to == [2] and fallback.borrowed == [1] and [p.problem.N for p in fallback] == [1]
 
 
+@pytest.mark.sim
+def test_a_borrow_that_reads_few_extra_images_is_kept_and_nothing_compiles(fallback, monkeypatch, rng):
+    """Where the fewer blocks read at most KEEP_PADDED more images than the call's (here 2 for 1, so the share is
+    raised to allow it), the call stays on the larger batch's kernel: no background compile, every call borrowed
+    and right."""
+    monkeypatch.setattr(batch_fallback, "KEEP_PADDED", 1.0)
+    kernelgen.api.clear_caches()  # (an earlier test's calls of these shapes keep routes that skip the fallback)
+    from numba import cuda
+    big = conv_tensors(rng, (4, 5, 5, 5), W_SHAPE, ALIGNED)
+    kernelgen.conv(*[cuda.to_device(a) for a in big[:2]], **ALIGNED)
+    (ran,) = batch_fallback._RAN.values()
+    assert ran[4].launcher.on_images(1)[1] == 2, "the planner's tile is no longer 32 rows here"
+    for _ in range(3):
+        host = conv_tensors(rng, (1, 5, 5, 5), W_SHAPE, ALIGNED)
+        got = kernelgen.conv(*[cuda.to_device(a) for a in host[:2]], **ALIGNED).copy_to_host()
+        want = reference("fwd", *host, ALIGNED)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    assert fallback == [] and fallback.borrowed == [1, 1, 1]
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_a_smaller_batch_runs_the_larger_kernel_s_fewer_blocks(fallback, rng):
     """The larger kernel on fewer blocks through the prepacked launch (a route's second call), every direction:
