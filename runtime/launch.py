@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -37,6 +37,13 @@ def _flip_of(spec) -> tuple:
 def _device_pointer(a) -> int:
     cai = getattr(a, "__cuda_array_interface__", None)  # (the simulator's arrays may lack one: no alignment there)
     return (cai["data"][0] or 0) if cai else 0
+
+
+def _fresh_state() -> dict:
+    """A new value of each of Launcher's per-launcher fields (named with a leading underscore: configured kernels,
+    tensor maps, copies, the prepacked launch, locks): what a copy of a launcher on another grid must not share."""
+    return {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+            for f in fields(Launcher) if f.name.startswith("_")}
 
 
 @dataclass
@@ -105,8 +112,7 @@ class Launcher:
             if blocks >= self.grid[axis]:
                 return None
             grid = self.grid[:axis] + (blocks,) + self.grid[axis + 1:]
-            fewer = replace(self, grid=grid, label=f"{self.label} (on {images} images)", _configured={}, _maps={},
-                            _rounded={}, _derived={}, _fast=None, _general_path=threading.RLock(), _fewer={})
+            fewer = replace(self, grid=grid, label=f"{self.label} (on {images} images)", **_fresh_state())
             found = self._fewer[images] = (fewer, -(-blocks * unit // per_image))  # (two threads: either is right)
         return found
 

@@ -30,7 +30,7 @@ from kernelgen.templates import depthwise
 from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
 from kernelgen.tuning import database
 from kernelgen.tuning.depthwise_model_predict import FITTED, features, model_path, models_for, to_json
-from kernelgen.tuning.perf_model import WITHIN, Group, fit_model, loo_records, summary
+from kernelgen.tuning.perf_model import WITHIN, Group, fit_model, loo_records, summary, training_groups
 from kernelgen.tuning.perf_model_predict import target_of
 
 RIDGE = 3.0
@@ -39,21 +39,14 @@ RIDGE = 3.0
 def groups_of(entries: dict, target: Target, dtype="float32") -> list[Group]:
     """The training groups of one tensor dtype: each depthwise entry's measured depthwise candidates (at least two)
     at the precision that dtype's model is fitted on (FITTED)."""
-    out = []
-    for key in sorted(entries):
-        e = entries[key]
-        if database.precision_of(e) != FITTED[dtype] or e.get("variant") != depthwise.NAME \
-                or e.get("problem", {}).get("dtype") != dtype:
-            continue
-        rows = [(DepthwiseConfig.parse(t["config"]), float(t["ms"])) for t in e.get("tried", ())
+    def keep(e):
+        return database.precision_of(e) == FITTED[dtype] and e.get("variant") == depthwise.NAME \
+            and e.get("problem", {}).get("dtype") == dtype
+
+    def measured(e):
+        return [(depthwise.NAME, DepthwiseConfig.parse(t["config"]), float(t["ms"])) for t in e.get("tried", ())
                 if t.get("variant") == depthwise.NAME and t.get("ms", 0) > 0 and is_depthwise_config(t["config"])]
-        if len(rows) < 2:
-            continue
-        problem = database.problem_of(e)
-        X = np.stack([features(problem, c, target) for c, _ in rows])
-        out.append(Group(key, problem, tuple((depthwise.NAME, c) for c, _ in rows), X,
-                         np.array([ms for _, ms in rows])))
-    return out
+    return training_groups(entries, keep, measured, lambda problem, _, config: features(problem, config, target))
 
 
 def default_slowdowns(groups, target: Target, precision="fp32") -> list[float]:

@@ -61,16 +61,24 @@ def _measured(entry):
 
 def groups_of(entries: dict, target: Target, precision: str) -> list[Group]:
     """The training groups of a database's entries at `precision` (problems with at least two measured candidates)."""
+    return training_groups(entries, lambda e: database.precision_of(e) == precision, _measured,
+                           lambda problem, variant, config: features(problem, variant, config, target))
+
+
+def training_groups(entries: dict, keep, measured, featurize) -> list[Group]:
+    """A Group per entry that keep(entry) accepts and whose measured(entry) - (variant, config, ms) triples - number
+    at least two, each row's features featurize(problem, variant, config): the GEMM variants' model (groups_of) and
+    the depthwise one (depthwise_model.groups_of) differ only in those three."""
     out = []
     for key in sorted(entries):
         e = entries[key]
-        if database.precision_of(e) != precision:
+        if not keep(e):
             continue
-        rows = list(_measured(e))
+        rows = list(measured(e))
         if len(rows) < 2:
             continue
         problem = database.problem_of(e)
-        X = np.stack([features(problem, v, c, target) for v, c, _ in rows])
+        X = np.stack([featurize(problem, v, c) for v, c, _ in rows])
         out.append(Group(key, problem, tuple((v, c) for v, c, _ in rows), X, np.array([ms for *_, ms in rows])))
     return out
 
