@@ -21,6 +21,9 @@ def main(argv=None):
     ap.add_argument("--layer", required=True)
     ap.add_argument("--direction", choices=["fwd", "bwd_data", "bwd_weight"], default="bwd_weight")
     ap.add_argument("--precision", choices=["fp32", "tf32", "fp16"], default="fp16")
+    ap.add_argument("--config", action="append", default=[],
+                    help="kernelgen's side runs this config instead of the planner's pick (a TileConfig or "
+                    "DepthwiseConfig string; repeat it to profile several, one after another)")
     args = ap.parse_args(argv)
 
     import torch
@@ -52,16 +55,46 @@ def main(argv=None):
     op, op_args = {"fwd": (kernelgen.conv, (x, w)), "bwd_data": (kernelgen.conv_backward_data, (dy, w, x_shape)),
                    "bwd_weight": (kernelgen.conv_backward_weight, (x, dy, w_shape))}[args.direction]
     print("\n".join(str(kernelgen.explain(op, *op_args, precision=args.precision, **kw)).splitlines()[:8]), flush=True)
-    for run in (ours[args.direction], theirs[args.direction]):
+    runs = [_with_config(c, args, x, w, dy) for c in args.config] or [ours[args.direction]]
+    for run in runs + [theirs[args.direction]]:
         run()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    ours[args.direction]()
-    torch.cuda.synchronize()
+    for run in runs:
+        run()
+        torch.cuda.synchronize()
     theirs[args.direction]()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print(f"profiled {args.layer} {args.direction} {args.precision}: kernelgen's launches, then cuDNN's")
+
+
+def _with_config(text, args, x, w, dy):
+    """A call of the layer's kernel built for config `text`: the planner's Plan with that config, launched on the
+    torch tensors' memory (flat views, no copies)."""
+    import torch
+    from kernelgen import planner
+    from kernelgen.templates.config import TileConfig
+    from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
+    from kernelgen.tuning.shapes import load_table
+    from numba import cuda
+    layer = next(lay for lay in load_table(args.table)[1] if lay.name == args.layer)
+    problem = layer.problem(args.direction, "float16" if args.precision == "fp16" else "float32")
+    if is_depthwise_config(text):
+        cfg, variant, precision = DepthwiseConfig.parse(text), "depthwise", ()
+    else:
+        cfg = TileConfig.parse(text)
+        variant = "implicit_gemm_tc" if cfg.tensor_core else "implicit_gemm"
+        precision = (args.precision,) if cfg.tensor_core else ()
+    launcher = planner.get_launcher(planner.Plan(problem, variant, cfg, "cuda", *precision))
+    out_name = launcher.outputs[0]
+    tensors = {"x": x, "w": w, "dy": dy, "y": None, "dx": None, "dw": None}
+    shape = {"fwd": dy.shape, "bwd_data": x.shape, "bwd_weight": w.shape}[args.direction]
+    out = torch.empty(shape, dtype=x.dtype, device="cuda")  # (a widened output's float32 workspace is the launcher's)
+    flat = {name: cuda.as_cuda_array((out if name == out_name else tensors[name]).reshape(-1))
+            for name in launcher.caller_params}
+    print(f"config {text}: {launcher.label or problem.key()}", flush=True)
+    return lambda: launcher(flat)
 
 
 if __name__ == "__main__":
