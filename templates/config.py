@@ -219,6 +219,11 @@ CPU_SMALL_FLOPS = 5e7
 # (2.5 against 1.4 ms at 2.4 MFLOP) would take ~600 calls to repay the difference.
 CPU_TINY = TileConfig(BM=16, BN=16, BK=8, TM=1, TN=1)
 CPU_TINY_FLOPS = 1e7
+
+
+def cpu_base_tile(flops: float) -> TileConfig:
+    """The CPU default tile of a problem of `flops`: the smaller the problem, the shorter the kernel numba compiles."""
+    return CPU_TINY if flops < CPU_TINY_FLOPS else CPU_SMALL if flops < CPU_SMALL_FLOPS else CPU_DEFAULT
 # Tensor-core (TF32) defaults: 4 warps of 64 x 32 (4 x 4 MMA tiles, 64 accumulators per lane) on the GPU;
 # 4 warps of 16 x 8 on the CPU (one MMA tile each: small emulation code).  In the k-major layout
 # (swizzle=0, as first shipped) smem_pad 8 makes a row 8 banks apart (mod 32), so the scalar fragment loads

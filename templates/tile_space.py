@@ -12,7 +12,7 @@ from kernelgen.ir import Kernel
 from kernelgen.problem import ConvProblem
 from kernelgen.target import Target
 
-from .config import CPU_DEFAULT, CPU_SMALL, CPU_SMALL_FLOPS, CPU_TINY, CPU_TINY_FLOPS, TileConfig
+from .config import TileConfig, cpu_base_tile
 from .tiled_gemm import _cdiv
 
 # Relative per-FLOP efficiency and resident blocks per SM of each CUDA tile (H100 measurements,
@@ -74,7 +74,7 @@ def default_tile_config(problem, target: Target, accepts: Callable[[TileConfig],
     """Heuristic schedule when no tuned entry exists: the CPU default (shrunk until the variant accepts it), or
     the cheapest CUDA tile under the cost model above that the variant accepts."""
     if target.backend != "cuda":
-        base = CPU_TINY if problem.flops < CPU_TINY_FLOPS else CPU_SMALL if problem.flops < CPU_SMALL_FLOPS else CPU_DEFAULT
+        base = cpu_base_tile(problem.flops)
         for bm in (bm for bm in (32, 16, 8, 4, 2, 1) if bm <= base.BM):
             for bk in (8, 4, 2, 1):
                 cfg = TileConfig(bm, base.BN, bk, min(bm, base.TM), base.TN)
