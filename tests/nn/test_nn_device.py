@@ -312,20 +312,19 @@ def test_bench_step_new_batch_accounts_every_step_against_the_steady_one():
     assert abs(r["new_batch_extra_s"] - sum(t - steady for t in steps) / 1e3) < 1e-4 * len(steps)
 
 
-def test_bench_step_new_batch_control_counts_the_window_against_the_control_s_mean_step():
-    """With a control window: the window's steps cost beyond as many steps at the control's mean.  A step that
-    sleeps 2 ms for its first 8 calls and 1 ms after: the first 8 cost ~8 ms beyond the control."""
-    import time
+def test_bench_step_new_batch_control_counts_the_window_against_the_control_s_mean_step(monkeypatch):
+    """With a control window: the window's steps cost beyond as many steps at the control's mean.  On a clock that
+    only the steps move (2 ms each for the first 8, 1 ms after), the first 8 cost 8 ms beyond the control."""
+    import types
     from kernelgen.nn import bench_step
-    calls = []
+    clock, calls = [0.0], []
 
     def step():
         calls.append(1)
-        time.sleep(0.002 if len(calls) <= 8 else 0.001)
+        clock[0] += 0.002 if len(calls) <= 8 else 0.001
+    monkeypatch.setattr(bench_step, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     r = bench_step._new_batch_steps(step, 96, 0.05, lambda: None, control_seconds=0.05)
     steps = r["new_batch_steps_ms"]
     assert len(steps) + r["new_batch_control_steps"] == len(calls)
-    assert 0.9e-3 < r["new_batch_control_step_ms"] / 1e3 < 1.5e-3
-    assert abs(r["new_batch_extra_vs_control_s"] - (sum(steps) / 1e3 - len(steps) * r["new_batch_control_step_ms"]
-                                                    / 1e3)) < 1e-5 * len(steps)  # (steps_ms rounded)
-    assert 0.004 < r["new_batch_extra_vs_control_s"] < 0.012
+    assert r["new_batch_control_steps"] == 50 and abs(r["new_batch_control_step_ms"] - 1.0) < 1e-9
+    assert abs(r["new_batch_extra_vs_control_s"] - 0.008) < 1e-9
