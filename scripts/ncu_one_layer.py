@@ -55,7 +55,7 @@ def main(argv=None):
     op, op_args = {"fwd": (kernelgen.conv, (x, w)), "bwd_data": (kernelgen.conv_backward_data, (dy, w, x_shape)),
                    "bwd_weight": (kernelgen.conv_backward_weight, (x, dy, w_shape))}[args.direction]
     print("\n".join(str(kernelgen.explain(op, *op_args, precision=args.precision, **kw)).splitlines()[:8]), flush=True)
-    runs = [_with_config(c, args, x, w, dy) for c in args.config] or [ours[args.direction]]
+    runs = [_with_config(c, layer, args, x, w, dy) for c in args.config] or [ours[args.direction]]
     for run in runs + [theirs[args.direction]]:
         run()
     torch.cuda.synchronize()
@@ -69,16 +69,14 @@ def main(argv=None):
     print(f"profiled {args.layer} {args.direction} {args.precision}: kernelgen's launches, then cuDNN's")
 
 
-def _with_config(text, args, x, w, dy):
+def _with_config(text, layer, args, x, w, dy):
     """A call of the layer's kernel built for config `text`: the planner's Plan with that config, launched on the
     torch tensors' memory (flat views, no copies)."""
     import torch
     from kernelgen import planner
     from kernelgen.templates.config import TileConfig
     from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
-    from kernelgen.tuning.shapes import load_table
     from numba import cuda
-    layer = next(lay for lay in load_table(args.table)[1] if lay.name == args.layer)
     problem = layer.problem(args.direction, "float16" if args.precision == "fp16" else "float32")
     if is_depthwise_config(text):
         cfg, variant, precision = DepthwiseConfig.parse(text), "depthwise", ()
