@@ -63,9 +63,14 @@ def _torch_signature(a):
 def _numba_signature(a):
     """A numba device array (shape and strides are tuples already); one whose dtype is read through DLPack
     (bfloat16) takes the full route, as any such array does."""
-    if _viewed_through_dlpack(a, type(a), a.dtype):
-        raise Unkeyable(type(a).__name__)
-    return type(a), a.shape, a.dtype, a.strides
+    t, dtype = type(a), a.dtype
+    if dtype not in _NUMBA_DTYPES_SIGNED and _viewed_through_dlpack(a, t, dtype):
+        raise Unkeyable(t.__name__)
+    return t, a.shape, dtype, a.strides
+
+
+# the dtypes of numba arrays that are read through their CUDA array interface (float32 and float16): asked once
+_NUMBA_DTYPES_SIGNED = frozenset((np.dtype("float32"), np.dtype("float16")))
 
 
 def _any_signature(a):
@@ -122,6 +127,9 @@ def _keyword(item):
     if v is None:
         return k, None
     if k in _ARRAY_KEYWORDS:
+        signer = _SIGNERS.get(type(v))
+        if signer is not None:
+            return k, signer(v)
         if not hasattr(v, "shape"):
             raise Unkeyable(k)
         return k, array_signature(v)

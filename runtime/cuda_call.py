@@ -7,6 +7,8 @@ dispatcher; host inputs are staged through the pinned pool, outputs come from th
 """
 from __future__ import annotations
 
+from threading import get_ident
+
 import numpy as np
 
 from kernelgen import arrays
@@ -80,7 +82,7 @@ class CudaRoute:
     kind, shape and dtype, and each address read checks contiguity.  Where the prepacked launch cannot be used
     (the simulator, a thread other than the one that compiled, host inputs) it is run_cuda."""
     __slots__ = ("prep", "launcher", "shape", "dtype", "itemsize", "out_name", "params", "on_device", "torch_empty",
-                 "torch_like", "wrap", "readers", "layout")
+                 "torch_like", "wrap", "readers", "layout", "fast")
 
     def __init__(self, prep, template, inputs: dict):
         self.prep, self.launcher = prep, prep.launcher
@@ -96,38 +98,52 @@ class CudaRoute:
         if arrays.is_torch(template):
             self.torch_empty, self.torch_like = _torch_output_maker(template, self.shape, problem.dtype)
         self.wrap = type(template).__module__.split(".")[0] == "cupy"  # a numba result returned as CuPy
-        # (address reader per parameter, in order) and the arrays' (elements, itemsize): learnt on the route's first
-        # call, where pointer_size checks each array; the signature fixes both for every later call
-        self.readers = self.layout = None
+        # (address reader per parameter, in order), the arrays' (elements, itemsize) and the launcher's prepacked
+        # launch: learnt on the route's first call, where pointer_size checks each array; the signature fixes the
+        # first two for every later call, and the launch is used by the thread that made it (_FastLaunch.usable)
+        self.readers = self.layout = self.fast = None
 
     def __call__(self, inputs: dict, template, stream=None, out=None):
+        fast = self.fast
+        if fast is None or fast.thread != get_ident():
+            return self._checked(inputs, template, stream, out)
+        nstream = None if stream is None else as_numba_stream(stream)
+        result = self._output(out, nstream)
+        inputs[self.out_name] = result  # (the binding's own dict, made for this call)
+        addresses = [read(inputs[name]) for name, read in self.readers]
+        launcher = self.launcher
+        if launcher.kernel_any is None or launcher.aligned(addresses):
+            fast.launch_addresses(addresses, self.layout, 0 if nstream is None else int(nstream.handle))
+        else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
+            launcher({name: arrays.to_device_view(inputs[name], name).reshape(-1) for name in self.params}, nstream)
+        return arrays.like_input(result, template) if self.wrap and out is None else result
+
+    def _output(self, out, nstream):
+        if out is not None:
+            return out
+        if self.torch_empty is not None:
+            return self.torch_empty(self.torch_like)
+        return pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
+
+    def _checked(self, inputs: dict, template, stream, out):
+        """The route's first call (and any call from another thread): each array checked by pointer_size; where
+        the launch can go by address alone later, the readers are learnt."""
         launcher = self.launcher
         if not (self.on_device and launcher.fast):
             return run_cuda(self.prep, inputs, template, stream, out)
         nstream = None if stream is None else as_numba_stream(stream)
-        if out is not None:
-            result = out
-        elif self.torch_empty is not None:
-            result = self.torch_empty(self.torch_like)
-        else:
-            result = pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
-        out_name = self.out_name
-        readers = self.readers
-        if readers is not None:  # the arrays' addresses, and the launch with no more Python than that
-            addresses = [read(result if name == out_name else inputs[name]) for name, read in readers]
-            if launcher.kernel_any is None or launcher.aligned(addresses):
-                launcher._fast.launch_addresses(addresses, self.layout, stream_handle(nstream))
-                return arrays.like_input(result, template) if self.wrap and out is None else result
-        ptr_sizes = [pointer_size(result if name == out_name else inputs[name], name) for name in self.params]
+        result = self._output(out, nstream)
+        arrays_in_order = [result if name == self.out_name else inputs[name] for name in self.params]
+        ptr_sizes = [pointer_size(a, name) for a, name in zip(arrays_in_order, self.params)]
         if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):
             launcher.launch_pointers(ptr_sizes, self.itemsize, nstream)
-            if readers is None and not (launcher.zero_output or launcher.tensor_maps):
+            if self.fast is None and not (launcher.zero_output or launcher.tensor_maps or launcher.widened):
                 self.layout = tuple((n, self.itemsize) for _, n in ptr_sizes)
-                self.readers = tuple((name, address_reader(result if name == out_name else inputs[name]))
-                                     for name in self.params)
+                self.readers = tuple((name, address_reader(a)) for name, a in zip(self.params, arrays_in_order))
+                self.fast = launcher._fast
         else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
-            launcher({name: arrays.to_device_view(result if name == out_name else inputs[name], name).reshape(-1)
-                      for name in self.params}, nstream)
+            launcher({name: arrays.to_device_view(a, name).reshape(-1) for name, a in zip(self.params, arrays_in_order)},
+                     nstream)
         return arrays.like_input(result, template) if self.wrap and out is None else result
 
 

@@ -173,6 +173,7 @@ class _FastLaunch:
         self.raw_launch.restype = ctypes.c_int
         self.fixed_args = (ctypes.c_void_p(self.handle),) + tuple(ctypes.c_uint(v) for v in (
             *self.grid, threads, 1, 1, shared_bytes))
+        self.default_stream_args = (*self.fixed_args, ctypes.c_void_p(0), self.params, None)  # (the common stream)
         self.layout = None  # the (elements, itemsize) per array that the words hold (launch_addresses)
 
     def usable(self):
@@ -201,7 +202,6 @@ class _FastLaunch:
         `layout`, one (elements, itemsize) per array, is a tuple the caller keeps, written into the parameter
         words only when it is not the one they hold already (the same object).  A kernel is specialised to its
         shapes, so that is only on a route's first call, or after another route of the same kernel launched."""
-        import ctypes
         words = self.words
         if self.layout is not layout:
             i = 0
@@ -216,7 +216,11 @@ class _FastLaunch:
         for ptr in addresses:
             words[i] = ptr
             i += 7
-        err = self.raw_launch(*self.fixed_args, ctypes.c_void_p(stream_handle), self.params, None)
+        if stream_handle:
+            import ctypes
+            err = self.raw_launch(*self.fixed_args, ctypes.c_void_p(stream_handle), self.params, None)
+        else:
+            err = self.raw_launch(*self.default_stream_args)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
 
