@@ -34,7 +34,8 @@ class DepthwiseConfig:
     spreading).  split_k: blocks sharing backward-weight's reduction over batch and pixels (atomics into a
     zeroed dw, a float32 workspace for float16 tensors; 1 in the other directions and on the CPU).  group_split:
     consecutive threads (of TC) sharing the same VC groups, each with its share of their outputs (narrow groups
-    only; 1 for depthwise)."""
+    only; 1 for depthwise).  share_rows: the thread's PH output rows accumulated together, each source row loaded
+    once for all of them (1; PH >= 2, forward and backward-data) rather than once per output row and filter row (0)."""
     TC: int = 8
     TW: int = 8
     TH: int = 2
@@ -45,6 +46,7 @@ class DepthwiseConfig:
     smem_pad: int = 0
     split_k: int = 1
     group_split: int = 1
+    share_rows: int = 0
 
     @property
     def threads(self) -> int:
@@ -67,6 +69,10 @@ class DepthwiseConfig:
             raise ValueError(f"DepthwiseConfig: halo must be 0 or 1, got {self.halo!r} ({self})")
         if not (isinstance(self.smem_pad, int) and 0 <= self.smem_pad <= MAX_PAD):
             raise ValueError(f"DepthwiseConfig: smem_pad must be 0..{MAX_PAD}, got {self.smem_pad!r} ({self})")
+        if self.share_rows not in (0, 1):
+            raise ValueError(f"DepthwiseConfig: share_rows must be 0 or 1, got {self.share_rows!r} ({self})")
+        if self.share_rows and self.PH < 2:
+            raise ValueError(f"DepthwiseConfig: share_rows shares source rows among PH >= 2 output rows ({self})")
         if self.smem_pad and not self.halo:
             raise ValueError(f"DepthwiseConfig: smem_pad pads the shared window, which needs halo=1 ({self})")
         if self.TC % self.group_split:
@@ -97,11 +103,13 @@ class DepthwiseConfig:
             s += f"_SK{self.split_k}"
         if self.group_split > 1:
             s += f"_GS{self.group_split}"
+        if self.share_rows:
+            s += "_SR"
         return s
 
     @classmethod
     def parse(cls, text) -> DepthwiseConfig:
-        """The inverse of str(): "DW_TC8_TW8_TH2_VC4_PW4_PH1_HALO_SK4_GS2" -> DepthwiseConfig."""
+        """The inverse of str(): "DW_TC8_TW8_TH2_VC4_PW4_PH2_HALO_SK4_GS2_SR" -> DepthwiseConfig."""
         parts = str(text).split("_")
         if parts[0] != PREFIX:
             raise ValueError(f"DepthwiseConfig.parse: {text!r} does not start with {PREFIX}_")
@@ -112,6 +120,8 @@ class DepthwiseConfig:
             m = re.fullmatch(r"([A-Z]+)(\d+)", part)
             if part == "HALO":
                 kw["halo"] = 1
+            elif part == "SR" and "share_rows" not in kw:
+                kw["share_rows"] = 1
             elif m and m.group(1) in names and names[m.group(1)] not in kw:
                 kw[names[m.group(1)]] = int(m.group(2))
             else:

@@ -262,6 +262,7 @@ class Geometry:
         seg = max(self.w.segment(run, cfg.PW)[1] for run in self.w.runs) * cfg.VC * self.src_per_group
         stage = min(STAGE_REGISTERS, cdiv(self.copy_chunks, cfg.threads) * self.copy_vector) if cfg.halo else 0
         strip = cfg.PW * (vcm if self.problem.direction == "bwd_weight" else cfg.VC * self.out_per_thread)
+        strip *= cfg.PH if cfg.share_rows else 1  # (the PH rows' strips all live at once)
         return self.filter_words + strip + seg + stage + REGISTER_OVERHEAD
 
 
@@ -295,6 +296,8 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig, g: Geometry | None = None) -> li
         why.append(f"group_split=1 for depthwise (groups = C), got {cfg.group_split}")
     if cfg.VC == 8 and p.dtype != "float16":
         why.append("VC=8 (16 bytes of float16) for float16 tensors only")
+    if cfg.share_rows and p.direction == "bwd_weight":
+        why.append("share_rows=0 for backward-weight (its strips reduce into dw, not into output rows)")
     if cfg.split_k > 1 and p.direction != "bwd_weight":
         why.append(f"split_k=1 outside backward-weight, got {cfg.split_k}")
     g = g or geometry(p, cfg)

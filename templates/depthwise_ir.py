@@ -176,6 +176,29 @@ def filter_rows(g: Geometry, src, window, xin, rnd, run_h: TapRun, run_w: TapRun
     return unroll("t", T, unroll("kh", run_h.count, loads + taps))
 
 
+def shared_filter_rows(g: Geometry, src, window, xin, rnd, run_h: TapRun, run_w: TapRun, qh0, product):
+    """filter_rows for the PH output rows qh0 + ph at once (share_rows): every source row any of them reads is loaded
+    once, then product(ph)(tap, p, u) -> statements for row ph's strip pixel p reading xin[u] at filter tap `tap`,
+    for each (ph, filter row) pair that reads it.  (A stride-2 5x5 strip of 4 rows reads 11 source rows, not 20.)"""
+    axis_h, T = g.h, g.problem.filter_size[0]
+    if not (run_h.count and run_w.count):
+        return []
+    gap, _ = g.w.segment(run_w, g.cfg.PW)
+    readers = {}  # source row offset from the first row's first tap -> [(ph, kh)]
+    for ph in range(g.cfg.PH):
+        for kh in range(run_h.count):
+            readers.setdefault(ph * axis_h.step + kh * run_h.doff, []).append((ph, kh))
+    u = (Var("p") * g.w.step + Var("kw") * run_w.doff) // gap
+    body = []
+    for off in sorted(readers):
+        row = qh0 * axis_h.step + (run_h.off0 - axis_h.lo) + off
+        body += segment_loads(g, src, window, xin, Var("t"), row, run_w, rnd)
+        for ph, kh in readers[off]:
+            tap = tap_index(g, Var("t"), run_h.first + kh * run_h.tap_step, run_w.first + Var("kw") * run_w.tap_step)
+            body += unroll("kw", run_w.count, unroll("p", g.cfg.PW, product(ph)(tap, Var("p"), u)))
+    return unroll("t", T, body)
+
+
 def channel_ok(g: Geometry, v):
     """Is group cg + v a channel (a ragged last channel block has fewer)?"""
     return [Var("cg") + v < g.groups] if g.groups % g.cfg.block_groups else []

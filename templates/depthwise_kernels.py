@@ -20,7 +20,7 @@ from kernelgen.ir import Assign, Barrier, Buffer, For, If, Kernel, Load, Store, 
 from kernelgen.storage import WIDE_SUFFIX
 from kernelgen.templates.depthwise_geometry import Geometry, cdiv
 from kernelgen.templates.depthwise_ir import (ZERO, block_coords, channel_ok, filter_rows, rounded, segment_buffer,
-                                              stage_buffer, thread_coords, unroll, window_copy)
+                                              shared_filter_rows, stage_buffer, thread_coords, unroll, window_copy)
 from kernelgen.templates.implicit_gemm import epilogue_value
 
 TENSORS = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx")}
@@ -59,19 +59,37 @@ def _narrow_filter_registers(g: Geometry, wreg: Buffer, rnd):
 
 
 def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
-    """One output row (ph) of class (rho_h, rho_w): zero the strip, accumulate its taps, store it.  Each of the
-    thread's outputs sums all its group's sources (depthwise: forward has one, backward-data one output)."""
-    cfg, opg, opt, spg = g.cfg, g.out_per_group, g.out_per_thread, g.src_per_group
+    """The thread's PH output rows of class (rho_h, rho_w): zero each strip, accumulate its taps, store it.  Each of
+    the thread's outputs sums all its group's sources (depthwise: forward has one, backward-data one output).  One
+    row at a time (a serial loop, its segment loaded per filter row), or with share_rows all PH rows together, each
+    source row loaded once for every (row, filter row) pair that reads it."""
+    cfg, opt, spg = g.cfg, g.out_per_thread, g.src_per_group
     acc, xin, wreg = bufs["acc"], bufs["xin"], bufs["wreg"]
-    qh = Var("th") * cfg.PH + Var("ph")
+    rows_at_once = cfg.PH if cfg.share_rows else 1
 
-    def product(tap, p, u):
-        return [acc.store((p, v * opt + o), xin[u, v * spg + s] * wreg[tap, (v * opt + o) * spg + s],
-                          accumulate=True)
-                for v in range(cfg.VC) for o in range(opt) for s in range(spg)]
+    def product(ph):
+        def taps(tap, p, u):
+            return [acc.store((ph * cfg.PW + p if ph else p, v * opt + o), xin[u, v * spg + s] * wreg[tap, (v * opt + o) * spg + s],
+                              accumulate=True)
+                    for v in range(cfg.VC) for o in range(opt) for s in range(spg)]
+        return taps
 
-    zero = [acc.store((p, a), ZERO) for p in range(cfg.PW) for a in range(cfg.VC * opt)]
-    rows = filter_rows(g, bufs["src"], bufs.get("window"), xin, rnd, g.h.runs[rho_h], g.w.runs[rho_w], qh, product)
+    zero = [acc.store((p, a), ZERO) for p in range(rows_at_once * cfg.PW) for a in range(cfg.VC * opt)]
+    run_h, run_w = g.h.runs[rho_h], g.w.runs[rho_w]
+    if not cfg.share_rows:
+        qh = Var("th") * cfg.PH + Var("ph")
+        rows = filter_rows(g, bufs["src"], bufs.get("window"), xin, rnd, run_h, run_w, qh, product(0))
+        stores = _strip_stores(g, acc, 0, qh, rho_h, rho_w, out)
+        return [For("ph", cfg.PH, tuple(zero + rows + stores), "serial")]
+    rows = shared_filter_rows(g, bufs["src"], bufs.get("window"), xin, rnd, run_h, run_w, Var("th") * cfg.PH, product)
+    stores = [st for ph in range(cfg.PH) for st in _strip_stores(g, acc, ph, Var("th") * cfg.PH + ph, rho_h, rho_w,
+                                                                 out)]
+    return zero + rows + stores
+
+
+def _strip_stores(g: Geometry, acc: Buffer, ph, qh, rho_h, rho_w, out):
+    """The stores of strip `ph` of acc (output row qh of class (rho_h, rho_w)), bias and activation applied."""
+    cfg, opg, opt = g.cfg, g.out_per_group, g.out_per_thread
     oh = Var("bh") * g.h.block_out + rho_h + g.h.classes * qh
     stores = []
     for p in range(cfg.PW):
@@ -81,17 +99,19 @@ def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
         for v in range(cfg.VC):
             for j in range(opt):
                 ch = (Var("cg") + v) * opg + (j if cfg.group_split == 1 else Var("gs") * opt + j)
-                st = Store(out, ((at * (g.groups * opg) + ch),), epilogue_value(g.problem, acc[p, v * opt + j], ch))
+                value = epilogue_value(g.problem, acc[ph * cfg.PW + p, v * opt + j], ch)
+                st = Store(out, ((at * (g.groups * opg) + ch),), value)
                 cond = pix + channel_ok(g, v)
                 stores.append(If(all_of(cond), (st,)) if cond else st)
-    return [For("ph", cfg.PH, tuple(zero + rows + stores), "serial")]
+    return stores
 
 
 def gather_kernel(g: Geometry, rnd) -> Kernel:
     p, cfg = g.problem, g.cfg
     src, w, out = TENSORS[g.gather]
     dtype = compute_dtype(p.dtype)
-    bufs = {"src": src, "acc": Buffer("acc", (cfg.PW, cfg.VC * g.out_per_thread), dtype, "register"),
+    strips = cfg.PH if cfg.share_rows else 1
+    bufs = {"src": src, "acc": Buffer("acc", (strips * cfg.PW, cfg.VC * g.out_per_thread), dtype, "register"),
             "xin": segment_buffer(g, dtype), "wreg": Buffer("wreg", (g.taps, g.filter_words // g.taps), dtype,
                                                             "register")}
     c0 = Var("cb") * cfg.block_groups

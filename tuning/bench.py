@@ -36,6 +36,7 @@ from kernelgen.templates import computes, get_variant
 
 from .compile_pool import compile_one
 from kernelgen.templates.config import TileConfig
+from kernelgen.templates.depthwise_config import DepthwiseConfig
 
 from kernelgen.tuning.shapes import load_table, storage_dtype
 from kernelgen.tuning.timing import Rotation, time_side_by_side
@@ -233,8 +234,9 @@ def _applies(problem, algo):
 
 
 def parse_overrides(text):
-    """'swizzle=2,stages=1' -> {'swizzle': 2, 'stages': 1}: integer TileConfig fields only."""
-    fields = {f.name for f in dataclasses.fields(TileConfig)}
+    """'swizzle=2,stages=1' -> {'swizzle': 2, 'stages': 1}: integer fields of TileConfig or DepthwiseConfig (a
+    plan whose config lacks one is not benched under that alternative)."""
+    fields = {f.name for f in dataclasses.fields(TileConfig)} | {f.name for f in dataclasses.fields(DepthwiseConfig)}
     out = {}
     for item in filter(None, text.split(",")):
         key, _, val = item.partition("=")
@@ -251,7 +253,7 @@ def set_fields(plan, text):
     try:
         return make_plan(plan.problem, "cuda", plan.variant, dataclasses.replace(plan.config, **parse_overrides(text)),
                          plan.precision)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # (TypeError: a field the plan's kind of config does not have)
         return f"--set {text}: {e}"
 
 

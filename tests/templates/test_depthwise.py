@@ -9,6 +9,8 @@ here directly (launcher_for), through the kernel cache as the planner's launcher
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 
 import kernelgen
 from kernelgen import reference
+from kernelgen.ir import For, If, VectorLoad
 from kernelgen.problem import make_problem
 from kernelgen.render_cpu import render_cpu
 from kernelgen.render_cuda import render_cuda
@@ -79,7 +82,9 @@ def cases(draw, direction):
     halo = draw(st.integers(0, 1))
     config = DepthwiseConfig(TC=draw(st.integers(1, 3)), TW=draw(st.integers(1, 3)), TH=draw(st.integers(1, 2)),
                              VC=draw(st.sampled_from((1, 2, 4))), PW=draw(st.integers(1, 4)),
-                             PH=draw(st.integers(1, 2)), halo=halo, smem_pad=halo * draw(st.integers(0, 2)))
+                             PH=draw(st.integers(1, 3)), halo=halo, smem_pad=halo * draw(st.integers(0, 2)))
+    if config.PH > 1 and direction != "bwd_weight" and draw(st.booleans()):
+        config = dataclasses.replace(config, share_rows=1)
     problem = depthwise_problem(direction, (N, *sizes, C), m, filt, kw, bias, activation, dtype)
     return problem, kw, config
 
@@ -90,6 +95,60 @@ def cases(draw, direction):
 def test_cpu_random_shapes(direction, data):
     problem, kw, config = data.draw(cases(direction))
     check(problem, kw, config, "cpu", np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))))
+
+
+SHARED_ROWS_CASES = {  # name: (direction, x shape, multiplier, filter, conv arguments, config)
+    "fwd_5x5_stride2_ragged": ("fwd", (2, 13, 11, 6), 1, (5, 5), dict(stride=2, padding=2),
+                               DepthwiseConfig(2, 2, 1, 4, 2, 3, 0, share_rows=1)),
+    "fwd_3x3_halo_multiplier": ("fwd", (1, 9, 8, 5), 2, (3, 3), dict(padding=1),
+                                DepthwiseConfig(2, 2, 2, 2, 2, 2, 1, share_rows=1)),
+    "fwd_dilated": ("fwd", (1, 11, 7, 4), 1, (3, 3), dict(padding=2, dilation=2),
+                    DepthwiseConfig(1, 2, 1, 4, 3, 4, 1, share_rows=1)),
+    "bwd_data_stride2_classes": ("bwd_data", (2, 11, 9, 6), 1, (5, 5), dict(stride=2, padding=2),
+                                 DepthwiseConfig(2, 2, 1, 4, 2, 3, 1, share_rows=1)),
+    "bwd_data_3d": ("bwd_data", (1, 3, 7, 6, 4), 1, (3, 3, 3), dict(stride=(1, 2, 1), padding=1),
+                    DepthwiseConfig(1, 2, 2, 4, 2, 2, 0, share_rows=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARED_ROWS_CASES))
+def test_cpu_shared_rows(name, rng):
+    """share_rows: a thread's PH output rows accumulated together from source rows loaded once, against float64 -
+    strided (forward: rows of two output rows overlap; backward-data: residue classes), dilated, ragged, 3D."""
+    direction, x_shape, m, filt, kw, config = SHARED_ROWS_CASES[name]
+    p = depthwise_problem(direction, x_shape, m, filt, kw, bias=direction == "fwd", activation="relu")
+    check(p, kw, config, "cpu", rng)
+
+
+def _source_loads_per_thread(stmts, src="x"):
+    """The 16-byte source loads one thread of the kernel executes: serial and unrolled loops count their extent."""
+    count = 0
+    for s in stmts:
+        if isinstance(s, VectorLoad) and s.buf == src:
+            count += 1
+        elif isinstance(s, For):
+            times = s.extent if s.binding in ("serial", "unroll") and isinstance(s.extent, int) else 1
+            count += times * _source_loads_per_thread(s.body, src)
+        elif isinstance(s, If):
+            count += _source_loads_per_thread(s.body, src) + _source_loads_per_thread(s.orelse, src)
+    return count
+
+
+def test_shared_rows_load_each_source_row_once():
+    """A 5x5 stride-2 thread of 4 output rows, 2 pixels each (a 7-column segment a source row): 2 * 3 + 5 = 11 source
+    rows loaded once each with share_rows, 4 * 5 = 20 without; the 4 strips' accumulators then live at once."""
+    p = depthwise_problem("fwd", (1, 16, 16, 4), 1, (5, 5), dict(stride=2, padding=2))
+    shared, alone = (DepthwiseConfig(1, 2, 1, 4, 2, 4, 0, share_rows=share) for share in (1, 0))
+    assert _source_loads_per_thread(depthwise.build(p, shared).body) == 11 * 7
+    assert _source_loads_per_thread(depthwise.build(p, alone).body) == 20 * 7
+    assert geometry(p, shared).registers == geometry(p, alone).registers + 3 * 2 * 4
+
+
+def test_shared_rows_refused_where_it_has_no_meaning():
+    p = depthwise_problem("bwd_weight", (1, 8, 8, 4), 1, (3, 3), dict(padding=1))
+    assert any("share_rows" in why for why in unmet(p, DepthwiseConfig(PH=2, share_rows=1)))
+    with pytest.raises(ValueError, match="PH >= 2"):
+        DepthwiseConfig(PH=1, share_rows=1).validate()
 
 
 @pytest.mark.parametrize("direction", DIRECTIONS)
@@ -141,7 +200,7 @@ def test_split_k_refused_on_cpu_and_outside_backward_weight():
 # --- the config, the geometry, the variant ---------------------------------------------------------------------
 
 CONFIGS = [DepthwiseConfig(), DepthwiseConfig(1, 32, 4, 1, 2, 4, 0), DepthwiseConfig(8, 4, 4, 8, 1, 2, 1, 3, 1),
-           DepthwiseConfig(16, 2, 4, 2, 8, 1, 1, 0, 33)]
+           DepthwiseConfig(16, 2, 4, 2, 8, 1, 1, 0, 33), DepthwiseConfig(8, 8, 1, 1, 2, 4, 1, share_rows=1)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -251,6 +310,8 @@ SIM_CASES = {  # name: (direction, x shape, multiplier, filter, conv arguments, 
                          DepthwiseConfig(2, 2, 2, 4, 2, 1, 1, 0, 3), False),
     "bwd_weight_3d": ("bwd_weight", (1, 3, 4, 5, 3), 1, (2, 3, 3), dict(padding=(0, 1, 1)),
                       DepthwiseConfig(2, 2, 2, 2, 2, 1, 1), False),
+    "fwd_5x5_stride2_shared_rows": ("fwd", (1, 9, 8, 4), 1, (5, 5), dict(stride=2, padding=2),
+                                    DepthwiseConfig(2, 2, 1, 2, 2, 3, 1, share_rows=1), True),
 }
 
 
