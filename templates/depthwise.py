@@ -240,6 +240,26 @@ def spread(configs, keep=None) -> list:
     return turns[:keep or None]
 
 
+# share_rows where a config's PH output rows can share their source rows (forward and backward-data, PH >= 2) and the
+# PH strips' accumulators stay within this estimate (depthwise_geometry's Geometry.registers).  Measured on the H100
+# (BENCHMARKS.md, tenth session: each config of the depthwise table's bench against its share_rows twin, 110 pairs):
+# 1.10x geo-mean, by filter and PH 1.04x (3x3, PH 2) to 1.28x (5x5, PH 4); the one pair above this estimate (170:
+# 254 registers compiled) ran at 0.81x.
+SHARE_ROWS_MAX_REGISTERS = 128
+
+
+def with_shared_rows(p: ConvProblem, cfg: DepthwiseConfig, target: Target) -> DepthwiseConfig:
+    """cfg with share_rows on where it applies and fits (see SHARE_ROWS_MAX_REGISTERS), else cfg: the planner's last
+    step for a config it chose itself (a tuned entry, the model's or the cost model's pick), never for one given."""
+    if cfg.share_rows or cfg.PH < 2 or p.direction == "bwd_weight" or target.backend != "cuda":
+        return cfg
+    shared = dataclasses.replace(cfg, share_rows=1)
+    g = geometry(p, shared)
+    if g.registers > SHARE_ROWS_MAX_REGISTERS or unmet(p, shared, g) or over_limits(g, **_limits(p, target)):
+        return cfg
+    return shared
+
+
 def cpu_config(p: ConvProblem) -> DepthwiseConfig:
     """Small blocks for the CPU backend (a block is one prange iteration; its threads a loop): the window read in
     place, 4 channels and 4 pixels per thread (narrow groups: up to 4 groups, each thread the fewest sharers of a

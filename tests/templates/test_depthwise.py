@@ -151,6 +151,26 @@ def test_shared_rows_refused_where_it_has_no_meaning():
         DepthwiseConfig(PH=1, share_rows=1).validate()
 
 
+def test_planner_shares_rows_of_the_configs_it_chooses():
+    """On a CUDA target the planner turns share_rows on for a forward / backward-data config it chose with PH >= 2
+    (explain says so), never for a config the caller gave, for backward-weight, or where the rows' strips would not
+    fit SHARE_ROWS_MAX_REGISTERS."""
+    from kernelgen.planner import make_plan
+    target = target_for("cuda")
+    fwd = depthwise_problem("fwd", (32, 56, 56, 144), 1, (5, 5), dict(stride=2, padding=2))
+    plan = make_plan(fwd, "cuda")
+    assert plan.config.PH >= 2 and plan.config.share_rows == 1 and "share_rows" in plan.reason
+    given = dataclasses.replace(plan.config, share_rows=0)
+    assert make_plan(fwd, "cuda", config=given).config == given
+    bwd = depthwise_problem("bwd_weight", (32, 56, 56, 144), 1, (5, 5), dict(stride=2, padding=2))
+    assert depthwise.with_shared_rows(bwd, DepthwiseConfig(PH=2), target).share_rows == 0
+    heavy = depthwise_problem("fwd", (32, 14, 14, 480), 1, (5, 5), dict(padding=2))
+    big = DepthwiseConfig(32, 2, 4, 2, 8, 4, 0)  # 170 registers estimated with the 4 strips live
+    assert geometry(heavy, dataclasses.replace(big, share_rows=1)).registers > depthwise.SHARE_ROWS_MAX_REGISTERS
+    assert depthwise.with_shared_rows(heavy, big, target) is big
+    assert depthwise.with_shared_rows(fwd, DepthwiseConfig(PH=1), target).share_rows == 0
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS)
 def test_cpu_default_config(direction, rng):
     """The CPU default of a MobileNet-like layer (stride 2, multiplier 1, 40 channels: a vector tail of 0 but a
