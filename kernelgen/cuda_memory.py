@@ -23,6 +23,9 @@ copy_async16_l2: copy_async16 through L2 only (cp.async.cg, nothing allocated in
 yet: scripts/tma_check.py measures its copy stream against the L1-allocating one (PERF_NOTES #34).
 
 store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned.
+
+load4h / load8h (and their _aligned forms): load4's 4 and 8 elements of a float16 array, widened to float32 (exact):
+one 8-byte ld.global.v2.b32 / one 16-byte ld.global.v4.b32 where aligned, else 2-byte loads, predicated as load4's.
 """
 from __future__ import annotations
 
@@ -55,6 +58,16 @@ if settings.get("cuda_simulator"):
 
     def store_pair16(a, i, v0, v1):
         a[i], a[i + 1] = v0, v1
+
+    def _halves(n):
+        def load(a, i, cond):
+            if cond:
+                return tuple(np.float32(a[i + k]) for k in range(n))
+            return (np.float32(0.0),) * n
+        return load
+
+    load4h = load4h_aligned = _halves(4)
+    load8h = load8h_aligned = _halves(8)
 else:
     from llvmlite import ir
     from numba import types
@@ -101,6 +114,57 @@ else:
     def _load_signature(a, i, cond):
         ok = isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)
         return types.UniTuple(types.float32, 4)(a, i, cond) if ok else None
+
+    def _half_load_asm(n, aligned):
+        """PTX of load4h / load8h: n outputs $0..$n-1 (f32), the element address $n, cond $n+1 and (unaligned) the
+        array's alignment $n+2; the words land in b32 registers (zeros where cond fails) and are split and widened."""
+        words, a, c, al = n // 2, n, n + 1, n + 2
+        r = ", ".join(f"r{j}" for j in range(words))
+        h = ", ".join(f"h{j}" for j in range(n))
+        vec = f"ld.global.v{words}.b32 {{{r}}}, [g];" if words > 1 else f"ld.global.b32 {{{r}}}, [g];"
+        preds = "c" if aligned else "c, w, n"
+        text = (f"{{ .reg .pred {preds}; .reg .u64 g; .reg .b32 {r}; .reg .b16 {h};"
+                f" setp.ne.b32 c, ${c}, 0;")
+        if not aligned:
+            text += f" setp.ne.and.b32 w, ${al}, 0, c; setp.eq.and.b32 n, ${al}, 0, c;"
+        text += f" cvta.to.global.u64 g, ${a};" + "".join(f" mov.b32 r{j}, 0;" for j in range(words))
+        text += f" @{'c' if aligned else 'w'} {vec}"
+        if not aligned:
+            text += "".join(f" @n ld.global.b16 h{k}, [g+{2 * k}];" for k in range(n))
+            text += "".join(f" @n mov.b32 r{j}, {{h{2 * j}, h{2 * j + 1}}};" for j in range(words))
+        text += "".join(f" mov.b32 {{h{2 * j}, h{2 * j + 1}}}, r{j};" for j in range(words))
+        text += "".join(f" cvt.f32.f16 ${k}, h{k};" for k in range(n)) + " }"
+        return text
+
+    def _half_load_codegen(n, aligned):
+        mask = 2 * n - 1  # the bytes of n halves: the whole load's alignment
+        out_type = ir.LiteralStructType([_F32] * n)
+
+        def codegen(context, builder, sig, args):
+            aty, ity, cty = sig.args
+            ary = context.make_array(aty)(context, builder, args[0])
+            idx = context.cast(builder, args[1], ity, types.intp)
+            operands = [builder.ptrtoint(builder.gep(ary.data, [idx]), _I64),
+                        builder.zext(context.is_true(builder, cty, args[2]), _I32)]
+            if not aligned:
+                base = builder.ptrtoint(ary.data, _I64)
+                operands.append(builder.zext(builder.icmp_unsigned(
+                    "==", builder.and_(base, ir.Constant(_I64, mask)), ir.Constant(_I64, 0)), _I32))
+            constraints = ",".join(["=f"] * n + ["l", "r"] + ([] if aligned else ["r"]))
+            out = builder.asm(ir.FunctionType(out_type, [o.type for o in operands]), _half_load_asm(n, aligned),
+                              constraints, operands, side_effect=False, name=f"load{n}h")
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, j) for j in range(n)])
+        return codegen
+
+    def _half_load(n, aligned):
+        def typer(typingctx, a, i, cond):
+            ok = isinstance(a, types.Array) and a.dtype == types.float16 and isinstance(i, types.Integer)
+            return ((types.UniTuple(types.float32, n)(a, i, cond), _half_load_codegen(n, aligned)) if ok
+                    else None)
+        return intrinsic(typer)
+
+    load4h, load4h_aligned = _half_load(4, False), _half_load(4, True)
+    load8h, load8h_aligned = _half_load(8, False), _half_load(8, True)
 
     @intrinsic
     def load4(typingctx, a, i, cond):

@@ -118,9 +118,14 @@ class CudaPrinter(SourcePrinter):
         return text
 
     def vector_load(self, s, depth):
-        if len(s.dst) != 4 or self.kernel.buffer(s.buf).dtype != "float32":  # load4 reads 4 float32 words
+        dtype = self.kernel.buffer(s.buf).dtype
+        if dtype == "float32" and len(s.dst) == 4:
+            fn = "load4"
+        elif dtype == "float16" and len(s.dst) in (4, 8):  # 8 or 16 bytes of float16, widened
+            fn = f"load{len(s.dst)}h"
+        else:
             return super().vector_load(s, depth)
-        fn = "load4_aligned" if self.aligned else "load4"
+        fn += "_aligned" if self.aligned else ""
         self.memory_helpers.add(fn)
         dst = ", ".join(self.expr(d) for d in s.dst)
         self.emit(depth, f"{dst} = {fn}({s.buf}, {self.expr(s.index)}, {self.expr(s.cond)})")
@@ -309,7 +314,7 @@ class CudaPrinter(SourcePrinter):
         return "\n".join(self.lines) + "\n"
 
 
-ALIGNED_HELPERS = {"load4_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
+ALIGNED_HELPERS = {"load4_aligned", "load4h_aligned", "load8h_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
 _BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2}
 
 HEADER = """\

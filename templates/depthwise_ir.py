@@ -138,17 +138,27 @@ def segment_loads(g: Geometry, src: str, window: Buffer | None, xin: Buffer, t, 
     base = base + Var("cg") * g.src_per_group
     ragged = g.groups % cfg.block_groups
     body = []
-    if width % 4 == 0 and g.src_channels % 4 == 0:
-        for c in range(0, width, 4):
+    vec = vector_width(g.problem.dtype, width, g.src_channels)
+    if vec > 1:
+        for c in range(0, width, vec):
             cond = all_of([ok] + ([Var("cg") * g.src_per_group + c < g.src_channels] if ragged else []))
-            body.append(VectorLoad(tuple(xin[Var("u"), c + w] for w in range(4)), src, base + c, cond))
+            body.append(VectorLoad(tuple(xin[Var("u"), c + w] for w in range(vec)), src, base + c, cond))
             if rnd:
-                body += [xin.store((Var("u"), c + w), rounded(xin[Var("u"), c + w], rnd)) for w in range(4)]
+                body += [xin.store((Var("u"), c + w), rounded(xin[Var("u"), c + w], rnd)) for w in range(vec)]
     else:
         for c in range(width):
             cond = all_of([ok] + ([Var("cg") * g.src_per_group + c < g.src_channels] if ragged else []))
             body.append(xin.store((Var("u"), c), select(cond, rounded(Load(src, (base + c,)), rnd), ZERO)))
     return unroll("u", length, body)
+
+
+def vector_width(dtype, width, channels):
+    """Elements per global vector load of `width` consecutive channels of a `channels`-channel tensor: 16 bytes (8
+    float16, 4 float32) or 8 bytes (4 float16) where both divide, else 1 (element by element)."""
+    for vec in ((8, 4) if dtype == "float16" else (4,)):
+        if width % vec == 0 and channels % vec == 0:
+            return vec
+    return 1
 
 
 def segment_buffer(g: Geometry, dtype):

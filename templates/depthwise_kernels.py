@@ -20,7 +20,8 @@ from kernelgen.ir import Assign, Barrier, Buffer, For, If, Kernel, Load, Store, 
 from kernelgen.storage import WIDE_SUFFIX
 from kernelgen.templates.depthwise_geometry import Geometry, cdiv
 from kernelgen.templates.depthwise_ir import (ZERO, block_coords, channel_ok, filter_rows, rounded, segment_buffer,
-                                              shared_filter_rows, stage_buffer, thread_coords, unroll, window_copy)
+                                              shared_filter_rows, stage_buffer, thread_coords, unroll, vector_width,
+                                              window_copy)
 from kernelgen.templates.implicit_gemm import epilogue_value
 
 TENSORS = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx")}
@@ -158,12 +159,13 @@ def _dy_strip(g: Geometry, dyr: Buffer, oh, rnd):
         pix = ([oh < g.h.out_size] if g.h.ragged else []) + ([ow < g.w.out_size] if g.w.ragged else [])
         base = (((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow) * p_.K + Var("cg") * m
         width = cfg.VC * m
-        if width % 4 == 0 and p_.K % 4 == 0:
-            for c in range(0, width, 4):
+        vec = vector_width(p_.dtype, width, p_.K)
+        if vec > 1:
+            for c in range(0, width, vec):
                 cond = all_of(pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else []))
-                out.append(VectorLoad(tuple(dyr[p, c + i] for i in range(4)), "dy", base + c, cond))
+                out.append(VectorLoad(tuple(dyr[p, c + i] for i in range(vec)), "dy", base + c, cond))
                 if rnd:
-                    out += [dyr.store((p, c + i), rounded(dyr[p, c + i], rnd)) for i in range(4)]
+                    out += [dyr.store((p, c + i), rounded(dyr[p, c + i], rnd)) for i in range(vec)]
         else:
             for c in range(width):
                 cond = pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else [])

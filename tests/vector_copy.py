@@ -9,14 +9,14 @@ from kernelgen.ir import Buffer, For, Kernel, Var, VectorLoad
 THREADS = 8
 
 
-def copy_kernel(dtype="float32", scale=None, name="vector_copy"):
-    """y = x (or scale * x), four elements per thread through one VectorLoad; odd threads' loads are
+def copy_kernel(dtype="float32", scale=None, name="vector_copy", width=4):
+    """y = x (or scale * x), `width` elements per thread through one VectorLoad; odd threads' loads are
     predicated off (zeros)."""
-    x, y = Buffer("x", (4 * THREADS,), dtype), Buffer("y", (4 * THREADS,), dtype, role="out")
-    r = Buffer("r", (4,), scope="register")
+    x, y = Buffer("x", (width * THREADS,), dtype), Buffer("y", (width * THREADS,), dtype, role="out")
+    r = Buffer("r", (width,), scope="register")
     tid = Var("tid")
-    phase = (VectorLoad(tuple(r[i] for i in range(4)), "x", tid * 4, (tid % 2).eq(0)),
-             *[y.store(tid * 4 + i, r[i] if scale is None else r[i] * scale) for i in range(4)])
+    phase = (VectorLoad(tuple(r[i] for i in range(width)), "x", tid * width, (tid % 2).eq(0)),
+             *[y.store(tid * width + i, r[i] if scale is None else r[i] * scale) for i in range(width)])
     body = (For("b", 1, (For("tid", THREADS, phase, "thread"),), "grid"),)
     return Kernel(name, (x, y), (r,), body, (1,), THREADS)
 

@@ -3,7 +3,8 @@
 A hand-built kernel copies x into y four elements per thread, odd threads reading under a false
 predicate (zeros expected); the CPU renderer prints it element by element, the CUDA renderer as
 kernelgen.cuda_memory.load4 (one 16-byte load where the array is 16-byte aligned, four 4-byte loads
-where it is not: the GPU test passes an array that starts one element into an allocation).
+where it is not: the GPU test passes an array that starts one element into an allocation); float16 buffers of
+4 or 8 elements as load4h / load8h (one 8- or 16-byte load widened to float32, 2-byte loads where unaligned).
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from harness import poisoned
 from vector_copy import THREADS, copy_kernel, module
 
 
-def expected(x):
-    want = x.copy().reshape(THREADS, 4)
+def expected(x, width=4):
+    want = x.copy().reshape(THREADS, width)
     want[1::2] = 0.0
     return want.reshape(-1)
+
+
+WIDE = [("float32", 4, "load4"), ("float16", 4, "load4h"), ("float16", 8, "load8h")]
 
 
 def test_vector_load_renders_and_runs_on_the_cpu(rng):
@@ -38,7 +42,13 @@ def test_cuda_rendering_calls_load4():
     assert "r_0, r_1, r_2, r_3 = load4_aligned(x, " in src and "KERNEL_ANY_ALIGNMENT = vector_copy_any_alignment" in src
 
 
-def _run_cuda(rng, offset, route="launcher"):
+@pytest.mark.parametrize("dtype, width, fn", WIDE[1:])
+def test_cuda_rendering_of_float16_vectors(dtype, width, fn):
+    src = render_cuda(copy_kernel(dtype, width=width), cache=False)
+    assert f"= {fn}(x, " in src and f"= {fn}_aligned(x, " in src
+
+
+def _run_cuda(rng, offset, route="launcher", dtype="float32", width=4):
     """The vector copy on `offset`-shifted input.  route "launcher": through runtime.launch.Launcher, which
     runs KERNEL (specialised for 16-byte aligned arrays) or, for an unaligned array, KERNEL_ANY_ALIGNMENT;
     "any": KERNEL_ANY_ALIGNMENT directly; "aligned": KERNEL directly (aligned arrays only)."""
@@ -47,28 +57,30 @@ def _run_cuda(rng, offset, route="launcher"):
     from numba import cuda
 
     from kernelgen.runtime.launch import Launcher
-    ns = module(render_cuda(copy_kernel(), cache=False))
-    x = rng.standard_normal(4 * THREADS + offset).astype(np.float32)
-    xd = cuda.to_device(x)[offset:]  # offset 1: a 4-byte-aligned view, not 16-byte aligned
-    yd = cuda.to_device(poisoned(4 * THREADS))
+    ns = module(render_cuda(copy_kernel(dtype, width=width), cache=False))
+    x = rng.standard_normal(width * THREADS + offset).astype(dtype)
+    xd = cuda.to_device(x)[offset:]  # offset 1: an element-aligned view, not 16-byte aligned
+    yd = cuda.to_device(poisoned(width * THREADS, np.dtype(dtype)))
     if route == "launcher":
         Launcher.from_module(SimpleNamespace(**ns), "cuda")({"x": xd, "y": yd})
     else:
         ns["KERNEL_ANY_ALIGNMENT" if route == "any" else "KERNEL"][1, THREADS](xd, yd)
-    return yd.copy_to_host(), expected(x[offset:])
+    return yd.copy_to_host(), expected(x[offset:], width)
 
 
 @pytest.mark.sim
-def test_vector_load_in_the_simulator(rng):
-    got, want = _run_cuda(rng, 0)
-    np.testing.assert_array_equal(got, want)
+@pytest.mark.parametrize("dtype, width, fn", WIDE)
+def test_vector_load_in_the_simulator(dtype, width, fn, rng):
+    got, want = _run_cuda(rng, 0, dtype=dtype, width=width)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, width, fn", WIDE)
 @pytest.mark.parametrize("offset", [0, 1, 2, 3])
 @pytest.mark.parametrize("route", ["launcher", "any", "aligned"])
-def test_vector_load_on_the_gpu_any_alignment(offset, route, rng):
+def test_vector_load_on_the_gpu_any_alignment(offset, route, dtype, width, fn, rng):
     if route == "aligned" and offset:
         pytest.skip("KERNEL assumes 16-byte aligned arrays (the launcher never gives it others)")
-    got, want = _run_cuda(rng, offset, route)
-    np.testing.assert_array_equal(got, want)
+    got, want = _run_cuda(rng, offset, route, dtype, width)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

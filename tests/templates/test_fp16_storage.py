@@ -169,15 +169,16 @@ def test_keys_explain_and_rendering(rng):
     assert "f16_bits_to_f32(x[" in e.source and "fp16(ra[" not in e.source  # staging fp16 values rounds nothing
 
 
-def test_cuda_rendering_without_load4():
+def test_cuda_rendering_of_float16_loads():
     """Channels in fours: the float32 schedule stages them with load4 (16-byte float32 loads); for float16 the
-    same IR renders element-wise loads widened to float32, float32 shared tiles, and stores that narrow."""
+    same IR renders load4h (8-byte loads widened to float32), float32 shared tiles, and stores that narrow."""
     p = make_problem("fwd", (4, 9, 9, 32), (64, 3, 3, 32), padding=1, dtype="float16", has_bias=True,
                      activation="relu")
     plan = make_plan(p, "cuda", precision="fp16")
     assert plan.config.split_k == 1 and any(isinstance(s, VectorLoad) for s in walk_stmts(plan.kernel_ir().body))
     src = render_cuda(plan.kernel_ir(), cache=False)
-    assert "load4" not in src and "float32(x[" in src and "float32(w[" in src and "float32(bias[" in src
+    assert "load4(" not in src and "= load4h_aligned(x, " in src and "= load4h_aligned(w, " in src
+    assert "float32(bias[" in src
     tiles = [line for line in src.splitlines() if ".array((" in line]  # shared tiles and local arrays
     assert tiles and all(line.endswith(", float32)") for line in tiles)
     assert "mma_m16n8k16_f16(" in src and "atomic" not in src
@@ -325,7 +326,7 @@ def test_scale_kernel_on_the_cpu(rng):
 def test_scale_kernel_in_the_simulator(rng):
     from numba import cuda
     src = render_cuda(scale_kernel(), cache=False)
-    assert "load4" not in src and "float32(x[" in src
+    assert "= load4h(x, " in src  # (the simulator's Python form: the elements widened)
     x = half(rng, 4 * THREADS)
     yd = cuda.to_device(poisoned(4 * THREADS, np.float16))
     module(src)["scale16"][1, THREADS](cuda.to_device(x), yd)
