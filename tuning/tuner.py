@@ -77,7 +77,18 @@ def depthwise_candidates(problem, precision, keep=None, tuned=None, target: Targ
     for extra in (v.default_config(problem, target, precision), tuned):
         if extra is not None and extra not in cfgs and v.accepts(problem, extra, precision):
             cfgs.append(extra)
-    return [(v.name, c) for c in cfgs]
+    return [(v.name, c) for c in as_planned(problem, cfgs, target)]
+
+
+def as_planned(problem, configs, target: Target) -> list:
+    """Depthwise configs as the planner runs them (templates/depthwise.with_shared_rows: share_rows where it applies
+    and fits), without repeats: a tune times the kernel a plan of its entry will run."""
+    out = []
+    for cfg in configs:
+        cfg = depthwise.with_shared_rows(problem, cfg, target)
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | None = None):
@@ -91,7 +102,8 @@ def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | 
     out = []
     for v in variant_candidates(problem):
         if not variants or v.name in variants:
-            out += [(v.name, c) for c in v.config_space(problem, target, "fp32", keep=keep, tiles=tiles)]
+            cfgs = v.config_space(problem, target, "fp32", keep=keep, tiles=tiles)
+            out += [(v.name, c) for c in (as_planned(problem, cfgs, target) if v.name == depthwise.NAME else cfgs)]
     return out
 
 

@@ -92,7 +92,10 @@ def test_tuner_tries_depthwise_configs_only_on_depthwise_problems(direction):
     cands = tuner.candidates(p, keep=4, target=H100)
     assert cands and {v for v, _ in cands} == {"depthwise"}
     configs = [c for _, c in cands]
-    assert depthwise.VARIANT.default_config(p, H100) in configs  # a tune never loses to the untuned plan
+    # a tune never loses to the untuned plan, and times each config as the planner runs it (share_rows applied)
+    assert depthwise.with_shared_rows(p, depthwise.VARIANT.default_config(p, H100), H100) in configs
+    assert all(depthwise.with_shared_rows(p, c, H100) == c for c in configs)
+    assert (direction == "bwd_weight") == (not any(c.share_rows for c in configs))
     assert len(configs) == len(set(configs)) <= 4 * tuner.DEPTHWISE_KEEP_FACTOR + 1
     assert all(depthwise.VARIANT.accepts(p, c) for c in configs)
     assert len({(c.VC, c.halo, c.threads) for c in configs}) >= 4  # spread over the knobs, not one shape's variants
