@@ -75,7 +75,6 @@ else:
     from numba.cuda.extending import intrinsic
 
     _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    _V4 = ir.LiteralStructType([_F32] * 4)
     # One predicated block, no branches: zeros, then the 16-byte load when the element address is aligned,
     # else four 4-byte loads ($5: cond, $6: array aligned; generic -> global is the identity on every CUDA
     # GPU, but the PTX ISA asks for cvta).  Not .nc: an output may alias an input of the same call.
@@ -91,25 +90,32 @@ else:
                " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;"
                " @c ld.global.v4.f32 {$0, $1, $2, $3}, [g]; }")
 
-    def _load_codegen(aligned):
+    def _wide_load_codegen(n, text, align_mask, name):
+        """The codegen of an n-float32 load by the inline PTX `text`: outputs $0..$n-1, the element's address $n, cond
+        $n+1 and, unless align_mask is None (an array known to be aligned), $n+2: is the array's address & align_mask
+        zero (the template keeps the index a multiple of n, so the array's own alignment decides: one test per
+        kernel once LLVM has merged the copies)."""
+        out_type = ir.LiteralStructType([_F32] * n)
+        constraints = ",".join(["=f"] * n + ["l", "r"] + ([] if align_mask is None else ["r"]))
+
         def codegen(context, builder, sig, args):
             aty, ity, cty = sig.args
             ary = context.make_array(aty)(context, builder, args[0])
             idx = context.cast(builder, args[1], ity, types.intp)
             operands = [builder.ptrtoint(builder.gep(ary.data, [idx]), _I64),
                         builder.zext(context.is_true(builder, cty, args[2]), _I32)]
-            if not aligned:
-                # the template keeps i a multiple of 4, so the array's own alignment decides (one test per kernel
-                # once LLVM has merged the copies)
+            if align_mask is not None:
                 base = builder.ptrtoint(ary.data, _I64)
                 operands.append(builder.zext(builder.icmp_unsigned(
-                    "==", builder.and_(base, ir.Constant(_I64, 15)), ir.Constant(_I64, 0)), _I32))
-            out = builder.asm(ir.FunctionType(_V4, [o.type for o in operands]), _LOAD16 if aligned else _LOAD4,
-                              "=f,=f,=f,=f,l,r" + ("" if aligned else ",r"), operands, side_effect=False,
-                              name="load16" if aligned else "load4")
-            ret = sig.return_type
-            return context.make_tuple(builder, ret, [builder.extract_value(out, j) for j in range(4)])
+                    "==", builder.and_(base, ir.Constant(_I64, align_mask)), ir.Constant(_I64, 0)), _I32))
+            out = builder.asm(ir.FunctionType(out_type, [o.type for o in operands]), text, constraints, operands,
+                              side_effect=False, name=name)
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, j) for j in range(n)])
         return codegen
+
+    def _load_codegen(aligned):
+        return _wide_load_codegen(4, _LOAD16 if aligned else _LOAD4, None if aligned else 15,
+                                  "load16" if aligned else "load4")
 
     def _load_signature(a, i, cond):
         ok = isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)
@@ -137,24 +143,8 @@ else:
         return text
 
     def _half_load_codegen(n, aligned):
-        mask = 2 * n - 1  # the bytes of n halves: the whole load's alignment
-        out_type = ir.LiteralStructType([_F32] * n)
-
-        def codegen(context, builder, sig, args):
-            aty, ity, cty = sig.args
-            ary = context.make_array(aty)(context, builder, args[0])
-            idx = context.cast(builder, args[1], ity, types.intp)
-            operands = [builder.ptrtoint(builder.gep(ary.data, [idx]), _I64),
-                        builder.zext(context.is_true(builder, cty, args[2]), _I32)]
-            if not aligned:
-                base = builder.ptrtoint(ary.data, _I64)
-                operands.append(builder.zext(builder.icmp_unsigned(
-                    "==", builder.and_(base, ir.Constant(_I64, mask)), ir.Constant(_I64, 0)), _I32))
-            constraints = ",".join(["=f"] * n + ["l", "r"] + ([] if aligned else ["r"]))
-            out = builder.asm(ir.FunctionType(out_type, [o.type for o in operands]), _half_load_asm(n, aligned),
-                              constraints, operands, side_effect=False, name=f"load{n}h")
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, j) for j in range(n)])
-        return codegen
+        # (the whole load's alignment: the bytes of n halves)
+        return _wide_load_codegen(n, _half_load_asm(n, aligned), None if aligned else 2 * n - 1, f"load{n}h")
 
     def _half_load(n, aligned):
         def typer(typingctx, a, i, cond):
