@@ -113,10 +113,14 @@ class CudaRoute:
         addresses = [read(inputs[name]) for name, read in self.readers]
         launcher = self.launcher
         if launcher.kernel_any is None or launcher.aligned(addresses):
-            fast.launch_addresses(addresses, self.layout, 0 if nstream is None else int(nstream.handle))
-        else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
-            launcher({name: arrays.to_device_view(inputs[name], name).reshape(-1) for name in self.params}, nstream)
+            fast.launch_addresses(addresses, self.layout, stream_handle(nstream))
+        else:
+            self._any_alignment([(name, inputs[name]) for name in self.params], nstream)
         return arrays.like_input(result, template) if self.wrap and out is None else result
+
+    def _any_alignment(self, named_arrays, nstream):
+        """An array off 16-byte alignment: the kernel compiled without that assumption, through numba."""
+        self.launcher({name: arrays.to_device_view(a, name).reshape(-1) for name, a in named_arrays}, nstream)
 
     def _output(self, out, nstream):
         if out is not None:
@@ -141,9 +145,8 @@ class CudaRoute:
                 self.layout = tuple((n, self.itemsize) for _, n in ptr_sizes)
                 self.readers = tuple((name, address_reader(a)) for name, a in zip(self.params, arrays_in_order))
                 self.fast = launcher._fast
-        else:  # an array off 16-byte alignment: the kernel compiled without that assumption, through numba
-            launcher({name: arrays.to_device_view(a, name).reshape(-1) for name, a in zip(self.params, arrays_in_order)},
-                     nstream)
+        else:
+            self._any_alignment(zip(self.params, arrays_in_order), nstream)
         return arrays.like_input(result, template) if self.wrap and out is None else result
 
 
