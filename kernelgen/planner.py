@@ -343,7 +343,7 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
     if not variant.accepts(problem, choice.config, precision):
         raise ValueError(f"config must be a DepthwiseConfig that fits {problem.key()} for algo='depthwise', "
                          f"got {choice.config}")
-    if choice.decided_by != "config=" and isinstance(choice.config, depthwise.DepthwiseConfig):
+    if choice.decided_by != "config=":  # (accepts() above: a DepthwiseConfig)
         shared = depthwise.with_shared_rows(problem, choice.config, target)
         if shared is not choice.config:
             choice = Choice(choice.variant, shared, choice.decided_by,
