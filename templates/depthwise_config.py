@@ -82,7 +82,12 @@ class DepthwiseConfig:
         return self
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict (a tuned-database entry's "config"); share_rows only where set, as str() shows it, so
+        the entries stored before it existed read back as they are."""
+        d = asdict(self)
+        if not self.share_rows:
+            del d["share_rows"]
+        return d
 
     @classmethod
     def from_dict(cls, d) -> DepthwiseConfig:

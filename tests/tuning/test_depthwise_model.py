@@ -5,6 +5,7 @@ order (config= over tuned over model over default), a missing or corrupt file fa
 depthwise entry lent to a dense problem as its nearest."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -97,11 +98,14 @@ def test_chain_order(on_h100, fresh_models):
     assert planner.make_plan(tuned, "cuda").decided_by == "tuned"
     plan = planner.make_plan(UNSEEN, "cuda")
     assert plan.variant == "depthwise" and plan.decided_by == "model" and "depthwise model" in plan.reason
-    assert plan.config in depthwise.VARIANT.config_space(UNSEEN, H100, "fp32", keep=predict.KEEP)
+    picked = dataclasses.replace(plan.config, share_rows=0)  # (the planner shares rows where the pick allows)
+    assert picked in depthwise.VARIANT.config_space(UNSEEN, H100, "fp32", keep=predict.KEEP)
+    assert plan.config == depthwise.with_shared_rows(UNSEEN, picked, H100)
     assert planner.make_plan(UNSEEN, "cuda", precision="tf32").decided_by == "model"  # the same fp32 kernel
     with settings.scope(model="off"):
         off = planner.make_plan(UNSEEN, "cuda")
-        assert off.decided_by == "default" and off.config == depthwise.default_config(UNSEEN, H100)
+        assert off.decided_by == "default"
+        assert off.config == depthwise.with_shared_rows(UNSEEN, depthwise.default_config(UNSEEN, H100), H100)
     half = make_problem("fwd", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144, dtype="float16")
     assert planner.make_plan(half, "cuda", precision="fp16").decided_by == "model"  # float16 tensors: their own
     assert planner.make_plan(UNSEEN, "cpu").decided_by == "default"  # never the model on the CPU backend
