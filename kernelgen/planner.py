@@ -346,8 +346,8 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
     if choice.decided_by != "config=":  # (accepts() above: a DepthwiseConfig)
         shared = depthwise.with_shared_rows(problem, choice.config, target)
         if shared is not choice.config:
-            choice = Choice(choice.variant, shared, choice.decided_by,
-                            f"{choice.reason}; its {shared.PH} output rows a thread share their source rows (share_rows)")
+            choice = Choice(choice.variant, shared, choice.decided_by, f"{choice.reason}; its {shared.PH} output rows "
+                                                                       f"a thread share their source rows (share_rows)")
     if backend != "cuda" and choice.config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {choice.config.split_k}")
     return Plan(problem, variant.name, choice.config, backend, precision, target, choice.decided_by, choice.reason)

@@ -314,7 +314,8 @@ class CudaPrinter(SourcePrinter):
         return "\n".join(self.lines) + "\n"
 
 
-ALIGNED_HELPERS = {"load4_aligned", "load4h_aligned", "load8h_aligned", "copy_async16"}  # kernelgen.cuda_memory helpers that assume 16-byte alignment
+# kernelgen.cuda_memory helpers that assume 16-byte alignment
+ALIGNED_HELPERS = {"load4_aligned", "load4h_aligned", "load8h_aligned", "copy_async16"}
 _BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2}
 
 HEADER = """\

@@ -71,9 +71,7 @@ def _stub_fast_launch(launcher):
         launcher.threads, launcher.shared_bytes
     fast.thread = threading.get_ident()
     fast.launch = fast.raw_launch = lambda *a: 0
-    fast.fixed_args = (ctypes.c_void_p(0),) + tuple(ctypes.c_uint(v) for v in (*fast.grid, fast.threads, 1, 1,
-                                                                                  fast.shared))
-    fast.default_stream_args = (*fast.fixed_args, ctypes.c_void_p(0), fast.params, None)
+    fast.pack_constants()
     fast.layout = None
     launcher._fast = fast
 

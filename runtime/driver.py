@@ -171,10 +171,16 @@ class _FastLaunch:
         # launch_addresses' own function object: no argtypes to convert through, its constant arguments made once
         self.raw_launch = self._lib["cuLaunchKernel"]
         self.raw_launch.restype = ctypes.c_int
-        self.fixed_args = (ctypes.c_void_p(self.handle),) + tuple(ctypes.c_uint(v) for v in (
-            *self.grid, threads, 1, 1, shared_bytes))
-        self.default_stream_args = (*self.fixed_args, ctypes.c_void_p(0), self.params, None)  # (the common stream)
+        self.pack_constants()
         self.layout = None  # the (elements, itemsize) per array that the words hold (launch_addresses)
+
+    def pack_constants(self):
+        """launch_addresses' constant arguments as ctypes values, made once: the function, grid, block and shared
+        bytes (fixed_args), and with the default stream and the parameter block after them (default_stream_args)."""
+        import ctypes
+        self.fixed_args = (ctypes.c_void_p(self.handle),) + tuple(ctypes.c_uint(v) for v in (
+            *self.grid, self.threads, 1, 1, self.shared))
+        self.default_stream_args = (*self.fixed_args, ctypes.c_void_p(0), self.params, None)
 
     def usable(self):
         return threading.get_ident() == self.thread

@@ -70,7 +70,8 @@ def _gather_row(g: Geometry, bufs, rnd, rho_h, rho_w, out):
 
     def product(ph):
         def taps(tap, p, u):
-            return [acc.store((ph * cfg.PW + p if ph else p, v * opt + o), xin[u, v * spg + s] * wreg[tap, (v * opt + o) * spg + s],
+            strip = ph * cfg.PW + p if ph else p  # (row 0 indexed by p itself: the unshared kernels' IR as before)
+            return [acc.store((strip, v * opt + o), xin[u, v * spg + s] * wreg[tap, (v * opt + o) * spg + s],
                               accumulate=True)
                     for v in range(cfg.VC) for o in range(opt) for s in range(spg)]
         return taps
