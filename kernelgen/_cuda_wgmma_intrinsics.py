@@ -80,8 +80,9 @@ def _wgmma(n, kind="tf32", b_mn_major=False):
     regs = n // 2
     # fp16 takes two more immediates, the operands' transposes: 0 0 = both K-major, as for tf32 (which has no choice);
     # 0 1 = B MN-major (n contiguous: TileConfig.b_mn)
-    shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""),
-                    "fp16": (f"m64n{n}k16.f32.f16.f16", ", 0, 1" if b_mn_major else ", 0, 0")}[kind]
+    transposes = ", 0, 1" if b_mn_major else ", 0, 0"
+    shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""), "fp16": (f"m64n{n}k16.f32.f16.f16", transposes),
+                    "bf16": (f"m64n{n}k16.f32.bf16.bf16", transposes)}[kind]
     text = (f"{{ .reg .pred p; setp.ne.b32 p, ${regs + 2}, 0; "
             f"wgmma.mma_async.sync.aligned.{shape} "
             "{" + ", ".join(f"${i}" for i in range(regs)) + f"}}, ${regs}, ${regs + 1}, p, 1, 1{extra}; }}")
@@ -109,7 +110,12 @@ WGMMA_TF32 = {n: _wgmma(n) for n in range(8, 257, 8)}  # every n wgmma has for T
 WGMMA_F16 = {n: _wgmma(n, "fp16") for n in range(8, 257, 8)}  # ... and for fp16 operands, fp32 accumulators
 # fp16 with B MN-major (ir.WarpgroupMma.b_mn: backward-data reading w as stored, TileConfig.b_mn)
 WGMMA_F16_BMN = {n: _wgmma(n, "fp16", b_mn_major=True) for n in range(64, 257, 64)}
-wgmma_f16_m64n128k16_bmn = WGMMA_F16_BMN[128]  # scripts/wgmma_check.py's mn-major probe
+wgmma_f16_m64n128k16_bmn = WGMMA_F16_BMN[128]
+
+
+def wgmma_bf16(n, b_mn_major=False):
+    """The bf16 operand form of WGMMA_F16 / WGMMA_F16_BMN (made when a kernel first imports one: kernelgen.cuda_wgmma)."""
+    return _wgmma(n, "bf16", b_mn_major)  # scripts/wgmma_check.py's mn-major probe
 wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_tf32_m64n256k8 = WGMMA_TF32[64], WGMMA_TF32[128], WGMMA_TF32[256]
 
 

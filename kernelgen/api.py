@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arrays, bfloat16, compile_profile, settings
+from . import arrays, compile_profile, settings
 from .planner import (BACKENDS, Plan, check_precision, device_key, forget_rendered, get_launcher,  # noqa: F401
                       gpu_present, make_plan, resolve_precision, tuned_choice, tuned_device, tuned_tensor_core_config,
                       tuned_variant_config)
@@ -24,7 +24,7 @@ from .runtime import batch_fallback
 from .runtime.cuda_call import CudaRoute, bound_call
 from .runtime.driver import as_numba_stream, fill_device, quiet_launches
 from .runtime.elementwise import add_channel_bias
-from .storage import PRECISIONS  # noqa: F401 (re-exported)
+from .storage import PRECISIONS, numpy_dtype  # noqa: F401 (PRECISIONS re-exported)
 from .tuning import autotune, database
 
 
@@ -144,8 +144,9 @@ def _typed(v):
 def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
     """The memoised front half of every op: `build()` validates arguments and returns (problem,
     backend); it runs only on the first call with this signature.  precision: the call's argument
-    (None: the setting in force), resolved on every call so that set_precision() takes effect."""
-    precision = resolve_precision(precision)
+    (None: the setting in force), resolved on every call so that set_precision() takes effect; bfloat16 tensors
+    compute at "bf16", their one precision, unless the call names another (which the plan then refuses)."""
+    given, precision = precision, resolve_precision(precision)
     # dispatch_token, not only code_token: settings that steer planning without changing code (no_tuned, model)
     key = sig + (_typed(algo), config, settings.dispatch_token(), precision)
     try:
@@ -154,6 +155,8 @@ def _prepare(sig, build, algo, config=None, precision=None) -> Prepared:
         key, hit = None, None
     if hit is None:
         problem, backend = build()
+        if given is None and problem.dtype == "bfloat16":  # (the signature holds the dtype: one answer per key)
+            precision = "bf16"
         if problem.empty:  # nothing runs, but the call's algo / config / precision are checked as for any size
             make_plan(_stand_in(problem), backend, algo, config, precision)
         with compile_profile.kernel_scope(problem.key()):
@@ -225,7 +228,7 @@ def _run_cpu(call: Call):
         raise ValueError(f"stream must be None on the cpu backend, got {call.stream!r}")
     problem = prep.problem
     result = arrays.check_out(call.out, problem.output_shape, problem.dtype, False) if call.out is not None \
-        else np.empty(problem.output_shape, dtype=problem.dtype)  # (checked before the kernel is compiled)
+        else np.empty(problem.output_shape, dtype=numpy_dtype(problem.dtype))  # (checked before the kernel compiles)
     launcher = prep.launcher
     args = {name: arrays.to_host(a, name, problem.dtype).reshape(-1) for name, a in call.inputs.items()}
     args[launcher.outputs[0]] = result.reshape(-1)
@@ -244,7 +247,7 @@ def _empty_output(call: Call):
         if out is not None:
             arrays.check_out(out, shape, dtype, False)[...] = 0
             return out
-        return arrays.like_input(np.zeros(shape, dtype), call.template)
+        return arrays.like_input(np.zeros(shape, numpy_dtype(dtype)), call.template)
     _check_cuda_available()
     nstream = as_numba_stream(call.stream)
     if out is not None:
@@ -252,7 +255,7 @@ def _empty_output(call: Call):
         view = arrays.to_device_view(out, "out")
     else:
         from numba import cuda
-        view = cuda.device_array(shape, dtype, stream=nstream or 0)
+        view = cuda.device_array(shape, numpy_dtype(dtype), stream=nstream or 0)
     if view.size:
         fill_device(view.reshape(view.size), 0, nstream)
     return out if out is not None else arrays.like_input(view, call.template)
@@ -281,10 +284,7 @@ def _op(binding):
             route = _DISPATCH.get(key)
             if route is not None:
                 return route(args, kwargs)
-            try:
-                call = plan_call(*args, **kwargs)
-            except arrays.BFloat16Storage:  # all tensors bfloat16: widened, computed with precision="bf16", narrowed
-                return bfloat16.call(op, args, kwargs)
+            call = plan_call(*args, **kwargs)
             result = _run(call)
             if not call.borrowed:
                 _DISPATCH.put(key, _Route(call.prep, binding, call.template, call.inputs))
@@ -299,7 +299,8 @@ def _record(recording: list, call: Call):
     and kind (host, device, torch) returned, no kernel compiled or run."""
     recording.append(call.prep.plan)  # (None for an empty problem)
     if call.prep.backend == "cuda" and not arrays.is_cuda_array(call.template):  # host arrays, cuda backend
-        return arrays.like_input(np.zeros(call.prep.problem.output_shape, call.prep.problem.dtype), call.template)
+        return arrays.like_input(np.zeros(call.prep.problem.output_shape, numpy_dtype(call.prep.problem.dtype)),
+                                 call.template)
     return _empty_output(call)
 
 

@@ -3,7 +3,8 @@ speaks DLPack (JAX, TensorFlow, ...: kernelgen.dlpack) on either.
 
 Device inputs are viewed, never copied (numba's as_cuda_array wraps the interface); outputs come
 back as the caller's array type where we can build one without a copy (torch, CuPy), else as a
-numba device array.  bfloat16 arrays are recognised here and handed to kernelgen.bfloat16 (BFloat16Storage).
+numba device array.  bfloat16 arrays (torch, ml_dtypes, DLPack's BFloat16Array) reach the kernels as views of their
+uint16 bit patterns (bits_view, device_bits_view) and their results return as bfloat16 (like_input).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from kernelgen import dlpack
 
-_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
+_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": np.uint16}
 
 
 def is_torch(a) -> bool:
@@ -24,12 +25,9 @@ def is_cuda_array(a) -> bool:
     # torch.Tensor has the interface as a class property whatever the device: ask a tensor where it is.
     if hasattr(type(a), "__cuda_array_interface__"):
         return a.is_cuda if is_torch(a) else True
-    return bool(getattr(a, "__cuda_ndarray__", False)) or "__cuda_array_interface__" in getattr(a, "__dict__", ())
-
-
-class BFloat16Storage(TypeError):
-    """Every tensor of a call is bfloat16: the op reruns it through kernelgen.bfloat16 (which widens, computes
-    with precision="bf16" and narrows); anywhere else (explain, bind) it is the TypeError naming the argument."""
+    if bool(getattr(a, "__cuda_ndarray__", False)) or "__cuda_array_interface__" in getattr(a, "__dict__", ()):
+        return True
+    return type(a) is dlpack.BFloat16Array and a.on_device
 
 
 def as_array_arg(a, name):
@@ -103,8 +101,8 @@ def check_arrays(named, backend):
     first = next(iter(dtypes))
     for n, dt in dtypes.items():
         if dt not in _DTYPES:
-            raise TypeError(f"{n} must have dtype float32 (float16 with precision=\"fp16\"; float64 on the CPU "
-                            f"backend), got {dt}")
+            raise TypeError(f"{n} must have dtype float32 (float16 / bfloat16 with precision=\"fp16\" / \"bf16\"; "
+                            f"float64 on the CPU backend), got {dt}")
         if dt != dtypes[first]:
             raise TypeError(f"{n} must have the same dtype as {first} ({dtypes[first]}), got {dt}")
     dt = dtypes[first]
@@ -116,23 +114,47 @@ def check_arrays(named, backend):
 
 
 def _check_bfloat16(named):
-    """All tensors bfloat16: BFloat16Storage (the op computes them through kernelgen.bfloat16); some: TypeError."""
+    """Some tensors bfloat16, not all, or one whose bits kernelgen cannot view: TypeError (before dtype_name, which
+    torch answers for bfloat16 alone)."""
     given = {n: a for n, a in named.items() if a is not None}
     bf16 = [n for n, a in given.items() if is_bfloat16(a)]
-    if not bf16:
-        return
-    if len(bf16) < len(given):
+    for n in bf16:
+        a = given[n]
+        if not (is_torch(a) or type(a) in (np.ndarray, dlpack.BFloat16Array)):
+            raise TypeError(f"{n} must not be bfloat16 of type {type(a).__name__}: kernelgen takes bfloat16 torch "
+                            f"tensors, ml_dtypes NumPy arrays and DLPack arrays")
+    if bf16 and len(bf16) < len(given):
         other = next(n for n in given if n not in bf16)
         raise TypeError(f"{bf16[0]} must not be bfloat16 unless every tensor of the call is ({other} is "
                         f"{dtype_name(given[other])})")
-    raise BFloat16Storage(f"{bf16[0]} must not be bfloat16 here: explain and bind take float32 tensors with "
-                          f'precision="bf16" (kernelgen.conv and the other ops take bfloat16 tensors themselves)')
+
+
+def bits_view(a):
+    """The uint16 bit patterns of a host bfloat16 array (torch CPU tensor, ml_dtypes array, BFloat16Array): a view."""
+    if type(a) is dlpack.BFloat16Array:
+        return a.bits
+    if is_torch(a):
+        import torch  # (a is torch's)
+        return a.detach().view(torch.int16).numpy().view(np.uint16)
+    return np.asarray(a).view(np.uint16)
+
+
+def device_bits_view(a):
+    """A numba uint16 device array viewing the bit patterns of a CUDA bfloat16 array (torch, BFloat16Array)."""
+    from numba import cuda
+    if type(a) is dlpack.BFloat16Array:
+        return cuda.as_cuda_array(a.bits) if not getattr(a.bits, "__cuda_ndarray__", False) else a.bits
+    import torch  # (a CUDA bfloat16 array that is not a BFloat16Array is torch's)
+    return cuda.as_cuda_array(a.detach().view(torch.int16)).view(np.uint16)
 
 
 def to_device_view(a, name):
     """A numba device array viewing `a` (no copy); C-contiguous required."""
     from numba import cuda
-    d = a if getattr(a, "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
+    if is_bfloat16(a):
+        d = device_bits_view(a)
+    else:
+        d = a if getattr(a, "__cuda_ndarray__", False) else cuda.as_cuda_array(a)
     if not d.is_c_contiguous():
         raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {d.strides}")
     return d
@@ -143,7 +165,7 @@ def to_host(a, name, dtype):
     strides or dtype).  A read-only array is passed as a writable view of the same memory: the kernels
     never write their inputs, and numba types a read-only array differently, which would compile the
     same kernel a second time."""
-    arr = np.ascontiguousarray(host_view(a), dtype=_DTYPES[dtype])
+    arr = np.ascontiguousarray(bits_view(a) if dtype == "bfloat16" else host_view(a), dtype=_DTYPES[dtype])
     if not arr.flags.writeable and arr.size:
         import ctypes
         raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
@@ -158,7 +180,10 @@ def cpu_kernel_arg(a):
 
 
 def like_input(out, template):
-    """Return a result as the caller's array type (torch / CuPy) when that is free (no copy)."""
+    """Return a result as the caller's array type (torch / CuPy) when that is free (no copy).  bfloat16: `out`
+    holds the bit patterns (uint16), returned as the template's bfloat16 kind."""
+    if is_bfloat16(template) and not is_bfloat16(out):
+        return _as_bfloat16(out, template)
     mod = type(template).__module__.split(".")[0]
     if isinstance(out, np.ndarray):
         if mod == "torch":
@@ -187,7 +212,7 @@ def check_out(out, shape, dtype, on_device):
         raise TypeError(f"out must have dtype {dtype}, got {got or dtype_name(out)}")
     if on_device:
         return out  # contiguity is checked where its address is read
-    view = host_view(out) if is_torch(out) else out
+    view = bits_view(out) if dtype == "bfloat16" else host_view(out) if is_torch(out) else out
     if not (isinstance(view, np.ndarray) and view.flags.c_contiguous):
         raise ValueError("out must be a C-contiguous NumPy array")
     if not view.flags.writeable:
@@ -208,3 +233,15 @@ def pointer(a, name):
         if any(s != e for s, e, n in zip(strides, reversed(expect), shape) if n > 1):
             raise ValueError(f"{name} must be C-contiguous (channels-last, dense), got strides {strides}")
     return cai["data"][0]
+
+
+def _as_bfloat16(bits, template):
+    """bfloat16 bit patterns (a NumPy or numba uint16 array) as an array of the template's bfloat16 kind: no copy."""
+    on_device = not isinstance(bits, np.ndarray)
+    if is_torch(template):
+        import torch  # (the template is torch's)
+        t = torch.as_tensor(bits.view(np.int16), device="cuda") if on_device else torch.from_numpy(bits.view(np.int16))
+        return t.view(torch.bfloat16)
+    if type(template) is np.ndarray:  # ml_dtypes' bfloat16
+        return bits.view(template.dtype)
+    return dlpack.BFloat16Array(bits, on_device)

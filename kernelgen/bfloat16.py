@@ -1,104 +1,22 @@
-"""bfloat16 tensors through kernelgen's ops: widened to float32, computed with precision="bf16", narrowed back.
+"""bfloat16 <-> float32 conversions of whole arrays: on the host (NumPy uint16 bit patterns, kernelgen.storage) and
+on a CUDA device (two small kernels).
 
-The generated kernels store float32 or float16, not bfloat16.  A call whose tensors are all bfloat16 (torch
-tensors, ml_dtypes NumPy arrays, DLPack arrays: kernelgen.dlpack's BFloat16Array) is rerun here on float32
-copies with precision="bf16": the tensor cores round each operand to bfloat16, which leaves a bfloat16 input
-exactly as it was, and accumulate in float32; the float32 result is rounded to bfloat16 once (to nearest, ties
-to even), as PyTorch's bfloat16 convolution rounds its float32 accumulators.  So the results are those of a
-kernel with bfloat16 storage; what is not free is the widening and narrowing copy (one pass over each tensor).
-
-The result is in the inputs' currency: a torch bfloat16 tensor, an ml_dtypes NumPy array, or a BFloat16Array
-(host: NumPy uint16 bit patterns; CUDA: a numba uint16 device array) for DLPack inputs.
+kernelgen's ops take bfloat16 tensors themselves (torch, ml_dtypes NumPy arrays, DLPack arrays:
+kernelgen.dlpack's BFloat16Array): the generated kernels read and write their bit patterns (kernelgen.storage,
+ir.STORAGE_DTYPES), with no copy.  These conversions are for what lies around the kernels: tests, references and
+the arrays a caller wants widened.
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
 import threading
 
 import numpy as np
 
 from kernelgen import arrays
-from kernelgen.dlpack import BFloat16Array
-from kernelgen.runtime.driver import as_numba_stream, configure, stream_handle
+from kernelgen.runtime.driver import configure
+from kernelgen.storage import narrow_bits, widen_bits  # noqa: F401 (kernelgen.bfloat16's host conversions)
 
-_TENSORS = ("x", "w", "bias", "dy")  # the array arguments of conv, conv_backward_data / _weight, deconv
 _THREADS = 256
-
-
-def call(op, args, kwargs):
-    """op(*args, **kwargs) for all-bfloat16 tensors (arrays.BFloat16Storage sent it here)."""
-    bound = inspect.signature(op).bind(*args, **kwargs)
-    given = bound.arguments
-    precision, stream, out = given.get("precision"), given.get("stream"), given.get("out")
-    if precision not in (None, "bf16"):
-        raise ValueError(f'precision must be "bf16" (or None) for bfloat16 tensors, got {precision!r}')
-    template = given["x"] if "x" in given else given["dy"]
-    if out is not None:
-        out = arrays.as_array_arg(out, "out")
-        if not arrays.is_bfloat16(out):
-            raise TypeError(f"out must have dtype bfloat16 like the inputs, got {arrays.dtype_name(out)}")
-    with _torch_stream(template, stream):
-        nstream = None if arrays.is_torch(template) else as_numba_stream(stream)
-        for name in _TENSORS:
-            if given.get(name) is not None:
-                given[name] = widen(arrays.as_array_arg(given[name], name), name, nstream)
-        given["precision"], given["out"] = "bf16", None
-        result = op(*bound.args, **bound.kwargs)
-        return narrow(result, template, out, nstream)
-
-
-def _torch_stream(template, stream):
-    """torch's casts on the call's stream (a torch stream, or any stream= kernelgen takes), so that they are
-    ordered with the kernel."""
-    if stream is None or not arrays.is_torch(template) or not template.is_cuda:
-        return contextlib.nullcontext()
-    import torch  # (the caller passed torch tensors: torch is there)
-    if not isinstance(stream, torch.cuda.Stream):
-        nstream = as_numba_stream(stream)
-        stream = torch.cuda.ExternalStream(stream_handle(nstream)) if nstream is not None else None
-    return torch.cuda.stream(stream)
-
-
-def widen(a, name, nstream=None):
-    """A float32 copy of the bfloat16 tensor `a`, of the same kind (torch, NumPy, numba device array)."""
-    if arrays.is_torch(a):
-        return a.float()
-    if isinstance(a, np.ndarray):
-        return widen_bits(np.ascontiguousarray(a).view(np.uint16))
-    if isinstance(a, BFloat16Array):
-        return widen_device(a.bits, nstream) if a.on_device else widen_bits(np.ascontiguousarray(a.bits))
-    raise TypeError(f"{name} must not be bfloat16 of type {type(a).__name__}: kernelgen takes bfloat16 torch "
-                    f"tensors, ml_dtypes NumPy arrays and DLPack arrays")
-
-
-def narrow(result, template, out=None, nstream=None):
-    """The float32 `result` rounded to bfloat16, in template's currency (written into `out` when given)."""
-    if arrays.is_torch(result):
-        import torch  # (result is a torch tensor: torch is there)
-        return result.to(torch.bfloat16) if out is None else out.copy_(result)
-    if isinstance(result, np.ndarray):
-        bits = narrow_bits(result)
-        if out is not None:
-            target = out.bits if isinstance(out, BFloat16Array) else out.view(np.uint16)
-            np.copyto(target, bits)
-            return out
-        return bits.view(template.dtype) if isinstance(template, np.ndarray) else BFloat16Array(bits, False)
-    bits = narrow_device(result, None if out is None else out.bits, nstream)
-    return out if out is not None else BFloat16Array(bits, True)
-
-
-def widen_bits(bits):
-    """float32 values of bfloat16 bit patterns (uint16): the upper half of each float32, exactly."""
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def narrow_bits(values):
-    """bfloat16 bit patterns (uint16) of float32 values, rounded to nearest, ties to even; NaN stays NaN."""
-    words = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (words + 0x7FFF + ((words >> 16) & 1)) >> 16
-    nan = (words & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, (words >> 16) | 0x40, rounded).astype(np.uint16)
 
 
 _KERNELS: dict = {}

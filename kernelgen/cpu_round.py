@@ -1,9 +1,9 @@
 """Operand rounding for generated CPU kernels (imported by rendered modules that use tensor-core IR):
 scalar float32 -> float32 exactly representable in TF32 / fp16 / bf16, as the GPU's cvt does it.
 
-And float16 storage: numba's CPU target has no float16 type, so float16 arrays reach CPU kernels as their
-uint16 bit patterns (a view, no copy); a load decodes the bits (f16_bits_to_f32, exact) and a store encodes
-a float32 value, rounded like cvt.rn.f16.f32 (f32_to_f16_bits)."""
+And 16-bit storage: numba's CPU target has no float16 or bfloat16 type, so those arrays reach CPU kernels as their
+uint16 bit patterns (a view, no copy); a load decodes the bits (f16_bits_to_f32 / bf16_bits_to_f32, exact) and a
+store encodes a float32 value, rounded like cvt.rn.f16.f32 / cvt.rn.bf16.f32 (f32_to_f16_bits / f32_to_bf16_bits)."""
 from __future__ import annotations
 
 import math
@@ -83,6 +83,35 @@ def f32_to_f16_bits(x):
 
 
 @njit(cache=True)
+def bf16_bits_to_f32(bits):
+    """The float32 value of bf16 bit pattern `bits`: the upper half of a float32 word (exact)."""
+    b = int(bits)
+    sign = -1.0 if b & 0x8000 else 1.0
+    exp, frac = (b >> 7) & 0xFF, b & 0x7F
+    if exp == 255:
+        return float32(sign * math.inf if frac == 0 else math.nan)
+    if exp == 0:  # zero or subnormal: frac * 2**-133
+        return float32(sign * math.ldexp(float64(frac), -133))
+    return float32(sign * math.ldexp(float64(frac + 128), exp - 134))
+
+
+@njit(cache=True)
+def f32_to_bf16_bits(x):
+    """The bf16 bit pattern of x rounded like cvt.rn.bf16.f32: nearest even, overflow to inf, NaN to a quiet NaN
+    (0x7FC0, sign kept)."""
+    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
+    if math.isnan(x):
+        return uint16(sign | 0x7FC0)
+    r = abs(float64(bf16(x)))  # exactly a bf16 value now (or inf)
+    if r == math.inf:
+        return uint16(sign | 0x7F80)
+    if r < 2.0 ** -126:  # subnormal (or zero): the fraction counts 2**-133 steps
+        return uint16(sign | int(math.ldexp(r, 133)))
+    _, e = math.frexp(r)  # exponent field e - 1 + 127, 7 fraction bits below the 1
+    return uint16(sign | ((e + 126) << 7) | (int(math.ldexp(r, 8 - e)) - 128))
+
+
+@njit(cache=True)
 def tf32_truncate(x):
     """x with its low 13 mantissa bits dropped (toward zero): how a warpgroup MMA reads a float32 operand."""
     if x == 0.0 or not math.isfinite(x):
@@ -127,6 +156,13 @@ def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_bloc
     _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group)
 
 
+@njit(cache=True)
+def wgmma_bf16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0):
+    """wgmma_f16 for kind "bf16": the operands bfloat16 bit patterns (uint16), used exactly (8 x 8 significant bits:
+    the products are exact in float32)."""
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group, True)
+
+
 def _operand(v):
     """A WarpgroupMma operand element as the MMA uses it (overloaded by the shared array's type)."""
 
@@ -139,16 +175,19 @@ def _operand_impl(v):
 
 
 @njit(cache=True)
-def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize, b_block=0, b_group=0):
+def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize, b_block=0, b_group=0,
+           bfloat16=False):
     w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
     for i in range(n // 2):
         j, r = i // 4, i % 4
         row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
         s = float32(0.0)
         for k in range(depth):
-            av = _operand(a[_operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)])
+            aw = a[_operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)]
             bw = _mn_word(b0, col, k, b_block, b_group) if b_block else _operand_word(b0, col, k, lbo, sbo, swizzle,
                                                                                       itemsize)
-            bv = _operand(b[bw])
-            s += av * bv
+            if bfloat16:
+                s += bf16_bits_to_f32(aw) * bf16_bits_to_f32(b[bw])
+            else:
+                s += _operand(aw) * _operand(b[bw])
         acc[first + i] += s

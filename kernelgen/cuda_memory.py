@@ -22,10 +22,14 @@ test and no 4-byte fallback, whose predicated-off instructions still occupy the 
 copy_async16_l2: copy_async16 through L2 only (cp.async.cg, nothing allocated in L1); not used by the templates
 yet: scripts/tma_check.py measures its copy stream against the L1-allocating one (PERF_NOTES #34).
 
-store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned.
+store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned;
+store_pair_bf16 the same into an array of bfloat16 bits.
 
 load4h / load8h (and their _aligned forms): load4's 4 and 8 elements of a float16 array, widened to float32 (exact):
 one 8-byte ld.global.v2.b32 / one 16-byte ld.global.v4.b32 where aligned, else 2-byte loads, predicated as load4's.
+
+bf16_widen(bits) / bf16_narrow(value): a bfloat16 element (its uint16 bit pattern) as float32, and a float32 as
+bfloat16 bits rounded to nearest even (how generated kernels read and write bfloat16 storage).
 """
 from __future__ import annotations
 
@@ -68,6 +72,18 @@ if settings.get("cuda_simulator"):
 
     load4h = load4h_aligned = _halves(4)
     load8h = load8h_aligned = _halves(8)
+
+    def bf16_widen(bits):
+        return np.array([np.uint32(bits) << np.uint32(16)], np.uint32).view(np.float32)[0]
+
+    def bf16_narrow(value):
+        u = int(np.array([value], np.float32).view(np.uint32)[0])
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return np.uint16(0x7FFF)  # cvt.rn.bf16.f32's NaN
+        return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+    def store_pair_bf16(a, i, v0, v1):
+        a[i], a[i + 1] = bf16_narrow(v0), bf16_narrow(v1)
 else:
     from llvmlite import ir
     from numba import types
@@ -254,22 +270,52 @@ else:
 
     # float16 a[i], a[i + 1] = v0, v1 rounded to nearest even (cvt.rn, as numba's own float16 stores): one 4-byte
     # store where the address is 4-byte aligned (i even, the array's start decides), else two 2-byte ones, predicated
+    # (store_pair_bf16: the same with cvt.rn.bf16.f32 into a uint16 array of bfloat16 bits)
     _PAIR16 = ("{ .reg .pred a, u; .reg .b16 l, h; .reg .b32 p; .reg .u64 g, t;"
                " cvta.to.global.u64 g, $0; and.b64 t, g, 3; setp.eq.u64 a, t, 0; setp.ne.u64 u, t, 0;"
-               " cvt.rn.f16.f32 l, $1; cvt.rn.f16.f32 h, $2; mov.b32 p, {l, h};"
+               " cvt.rn.%s.f32 l, $1; cvt.rn.%s.f32 h, $2; mov.b32 p, {l, h};"
                " @a st.global.b32 [g], p; @u st.global.b16 [g], l; @u st.global.b16 [g+2], h; }")
 
+    def _pair_store(element, ptx_type):
+        def typer(typingctx, a, i, v0, v1):
+            if not (isinstance(a, types.Array) and a.dtype == element and isinstance(i, types.Integer)
+                    and all(isinstance(v, (types.Float, types.Integer)) for v in (v0, v1))):
+                return None
+
+            def codegen(context, builder, sig, args):
+                aty, ity, t0, t1 = sig.args
+                _, ptr = _element_address(context, builder, aty, args[0], ity, args[1])
+                vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], (t0, t1))]
+                builder.asm(ir.FunctionType(ir.VoidType(), [_I64, _F32, _F32]), _PAIR16 % (ptx_type, ptx_type),
+                            "l,f,f,~{memory}", [builder.ptrtoint(ptr, _I64)] + vals, side_effect=True,
+                            name=f"store_pair_{ptx_type}")
+                return context.get_dummy_value()
+            return types.void(a, i, v0, v1), codegen
+        return intrinsic(typer)
+
+    store_pair16 = _pair_store(types.float16, "f16")
+    store_pair_bf16 = _pair_store(types.uint16, "bf16")
+
+
+    # bfloat16 storage (uint16 bit patterns: numba has no bfloat16): a bf16 is the upper half of a float32 word, so
+    # widening is a shift; narrowing is cvt.rn.bf16.f32 (nearest even, overflow to inf, sm_80+)
     @intrinsic
-    def store_pair16(typingctx, a, i, v0, v1):
-        if not (isinstance(a, types.Array) and a.dtype == types.float16 and isinstance(i, types.Integer)
-                and all(isinstance(v, (types.Float, types.Integer)) for v in (v0, v1))):
+    def bf16_widen(typingctx, bits):
+        if not (isinstance(bits, types.Integer) and bits.bitwidth == 16):
             return None
 
         def codegen(context, builder, sig, args):
-            aty, ity, t0, t1 = sig.args
-            _, ptr = _element_address(context, builder, aty, args[0], ity, args[1])
-            vals = [context.cast(builder, v, t, types.float32) for v, t in zip(args[2:], (t0, t1))]
-            builder.asm(ir.FunctionType(ir.VoidType(), [_I64, _F32, _F32]), _PAIR16, "l,f,f,~{memory}",
-                        [builder.ptrtoint(ptr, _I64)] + vals, side_effect=True, name="store_pair16")
-            return context.get_dummy_value()
-        return types.void(a, i, v0, v1), codegen
+            word = builder.shl(builder.zext(args[0], _I32), ir.Constant(_I32, 16))
+            return builder.bitcast(word, _F32)
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def bf16_narrow(typingctx, value):
+        if not isinstance(value, (types.Float, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            f = context.cast(builder, args[0], sig.args[0], types.float32)
+            return builder.asm(ir.FunctionType(ir.IntType(16), [_F32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f", [f],
+                               side_effect=False, name="bf16_narrow")
+        return types.uint16(value), codegen

@@ -15,6 +15,8 @@ if settings.get("cuda_simulator"):
     globals().update({f"wgmma_tf32_m64n{n}k8": _unavailable for n in range(8, 257, 8)})
     globals().update({f"wgmma_f16_m64n{n}k16": _unavailable for n in range(8, 257, 8)})
     globals().update({f"wgmma_f16_m64n{n}k16_bmn": _unavailable for n in range(64, 257, 64)})
+    globals().update({f"wgmma_bf16_m64n{n}k16": _unavailable for n in range(8, 257, 8)})
+    globals().update({f"wgmma_bf16_m64n{n}k16_bmn": _unavailable for n in range(64, 257, 64)})
 else:
     from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, smem_desc_sw128, wgmma_commit,  # noqa: F401
                                          wgmma_fence, wgmma_wait)
@@ -22,3 +24,13 @@ else:
     globals().update({f"wgmma_tf32_m64n{n}k8": f for n, f in WGMMA_TF32.items()})
     globals().update({f"wgmma_f16_m64n{n}k16": f for n, f in WGMMA_F16.items()})
     globals().update({f"wgmma_f16_m64n{n}k16_bmn": f for n, f in WGMMA_F16_BMN.items()})
+
+    def __getattr__(name):
+        """wgmma_bf16_m64n{N}k16[_bmn]: made on first import (a bf16 kernel), not with the module."""
+        import re
+        m = re.fullmatch(r"wgmma_bf16_m64n(\d+)k16(_bmn)?", name)
+        if m is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from ._cuda_wgmma_intrinsics import wgmma_bf16
+        f = globals()[name] = wgmma_bf16(int(m.group(1)), bool(m.group(2)))
+        return f

@@ -146,7 +146,7 @@ SCOPES = ("global", "shared", "register")
 # (inputs and outputs of half-precision convolutions), but a Load of it is the element's value as float32
 # (exact) and a Store into it rounds its float32 value once, to nearest even (overflow to inf); shared and
 # register buffers hold computed values, so they never have a storage-only dtype.
-STORAGE_DTYPES = {"float16": "float32"}
+STORAGE_DTYPES = {"float16": "float32", "bfloat16": "float32"}  # bfloat16: uint16 bit patterns in NumPy / numba
 
 
 def compute_dtype(dtype):

@@ -72,24 +72,24 @@ class WarpgroupMma(Stmt):
     # XORed with row % 8 (bits 7-9); the tile starts 1024-byte aligned and index moves along k within the
     # 128-byte rows; lbo unused
     swizzle: int = 0
-    # "tf32": k 8 of float32 buffers (A[64 x 8] above); "fp16": k 16 of float16 buffers (A[64 x 16], exact
-    # operands, 128-byte swizzle only); indices and offsets count the buffers' elements
+    # "tf32": k 8 of float32 buffers (A[64 x 8] above); "fp16" / "bf16": k 16 of float16 / bfloat16 buffers
+    # (A[64 x 16], exact operands, 128-byte swizzle only); indices and offsets count the buffers' elements
     kind: str = "tf32"
-    # (n block, k group) strides in elements: B MN-major instead (fp16 only), element (col, k) at  b_index +
+    # (n block, k group) strides in elements: B MN-major instead (fp16 / bf16 only), element (col, k) at  b_index +
     # (col // 64) n_block + (k // 8) k_group + (k % 8) 64 + col % 64  (rows of 64 n along k, 128 bytes, swizzled
     # as above with k % 8 for the row): w as stored, read without a transposed copy.  Which descriptor offset
     # carries which stride on the H100 is scripts/wgmma_check.py's mn-major probe (render_cuda.MN_MAJOR_OFFSETS)
     b_mn: Tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.b_mn and (self.kind != "fp16" or len(self.b_mn) != 2):
-            raise ValueError(f"WarpgroupMma: b_mn is fp16's (n block, k group) strides of an MN-major B, got "
+        if self.b_mn and (self.kind == "tf32" or len(self.b_mn) != 2):
+            raise ValueError(f"WarpgroupMma: b_mn is fp16's / bf16's (n block, k group) strides of an MN-major B, got "
                              f"{self.b_mn} with kind {self.kind!r}")
         if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
             raise ValueError(f"WarpgroupMma: n must be a multiple of 8 in 8..256 with n / 2 accumulators, got "
                              f"n={self.n} and {len(self.acc)}")
-        if self.kind not in WGMMA_K or self.kind == "fp16" and self.swizzle != 128:
-            raise ValueError(f"WarpgroupMma: kind tf32 or fp16 (fp16 with swizzle 128), got {self.kind!r}, "
+        if self.kind not in WGMMA_K or self.kind != "tf32" and self.swizzle != 128:
+            raise ValueError(f"WarpgroupMma: kind tf32, fp16 or bf16 (16-bit with swizzle 128), got {self.kind!r}, "
                              f"swizzle {self.swizzle}")
 
     @property
@@ -97,7 +97,7 @@ class WarpgroupMma(Stmt):
         return WGMMA_K[self.kind]
 
 
-WGMMA_K = {"tf32": 8, "fp16": 16}  # the reduction depth of one WarpgroupMma per kind
+WGMMA_K = {"tf32": 8, "fp16": 16, "bf16": 16}  # the reduction depth of one WarpgroupMma per kind
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ class TensorMap:
     landed tiles in shared memory costs the compute threads more than their MMAs take (PERF_NOTES #38).
     flip (K, T, C): `source` is a (K, T, C) filter and the map reads a copy written as (C, T, K) with the T taps
     reversed, the filter of the forward convolution that a stride-1 backward-data is (the launcher writes it, and
-    rounds it with rounding: TMA boxes need the reduction's k contiguous).  dtype float16: fp16 operands, exact as
-    stored, 64 to a swizzled row."""
+    rounds it with rounding: TMA boxes need the reduction's k contiguous).  dtype float16 / bfloat16: fp16 / bf16
+    operands, exact as stored, 64 to a swizzled row."""
     name: str
     source: str
     mode: str
@@ -150,7 +150,7 @@ class TensorMap:
     swizzle: int = 0
     rounding: str = ""
     flip: Tuple[int, ...] = ()
-    dtype: str = "float32"  # the source's elements: float32, or float16 (fp16 operands, never rounded)
+    dtype: str = "float32"  # the source's elements: float32, or float16 / bfloat16 (16-bit operands, never rounded)
     traversal: Tuple[int, ...] = ()  # im2col: the walk's step per spatial dim (w, h), a convolution's stride; () = 1
 
     def __post_init__(self):
@@ -158,7 +158,7 @@ class TensorMap:
             raise ValueError(f"TensorMap {self.name}: mode tiled|im2col, swizzle 0|128 and rounding ''|'tf32', got "
                              f"{self.mode}, {self.swizzle}, {self.rounding!r}")
         if self.dtype not in MAP_ITEMSIZE or self.rounding and self.dtype != "float32":
-            raise ValueError(f"TensorMap {self.name}: dtype float32 or float16 (rounding float32 only), got "
+            raise ValueError(f"TensorMap {self.name}: dtype float32, float16 or bfloat16 (rounding float32 only), got "
                              f"{self.dtype} with rounding {self.rounding!r}")
         if any(st % 16 for st in self.strides):  # the driver's rule (cuTensorMapEncode*): checked where the IR is built
             raise ValueError(f"TensorMap {self.name}: byte strides must be multiples of 16, got {self.strides} (dims "
@@ -188,7 +188,7 @@ class TensorMap:
         return bool(self.rounding or self.flip)
 
 
-MAP_ITEMSIZE = {"float32": 4, "float16": 2}
+MAP_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True)

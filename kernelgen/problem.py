@@ -22,7 +22,8 @@ def check_activation(activation):
     return activation
 
 
-DTYPES = ("float32", "float64", "float16")  # float16: storage only, computed by precision="fp16" (kernelgen.storage)
+# float16 / bfloat16: storage only, computed by precision="fp16" / "bf16" (kernelgen.storage)
+DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _tuple_arg(name, value, ndim, minimum):

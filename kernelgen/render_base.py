@@ -28,7 +28,7 @@ class SourcePrinter:
         # the type of float constants and zero fills: the arithmetic's, float32 for float16 storage
         self.float_type = compute_dtype(kernel.params[0].dtype) if kernel.params else "float32"
         # buffers that store a narrower float than they compute in: loads widen, stores narrow
-        self.stored_narrow = {b.name for b in kernel.params + kernel.locals if b.dtype in STORAGE_DTYPES}
+        self.stored_narrow = {b.name: b.dtype for b in kernel.params + kernel.locals if b.dtype in STORAGE_DTYPES}
         self.lines: list[str] = []
         self.scopes = {b.name: b.scope for b in kernel.params + kernel.locals}
         self.thread_var = None  # innermost enclosing thread-loop variable
@@ -60,15 +60,19 @@ class SourcePrinter:
 
     def load(self, buf, index_text) -> str:
         text = f"{buf}[{index_text}]"
-        return self.widen(text) if buf in self.stored_narrow else text
+        return self.widen(text, self.stored_narrow[buf]) if buf in self.stored_narrow else text
 
-    def widen(self, text) -> str:
-        """A float16 element (its text) as the float32 value it holds (ir.STORAGE_DTYPES)."""
-        raise TypeError(f"{type(self).__name__} cannot read float16 buffers")
+    def widen(self, text, dtype) -> str:
+        """A float16 / bfloat16 element (its text) as the float32 value it holds (ir.STORAGE_DTYPES)."""
+        raise TypeError(f"{type(self).__name__} cannot read {dtype} buffers")
 
-    def narrow(self, text) -> str:
-        """A float32 value (its text) as what a float16 buffer stores: rounded to nearest even."""
-        raise TypeError(f"{type(self).__name__} cannot write float16 buffers")
+    def narrow(self, text, dtype) -> str:
+        """A float32 value (its text) as what a float16 / bfloat16 buffer stores: rounded to nearest even."""
+        raise TypeError(f"{type(self).__name__} cannot write {dtype} buffers")
+
+    def stored(self, buf, text) -> str:
+        """The value `text` as buffer `buf` stores it (narrowed where its dtype is storage-only)."""
+        return self.narrow(text, self.stored_narrow[buf]) if buf in self.stored_narrow else text
 
     def index(self, buf, index) -> str:
         return ", ".join(self.expr(i) for i in index)
@@ -88,14 +92,14 @@ class SourcePrinter:
             self.emit(depth, f"{s.var} = {self.expr(s.value)}")
         elif isinstance(s, Store) and s.accumulate == "atomic":
             if s.buf in self.stored_narrow:  # partial sums rounded to fp16 one by one would lose the point
-                raise ValueError(f"{s.buf} stores float16: split-K (atomic adds into it) needs a float32 output")
+                raise ValueError(f"{s.buf} stores {self.stored_narrow[s.buf]}: split-K (atomic adds into it) needs a float32 output")
             self.atomic_add(s, depth)
         elif isinstance(s, Store) and s.pair is not None:
             self.pair_store(s, depth)
         elif isinstance(s, Store) and s.buf in self.stored_narrow:  # computed in float32, rounded once
             at = self.index(s.buf, s.index)
             value = f"{self.load(s.buf, at)} + {self.expr(s.value)}" if s.accumulate else self.expr(s.value)
-            self.emit(depth, f"{s.buf}[{at}] = {self.narrow(value)}")
+            self.emit(depth, f"{s.buf}[{at}] = {self.stored(s.buf, value)}")
         elif isinstance(s, Store):
             op = "+=" if s.accumulate else "="
             self.emit(depth, f"{s.buf}[{self.index(s.buf, s.index)}] {op} {self.expr(s.value)}")
@@ -141,7 +145,7 @@ class SourcePrinter:
         (i,) = s.index
         for at, value in ((self.expr(i), s.value), (f"{self.expr(i)} + 1", s.pair)):
             text = self.expr(value)
-            self.emit(depth, f"{s.buf}[{at}] = {self.narrow(text) if s.buf in self.stored_narrow else text}")
+            self.emit(depth, f"{s.buf}[{at}] = {self.stored(s.buf, text)}")
 
     def warpgroup_mma(self, s, depth):
         raise TypeError(f"{type(self).__name__} cannot render a WarpgroupMma")
@@ -183,7 +187,7 @@ class SourcePrinter:
     def async_copy(self, s, depth):
         """A plain copy, finished when the statement is (targets with a copy engine override this)."""
         if s.src in self.stored_narrow:
-            raise ValueError(f"AsyncCopy: {s.src} stores float16; an asynchronous copy moves bytes, it cannot widen")
+            raise ValueError(f"AsyncCopy: {s.src} stores {self.stored_narrow[s.src]}; an asynchronous copy moves bytes, it cannot widen")
         (di,), (si,) = s.dst_index, s.src_index
         self.emit(depth, f"if {self.expr(s.cond)}:")
         for i in range(s.width):
@@ -246,4 +250,6 @@ def launch_constants(kernel: Kernel) -> str:
                       m.flip, m.dtype, m.traversal)
                       for m in maps)
         out += f"TENSOR_MAPS = {specs!r}\n"
+    if any(b.dtype == "bfloat16" for b in kernel.params):  # its 16-bit arrays are bfloat16 bits, not float16
+        out += "BFLOAT16 = True\n"
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Const, Kernel, Load
+from .ir import STORAGE_DTYPES, Const, Kernel, Load
 from .mma_layout import WARP
 from .passes import _strides, lower
 from .render_base import SourcePrinter, launch_constants
@@ -71,7 +71,7 @@ class CpuPrinter(SourcePrinter):
             raise ValueError("CPU WarpgroupMma: the accumulators must be consecutive elements of one register buffer")
         # the thread's registers as one flat row: the helper indexes them from the first accumulator on
         row = f"{first.buf}[{self.thread_var}]" + (f".reshape({int(np.prod(shape))})" if len(shape) > 1 else "")
-        fn = {"tf32": "wgmma_tf32", "fp16": "wgmma_f16"}[s.kind]
+        fn = {"tf32": "wgmma_tf32", "fp16": "wgmma_f16", "bf16": "wgmma_bf16"}[s.kind]
         self.helpers.add(fn)
         (ai,), (bi,) = s.a_index, s.b_index
         tid = self.thread_var
@@ -98,14 +98,17 @@ class CpuPrinter(SourcePrinter):
         coords = [self.expr(e) for e in s.coords + s.offsets]
         self.emit(depth, f"{fn}({', '.join(args + [str(g) for g in geometry] + coords)}, {int(m.swizzle == 128)})")
 
-    # float16 buffers arrive as their uint16 bit patterns (numba's CPU target has no float16): kernelgen.cpu_round
-    def widen(self, text):
-        self.helpers.add("f16_bits_to_f32")
-        return f"f16_bits_to_f32({text})"
+    # float16 and bfloat16 buffers arrive as their uint16 bit patterns (numba's CPU target has neither type):
+    # kernelgen.cpu_round decodes and encodes them
+    def widen(self, text, dtype):
+        fn = {"float16": "f16_bits_to_f32", "bfloat16": "bf16_bits_to_f32"}[dtype]
+        self.helpers.add(fn)
+        return f"{fn}({text})"
 
-    def narrow(self, text):
-        self.helpers.add("f32_to_f16_bits")
-        return f"f32_to_f16_bits({text})"
+    def narrow(self, text, dtype):
+        fn = {"float16": "f32_to_f16_bits", "bfloat16": "f32_to_bf16_bits"}[dtype]
+        self.helpers.add(fn)
+        return f"{fn}({text})"
 
     def thread_loop(self, s, depth):
         self.emit(depth, f"for {s.var} in range({s.extent}):")
@@ -139,8 +142,8 @@ class CpuPrinter(SourcePrinter):
             rest = f"({rest} // {g.extent})"
         for b in k.locals:
             shape = (k.threads,) + b.shape if b.scope == "register" else b.shape
-            # float16 as its bit patterns, as arrays.cpu_kernel_arg passes float16 arrays
-            self.emit(2, f"{b.name} = np.empty({shape}, np.{'uint16' if b.dtype == 'float16' else b.dtype})")
+            # 16-bit floats as their bit patterns, as arrays.cpu_kernel_arg passes them
+            self.emit(2, f"{b.name} = np.empty({shape}, np.{'uint16' if b.dtype in STORAGE_DTYPES else b.dtype})")
         self.stmts(block, 2)
         return "\n".join(self.lines) + "\n" + launch_constants(k)
 

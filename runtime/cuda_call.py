@@ -12,6 +12,7 @@ from threading import get_ident
 import numpy as np
 
 from kernelgen import arrays
+from kernelgen.storage import numpy_dtype
 from kernelgen.runtime.arena import device_empty, pooled_array, to_device_staged
 from kernelgen.runtime.driver import address_reader, as_numba_stream, pointer_size, stream_handle
 
@@ -34,19 +35,23 @@ def run_cuda(prep, inputs: dict, template, stream=None, out=None):
         args[name] = d.reshape(d.size)
     if out is not None and on_device:
         pointer_size(out, "out") if hasattr(type(out), "__cuda_array_interface__") else arrays.to_device_view(out, "out")
-    dev_out = arrays.to_device_view(out, "out") if (out is not None and on_device) else \
-        device_empty(shape, problem.dtype, nstream)
+    # a bfloat16 torch result is made by torch (numba cannot hand torch a bfloat16 array)
+    made = new_output(template, shape, problem.dtype, nstream) if out is None and on_device and \
+        problem.dtype == "bfloat16" and arrays.is_torch(template) else None
+    target = out if out is not None else made
+    dev_out = arrays.to_device_view(target, "out") if (target is not None and on_device) else \
+        device_empty(shape, numpy_dtype(problem.dtype), nstream)
     args[out_name] = dev_out.reshape(dev_out.size)
     launcher(args, nstream)
     if on_device:
-        return out if out is not None else arrays.like_input(dev_out, template)
+        return target if target is not None else arrays.like_input(dev_out, template)
     host = dev_out.copy_to_host(stream=nstream or 0)
     if nstream is not None:
         nstream.synchronize()  # a NumPy result must be complete when it is returned
     if out is not None:
-        np.copyto(out, host)
+        np.copyto(arrays.bits_view(out) if problem.dtype == "bfloat16" else out, host)
         return out
-    return host
+    return arrays.like_input(host, template) if problem.dtype == "bfloat16" else host
 
 
 def new_output(template, shape, dtype, nstream):
@@ -54,8 +59,8 @@ def new_output(template, shape, dtype, nstream):
     inputs, otherwise a numba array from kernelgen's pool (returned as CuPy by like_input)."""
     if type(template).__module__.startswith("torch"):
         import torch
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=template.device)  # float32 or float16
-    return device_empty(shape, dtype, nstream)
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=template.device)  # float32, float16, bfloat16
+    return device_empty(shape, numpy_dtype(dtype), nstream)
 
 
 def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
@@ -67,7 +72,7 @@ def _fast(launcher, inputs, out_name, shape, dtype, nstream, template, out):
         launcher({name: d.reshape(d.size) for name, d in args.items()}, nstream)
         return result if out is not None or type(result) is type(template) else arrays.like_input(result, template)
 
-    launcher.launch_pointers(ptr_sizes, np.dtype(dtype).itemsize, nstream)
+    launcher.launch_pointers(ptr_sizes, numpy_dtype(dtype).itemsize, nstream)
     if out is not None or type(result) is type(template):
         return result
     return arrays.like_input(result, template)
@@ -87,8 +92,8 @@ class CudaRoute:
     def __init__(self, prep, template, inputs: dict):
         self.prep, self.launcher = prep, prep.launcher
         problem = prep.problem
-        self.shape, self.dtype = tuple(problem.output_shape), problem.dtype
-        self.itemsize = np.dtype(problem.dtype).itemsize
+        self.shape, self.dtype = tuple(problem.output_shape), numpy_dtype(problem.dtype)  # (bfloat16: its bits)
+        self.itemsize = self.dtype.itemsize
         self.out_name = self.launcher.outputs[0]
         self.params = self.launcher.caller_params
         # as run_cuda's own fast route asks: device arrays whose type has the interface (not the simulator's)
@@ -97,7 +102,9 @@ class CudaRoute:
         self.torch_empty = None
         if arrays.is_torch(template):
             self.torch_empty, self.torch_like = _torch_output_maker(template, self.shape, problem.dtype)
-        self.wrap = type(template).__module__.split(".")[0] == "cupy"  # a numba result returned as CuPy
+        # a numba result returned as CuPy, or as a BFloat16Array of its bits
+        self.wrap = type(template).__module__.split(".")[0] == "cupy" or problem.dtype == "bfloat16" and \
+            not arrays.is_torch(template)
         # (address reader per parameter, in order), the arrays' (elements, itemsize) and the launcher's prepacked
         # launch: learnt on the route's first call, where pointer_size checks each array; the signature fixes the
         # first two for every later call, and the launch is used by the thread that made it (_FastLaunch.usable)
@@ -180,7 +187,7 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call
-    itemsize = np.dtype(prep.problem.dtype).itemsize
+    itemsize = numpy_dtype(prep.problem.dtype).itemsize
     launch = launcher._fast.bound(ptr_sizes, itemsize, stream_handle(nstream))
 
     def call():

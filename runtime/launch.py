@@ -73,6 +73,7 @@ class Launcher:
     # (grid axis, items per image, items a block) where fewer blocks along that axis compute fewer images (the
     # module's BATCH_GRID: templates.tiled_gemm.batch_grid); () where they do not.  on_images reads it.
     batch_grid: tuple = ()
+    bfloat16: bool = False  # the kernel's 16-bit arrays hold bfloat16 bit patterns (the module's BFLOAT16)
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
     _maps: dict = field(default_factory=dict, repr=False, compare=False)
@@ -96,7 +97,7 @@ class Launcher:
                    module.GRID, module.THREADS, module.ZERO_OUTPUT, backend, getattr(module, "__file__", ""),
                    getattr(module, "DYNAMIC_SHARED", 0), getattr(module, "KERNEL_ANY_ALIGNMENT", None),
                    getattr(module, "TENSOR_MAPS", ()), widened=widened, label=label,
-                   batch_grid=tuple(getattr(module, "BATCH_GRID", ())))
+                   batch_grid=tuple(getattr(module, "BATCH_GRID", ())), bfloat16=getattr(module, "BFLOAT16", False))
 
     def on_images(self, images: int):
         """(launcher, images read): this kernel on a batch of `images` images, fewer than it was built for - the same
@@ -129,7 +130,7 @@ class Launcher:
 
     @functools.cached_property
     def _rounds(self) -> bool:
-        """Are the copies rounded to TF32 (float32 maps)?  Else they are float16 filters, flipped unchanged."""
+        """Are the copies rounded to TF32 (float32 maps)?  Else they are 16-bit filters, flipped unchanged."""
         return any(spec[9] for spec in self.tensor_maps)
 
     @functools.cached_property
@@ -145,7 +146,7 @@ class Launcher:
         """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
         address)."""
         name, source, mode, dims, strides, box, lower, upper, swizzle = spec[:9]
-        dtype = np.dtype(spec[11] if len(spec) > 11 else "float32")
+        dtype = spec[11] if len(spec) > 11 else "float32"
         found = self._maps.get((name, ptr))
         if found is None:
             from numba import cuda
@@ -168,7 +169,7 @@ class Launcher:
         copy = self._rounded.get(key)
         if copy is None:
             from numba import cuda
-            dtype = np.float32 if self._rounds else np.float16
+            dtype = np.float32 if self._rounds else np.uint16 if self.bfloat16 else np.float16
             copy = self._rounded[key] = cuda.device_array(size, dtype, stream=stream or 0)
         return copy
 
@@ -258,13 +259,14 @@ class Launcher:
             wide = {name: np.zeros(args[name].size, np.float32) for name in self.widened}
             self._call(dict(args, **wide), stream)
             for name in self.widened:
-                narrow_host(wide[name], args[name])
+                narrow_host(wide[name], args[name], self.bfloat16)
             return
         with self._general_path:
             wide = {name: self._workspace(name, args[name].size, stream) for name in self.widened}
             self._call(dict(args, **wide), stream)
             for name in self.widened:
-                narrow_device(wide[name], to_device_view(args[name], name).reshape(args[name].size), stream)
+                narrow_device(wide[name], to_device_view(args[name], name).reshape(args[name].size), stream,
+                              self.bfloat16)
 
     def __call__(self, args: dict, stream=None):
         if self.backend == "cuda" and self.fast and all(hasattr(type(args[n]), "__cuda_array_interface__")
@@ -371,7 +373,7 @@ class Launcher:
                 entries.append((ptr, n, itemsize))
         self._fast(entries, itemsize, handle)
         for wide, ptr, n in rounded:
-            narrow_pointers(wide, ptr, n, handle)
+            narrow_pointers(wide, ptr, n, handle, self.bfloat16)
 
     @property
     def fast(self) -> bool:

@@ -1,5 +1,5 @@
-"""Rounding a float32 workspace into the caller's float16 output, after a kernel that could only accumulate in
-float32 (split float16 backward-weight: no 16-bit atomic adds).  Launcher.widened uses it."""
+"""Rounding a float32 workspace into the caller's float16 or bfloat16 output, after a kernel that could only
+accumulate in float32 (split 16-bit backward-weight: no 16-bit atomic adds).  Launcher.widened uses it."""
 from __future__ import annotations
 
 import threading
@@ -7,13 +7,14 @@ import threading
 import numpy as np
 
 from kernelgen.runtime.driver import _FastLaunch, configure
+from kernelgen.storage import narrow_bits
 
 NARROW_THREADS = 256
 NARROW_GRID = 1056  # as elementwise.ROUND_GRID: 8 blocks per SM of an H100, striding over any size
 
-_kernel = None
+_kernels = {}  # bfloat16? -> its dispatcher
 _kernel_lock = threading.Lock()
-_fast = None  # narrow_pointers' launch (usable by the thread that made it)
+_fast = {}  # bfloat16? -> narrow_pointers' launch (usable by the thread that made it)
 
 
 def _narrow_body(src, dst):
@@ -26,36 +27,52 @@ def _narrow_body(src, dst):
         i += step
 
 
-def _dispatcher():
-    global _kernel, cuda
+def _narrow_bf16_body(src, dst):
+    # dst: bfloat16 bit patterns (uint16), rounded to nearest even by cvt.rn.bf16.f32
+    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    step = cuda.gridDim.x * cuda.blockDim.x
+    while i < dst.size:
+        dst[i] = bf16_narrow(src[i])
+        i += step
+
+
+def _dispatcher(bfloat16=False):
+    global cuda, bf16_narrow
     with _kernel_lock:  # one dispatcher for every thread
-        if _kernel is None:
+        if bfloat16 not in _kernels:
             from numba import cuda
-            _kernel = cuda.jit(_narrow_body)
-    return _kernel
+
+            from kernelgen.cuda_memory import bf16_narrow
+            _kernels[bfloat16] = cuda.jit(_narrow_bf16_body if bfloat16 else _narrow_body)
+    return _kernels[bfloat16]
 
 
-def narrow_device(src, dst, stream=None):
-    """dst[:] = src rounded to dst's dtype, both 1D device arrays of one size (src float32, dst float16)."""
+def narrow_device(src, dst, stream=None, bfloat16=False):
+    """dst[:] = src rounded to dst's dtype, both 1D device arrays of one size (src float32, dst float16, or
+    bfloat16 bit patterns where `bfloat16`)."""
     if src.size != dst.size:
         raise ValueError(f"dst: {dst.size} elements, the workspace has {src.size}")
     grid = max(1, min(NARROW_GRID, -(-dst.size // NARROW_THREADS)))
-    configure(_dispatcher(), grid, NARROW_THREADS, stream or 0)(src, dst)
+    configure(_dispatcher(bfloat16), grid, NARROW_THREADS, stream or 0)(src, dst)
 
 
-def narrow_pointers(src, dst, n, stream_handle=0):
-    """narrow_device on raw device addresses of n elements (src float32, dst float16), without numba's dispatcher:
-    the Launcher's fast route runs it after every split float16 backward-weight kernel."""
-    global _fast
-    fast = _fast
+def narrow_pointers(src, dst, n, stream_handle=0, bfloat16=False):
+    """narrow_device on raw device addresses of n elements (src float32, dst float16 or bfloat16), without numba's
+    dispatcher: the Launcher's fast route runs it after every split 16-bit backward-weight kernel."""
+    fast = _fast.get(bfloat16)
     if fast is None or not fast.usable():
         from numba import cuda
-        kernel = _dispatcher()
-        configure(kernel, 1, NARROW_THREADS)(cuda.device_array(1, np.float32), cuda.device_array(1, np.float16))
-        fast = _fast = _FastLaunch(kernel, NARROW_GRID, NARROW_THREADS, 2)  # (its one overload, compiled above)
+        kernel = _dispatcher(bfloat16)
+        configure(kernel, 1, NARROW_THREADS)(cuda.device_array(1, np.float32),
+                                             cuda.device_array(1, np.uint16 if bfloat16 else np.float16))
+        fast = _fast[bfloat16] = _FastLaunch(kernel, NARROW_GRID, NARROW_THREADS, 2)  # (its one overload, compiled)
     fast([(src, n, 4), (dst, n, 2)], 4, stream_handle)
 
 
-def narrow_host(src, dst):
-    """The CPU backend's narrow_device: dst[:] = src, rounded to nearest even."""
-    np.copyto(dst, src, casting="same_kind")
+def narrow_host(src, dst, bfloat16=False):
+    """The CPU backend's narrow_device: dst[:] = src, rounded to nearest even (dst: bfloat16 bits where
+    `bfloat16`)."""
+    if bfloat16:
+        np.copyto(dst.view(np.uint16), narrow_bits(src).reshape(dst.shape))
+    else:
+        np.copyto(dst, src, casting="same_kind")

@@ -12,7 +12,8 @@ import ctypes
 import numpy as np
 
 # CUtensorMapDataType, CUtensorMapSwizzle (cuda.h)
-DATA_TYPES = {np.dtype(np.float16): 6, np.dtype(np.float32): 7}
+# (by dtype name: bfloat16 arrays are uint16 bit patterns to NumPy)
+DATA_TYPES = {"float16": 6, "float32": 7, "bfloat16": 9}
 SWIZZLE = {None: 0, 32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 
@@ -34,9 +35,9 @@ def _check(cu, result, what):
 def _common(address, dtype, dims, strides, swizzle, traversal=()):
     """Validated (data type, dims, byte strides of dims 1.., element strides) arrays for the driver; traversal:
     an im2col walk's step per spatial dim (the element strides of dims 1 .. rank - 2; the others 1)."""
-    dtype = np.dtype(dtype)
+    dtype = dtype if dtype == "bfloat16" else np.dtype(dtype).name
     if dtype not in DATA_TYPES:
-        raise TypeError(f"dtype: expected float32 or float16, got {dtype}")
+        raise TypeError(f"dtype: expected float32, float16 or bfloat16, got {dtype}")
     if swizzle not in SWIZZLE:
         raise ValueError(f"swizzle: expected one of None, 32, 64, 128 (bytes), got {swizzle!r}")
     if address % 16:
@@ -64,7 +65,8 @@ def encode_tiled(address, dtype, dims, strides, box, *, swizzle=None) -> np.ndar
     dt, rank, gdim, gstride, estride = _common(address, dtype, dims, strides, swizzle)
     if len(box) != rank or not all(1 <= b <= 256 for b in box):
         raise ValueError(f"box: expected {rank} sizes in 1..256, got {box}")
-    if box[0] * np.dtype(dtype).itemsize % 16 or (swizzle and box[0] * np.dtype(dtype).itemsize > swizzle):
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    if box[0] * itemsize % 16 or (swizzle and box[0] * itemsize > swizzle):
         raise ValueError(f"box: the inner box must be a multiple of 16 bytes and at most the swizzle span, got {box[0]}")
     out = _map_buffer()
     cu = _driver()

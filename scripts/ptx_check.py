@@ -1,7 +1,7 @@
 """Compile the tensor-core kernels for sm_90 without a GPU and report what ptxas and the SASS say.
 
     NUMBA_ENABLE_CUDASIM=0 python scripts/ptx_check.py [--layers r50_3x3_28,r18_c64_32] [--config K=V,...]...
-        [--precision tf32|fp16|bf16] [--dtype float32|float16] [--keep DIR]
+        [--precision tf32|fp16|bf16] [--dtype float32|float16|bfloat16] [--keep DIR]
 
 For forward, backward-data and backward-weight of each layer (gpu_md table names) this renders the
 implicit_gemm_tc kernel (--precision, default "tf32"; the variant's default CUDA config per direction, or each
@@ -155,7 +155,7 @@ def main(argv=None):
                          "swizzle=1' (repeatable; default: the variant's default per direction)")
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "fp16", "bf16"))
-    ap.add_argument("--dtype", default="float32", choices=("float32", "float16"),
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="the arrays' dtype (float16: fp16 kernels on 16-bit tensors, as the bench runs them)")
     args = ap.parse_args(argv)
     _allow_missing_nvrtc()
@@ -173,7 +173,8 @@ def main(argv=None):
             plan = make_plan(p, "cuda", config=cfg, precision=args.precision)
             kernel = plan.kernel_ir()
             name = f"tc_{args.precision}_{layer}_{p.direction}_{plan.config}"
-            ptx = compile_ptx(render_cuda(kernel), workdir, name, [b.dtype for b in kernel.params])
+            ptx = compile_ptx(render_cuda(kernel), workdir, name,
+                              ["uint16" if b.dtype == "bfloat16" else b.dtype for b in kernel.params])
             ptx_path, cubin = os.path.join(workdir, f"{name}.ptx"), os.path.join(workdir, f"{name}.cubin")
             with open(ptx_path, "w") as f:
                 f.write(ptx)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from kernelgen.ir import Kernel
 from kernelgen.problem import ConvProblem
-from kernelgen.storage import PRECISIONS_BY_DTYPE
+from kernelgen.storage import HALF_DTYPES, PRECISIONS_BY_DTYPE
 from kernelgen.target import Target
 from kernelgen.templates import implicit_gemm, tile_space
 from kernelgen.templates.depthwise_config import DepthwiseConfig
@@ -68,7 +68,7 @@ def _rounding(p, precision):
 
 def itemsize(p):
     """Bytes of one element of the problem's tensors (the depthwise model's features read it too)."""
-    return {"float64": 8, "float16": 2}.get(p.dtype, 4)
+    return {"float64": 8, "float16": 2, "bfloat16": 2}.get(p.dtype, 4)
 
 
 def _limits(p, target: Target) -> dict:
@@ -83,8 +83,8 @@ def precision_note(p, precision, split=False):
         return "tf32 computed as fp32 FMAs (no tensor cores: depthwise is memory-bound, fp32 is at least as exact)"
     if precision in ("fp16", "bf16") and p.dtype == "float32":
         return f"{precision} operands (float32 tensors rounded as read), fp32 accumulation"
-    if p.dtype == "float16":
-        return "float16 tensors, fp32 accumulation, outputs rounded once" + (
+    if p.dtype in HALF_DTYPES:
+        return f"{p.dtype} tensors, fp32 accumulation, outputs rounded once" + (
             " (split dw summed in a float32 workspace)" if split else "")
     return f"{'fp64' if p.dtype == 'float64' else 'fp32'} FMAs"
 
@@ -209,7 +209,7 @@ def candidate_configs(p: ConvProblem, target: Target, precision="fp32", threads=
                       windows=((1, 0), (1, 1), (0, 0))) -> list:
     """Every block shape (`threads` per block) x (halo, smem_pad) of `windows` x split that builds and fits the
     target, cheapest under model_time first."""
-    widths = (1, 2, 4, 8) if p.dtype == "float16" else (1, 2, 4)
+    widths = (1, 2, 4, 8) if p.dtype in HALF_DTYPES else (1, 2, 4)
     limits, scored = _limits(p, target), []
     for n in threads:
         for vc, tc, tw, th, pw, ph, gs in _shapes(p, widths, n):

@@ -294,8 +294,8 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig, g: Geometry | None = None) -> li
     why = narrow_unmet(p, cfg) if p.Cg > 1 else []
     if p.Cg == 1 and cfg.group_split > 1:
         why.append(f"group_split=1 for depthwise (groups = C), got {cfg.group_split}")
-    if cfg.VC == 8 and p.dtype != "float16":
-        why.append("VC=8 (16 bytes of float16) for float16 tensors only")
+    if cfg.VC == 8 and p.dtype not in ("float16", "bfloat16"):
+        why.append("VC=8 (16 bytes of 16-bit elements) for float16 and bfloat16 tensors only")
     if cfg.share_rows and p.direction == "bwd_weight":
         why.append("share_rows=0 for backward-weight (its strips reduce into dw, not into output rows)")
     if cfg.split_k > 1 and p.direction != "bwd_weight":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kernelgen.ir import Assign, Barrier, Buffer, For, If, Kernel, Load, Store, Var, VectorLoad, all_of, compute_dtype, \
     minimum, select
-from kernelgen.storage import WIDE_SUFFIX
+from kernelgen.storage import HALF_DTYPES, WIDE_SUFFIX
 from kernelgen.templates.depthwise_geometry import Geometry, cdiv
 from kernelgen.templates.depthwise_ir import (ZERO, block_coords, channel_ok, filter_rows, rounded, segment_buffer,
                                               shared_filter_rows, stage_buffer, thread_coords, unroll, vector_width,
@@ -193,8 +193,8 @@ def _weight_strips(g: Geometry, bufs, rnd):
 
 
 def dw_name(g: Geometry) -> str:
-    """The name of backward-weight's output parameter: dw, or its float32 workspace where float16 blocks split."""
-    return "dw" + WIDE_SUFFIX if g.problem.dtype == "float16" and g.cfg.split_k > 1 else "dw"
+    """The name of backward-weight's output parameter: dw, or its float32 workspace where 16-bit blocks split."""
+    return "dw" + WIDE_SUFFIX if g.problem.dtype in HALF_DTYPES and g.cfg.split_k > 1 else "dw"
 
 
 def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from kernelgen.ir import AsyncCopy, Call, Comment, Const, If, VectorLoad, select
+from kernelgen.storage import stored_exactly
 
 
 def invariants(s):
@@ -70,9 +71,9 @@ def fetch(s, kt):
 
 def _staged(s, value):
     """A staged element as the inner product reads it: the tensor cores' operands rounded to TF32 / fp16 / bf16
-    here, once per element, not once per fragment use; float16 storage staged as fp16 operands is already exact
-    (two conversions saved per element)."""
-    rounds = s.cfg.tensor_core and not (s.view.dtype == "float16" and s.precision == "fp16")
+    here, once per element, not once per fragment use; float16 / bfloat16 storage staged as fp16 / bf16 operands is
+    already exact (two conversions saved per element)."""
+    rounds = s.cfg.tensor_core and not stored_exactly(s.view.dtype, s.precision)
     return Call(s.precision, (value,)) if rounds else value
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kernelgen.ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, select
-from kernelgen.storage import WIDE_SUFFIX
+from kernelgen.storage import HALF_DTYPES, WIDE_SUFFIX
 
 from .config import TileConfig
 from .tile_space import TiledGemmVariant
@@ -141,8 +141,8 @@ def tma_unmet(p):
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
                 "(filter - 1)"]
-    if p.dtype not in ("float32", "float16"):
-        return ["float32 or float16 arrays"]
+    if p.dtype not in ("float32",) + HALF_DTYPES:
+        return ["float32, float16 or bfloat16 arrays"]
     row = swizzled_row(p.dtype)
     return [w for bad, w in ((f.groups != 1, "groups=1"),
                              (f.in_size[0] != 1 or f.filter_size[0] != 1, "a 1-D or 2-D convolution"),
@@ -168,7 +168,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2  # a slice's channels; bytes per element
     if cfg.BK != ROW:
         raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
-    rounding = "tf32" if p.dtype == "float32" else ""  # float16 operands are exact as stored
+    rounding = "tf32" if p.dtype == "float32" else ""  # 16-bit operands are exact as stored
     # a strided forward walks the window corners `stride` apart (the map's traversal steps)
     a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (e * f.C, e * W * f.C, e * H * W * f.C), (ROW, cfg.BM),
                   (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, rounding, dtype=p.dtype,
@@ -201,7 +201,7 @@ def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
     (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile."""
     if p.C * 2 % 16:  # a tensor map's rows are multiples of 16 bytes
         raise ValueError(f"config: b_mn=1 reads w as stored, whose rows of C channels must be a multiple of 16 bytes "
-                         f"(C a multiple of 8 at float16), got C={p.C}")
+                         f"(C a multiple of 8 at 16 bits), got C={p.C}")
     _, th, tw = p.filter_size
     b = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (2 * p.C, 2 * p.C * tw, 2 * p.C * tw * th),
                   (64, 1, 1, cfg.BK), swizzle=128, dtype=p.dtype)
@@ -294,9 +294,9 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
         return all_of(pred), Load("x", (off,))
 
-    # split float16 backward-weight adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes
+    # split 16-bit backward-weight adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes
     # and rounds into the caller's dw (kernelgen.storage.WIDE_SUFFIX)
-    widened = p.dtype == "float16" and cfg.split_k > 1
+    widened = p.dtype in HALF_DTYPES and cfg.split_k > 1
     dw, dw_dtype = ("dw" + WIDE_SUFFIX, "float32") if widened else ("dw", p.dtype)
 
     def store(m, n, g, value, split):

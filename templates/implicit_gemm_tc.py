@@ -4,11 +4,10 @@ product done by warps of m16n8k8 TF32 MMAs or m16n8k16 fp16 / bf16 MMAs (warp_mm
 Never chosen automatically: it computes with rounded operands (TF32: 10 mantissa bits; fp16: 10 bits
 and fp16's range; bf16: 7 bits) and fp32 accumulation, so it runs only when the caller asks for
 precision="tf32", "fp16" or "bf16" (kernelgen.api.make_plan).  Inputs and outputs are float32 arrays (the
-rounding happens when a slice is staged in shared memory), or float16 arrays with precision="fp16"
-(kernelgen.storage: staging then rounds nothing, shared tiles and registers stay float32, each output is
-rounded to float16 once, when stored; no split-K, whose atomic adds need a float32 output).  (bfloat16
-arrays are not accepted: NumPy has no bfloat16, and torch does not export bfloat16 tensors through
-__cuda_array_interface__.)
+rounding happens when a slice is staged in shared memory), or float16 / bfloat16 arrays with precision="fp16" /
+"bf16" (kernelgen.storage: staging then rounds nothing, shared tiles and registers stay float32 (TMA tiles: as
+stored), each output is rounded to 16 bits once, when stored; no split-K outside backward-weight, whose atomic
+adds need a float32 output).  bfloat16 elements travel as uint16 bit patterns (NumPy and numba have no bfloat16).
 On CUDA a plan without a config= runs the tuned database's config for (problem, precision) when
 `python -m kernelgen tune TABLE --precision ...` measured one (kernelgen.api._tensor_core_plan), else
 default_config.  The configs a tune tries (config_space: CUDA_TC_TILES with split-K and swizzles, the TMA tiles) and
@@ -17,7 +16,7 @@ the cost model that orders them are here too, every wave count and gate the Targ
 from __future__ import annotations
 
 from kernelgen.ir import Kernel
-from kernelgen.storage import check_split_k
+from kernelgen.storage import HALF_DTYPES, check_split_k, stored_exactly
 from kernelgen.target import Target, as_target
 
 from . import config as tile_configs, implicit_gemm, ks_deconv
@@ -48,7 +47,7 @@ ISSUE_COST = {(128, 64): 1.0, (64, 64): 1.35, (128, 32): 1.4, (64, 32): 1.75, (1
 
 
 def applies(p):
-    return p.dtype in ("float32", "float16")
+    return p.dtype in ("float32",) + HALF_DTYPES
 
 
 def config_ok(p, cfg):
@@ -60,12 +59,12 @@ def check_config(cfg, precision):
         raise ValueError(f"config: {NAME} needs a tensor-core TileConfig (WM, WN > 0), got {cfg}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS} for {NAME}, got {precision!r}")
-    if cfg.wgmma and not (precision == "tf32" or precision == "fp16" and cfg.tma):
-        raise ValueError(f"config: wgmma=1 computes in TF32 (fp16 with tma=1 or 2, on float16 arrays), got "
+    if cfg.wgmma and not (precision == "tf32" or precision in ("fp16", "bf16") and cfg.tma):
+        raise ValueError(f"config: wgmma=1 computes in TF32 (fp16 / bf16 with tma=1 or 2, on float16 / bfloat16 "
+                         f"arrays), got precision={precision!r} ({cfg})")
+    if cfg.tma and cfg.BK != {"tf32": 32, "fp16": 64, "bf16": 64}.get(precision):  # a 128-byte row of the operands
+        raise ValueError(f"config: tma={cfg.tma} needs BK 32 at tf32 or BK 64 at fp16 / bf16, got "
                          f"precision={precision!r} ({cfg})")
-    if cfg.tma and cfg.BK != {"tf32": 32, "fp16": 64}.get(precision):  # a 128-byte row of the operands
-        raise ValueError(f"config: tma={cfg.tma} needs BK 32 at tf32 or BK 64 at fp16, got precision={precision!r} "
-                         f"({cfg})")
     if precision != "tf32" and cfg.BK % 16:  # one m16n8k16 per two 8-deep steps
         raise ValueError(f"config: precision={precision!r} needs BK a multiple of 16, got {cfg}")
     if shared_bytes(cfg) > shared_limit(cfg):
@@ -153,7 +152,7 @@ def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(
     backward-weight, whose split adds into a float32 workspace (implicit_gemm.backward_weight_view)."""
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk, target)
-    if problem.dtype == "float16":
+    if problem.dtype in HALF_DTYPES:
         return [1]
     M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
@@ -192,19 +191,20 @@ def tma_candidate_configs(problem, precision, target: Target):
     build (tma_unmet): TF32 on float32 arrays, fp16 on float16 arrays."""
     if not (target.has("tma") and target.has("wgmma")):
         return []
-    if (precision, problem.dtype) not in (("tf32", "float32"), ("fp16", "float16")) or tma_unmet(problem):
+    if not ((precision, problem.dtype) == ("tf32", "float32") or stored_exactly(problem.dtype, precision)) \
+            or tma_unmet(problem):
         return []
     bk = swizzled_row(problem.dtype)
-    tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16
+    tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16  # (bf16 as fp16: the same bytes and MMA rate)
     m, n, k, groups = tc_gemm_shape(problem)
-    if precision == "fp16" and -(-m // 128) * -(-n // 128) * groups < target.sm_count:
+    if precision != "tf32" and -(-m // 128) * -(-n // 128) * groups < target.sm_count:
         tiles = tiles + TMA_TILES_SMALL_GRID
     if -(-k // bk) <= 4:
         tiles = tiles + TMA_TILES_SHORT
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    b_mn = B_MN_WHERE_ALLOWED and precision == "fp16" and problem.direction == "bwd_data" \
+    b_mn = B_MN_WHERE_ALLOWED and precision != "tf32" and problem.direction == "bwd_data" \
         and problem.C % 8 == 0  # rows of w as stored: a multiple of 16 bytes
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,
                        b_mn=int(b_mn and bn % 64 == 0 and wn % 64 == 0))
@@ -223,7 +223,7 @@ def untuned_tma_config(problem, precision, target: Target | str = "cuda"):
     tma_candidate_configs would, or None where that tile does not take the problem (no TMA view, or a GEMM of
     32 columns or fewer, whose narrow tiles only a tune picks) or the target has no TMA.  target: a Target, or a
     backend name for the target in effect on it."""
-    if precision != "fp16":
+    if precision not in ("fp16", "bf16"):
         return None
     shape = lambda c: (c.BM, c.BN, c.WM, c.WN, c.stages, c.tma)
     return next((c for c in tma_candidate_configs(problem, precision, as_target(target))

@@ -27,6 +27,7 @@ reduction); with any other schedule the predicated form above runs.
 from __future__ import annotations
 
 from kernelgen import settings
+from kernelgen.storage import HALF_DTYPES
 
 from ..ir import Buffer, Call, Const, If, Load, Store, TensorMap, all_of, select
 
@@ -134,8 +135,8 @@ def tma_unmet(p):
     """What KS-deconv's TMA boxes (ks_tma) need that problem p lacks (an empty list: they build)."""
     if not applies(p):
         return ["a backward-data with stride > 1 and dilation 1"]
-    if p.dtype not in ("float32", "float16"):
-        return ["float32 or float16 arrays"]
+    if p.dtype not in ("float32",) + HALF_DTYPES:
+        return ["float32, float16 or bfloat16 arrays"]
     J, U = [_cdiv(t, s) for t, s in zip(p.filter_size, p.stride)], [_cdiv(i, s) for i, s in zip(p.in_size, p.stride)]
     corners = [1 - j for j in J[1:]] + [u - j + 1 - o for u, j, o in zip(U[1:], J[1:], p.out_size[1:])]
     return [w for bad, w in ((p.groups != 1, "groups=1"),

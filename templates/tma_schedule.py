@@ -36,8 +36,8 @@ ROW = 32  # words of a 128-byte swizzled row: BK = 32 float32
 
 
 def swizzled_row(dtype):
-    """Elements of a 128-byte swizzled row, the BK of a TMA tile: 32 float32 (TF32), 64 float16 (fp16)."""
-    return {"float32": 32, "float16": 64}[dtype]
+    """Elements of a 128-byte swizzled row, the BK of a TMA tile: 32 float32 (TF32), 64 float16 / bfloat16."""
+    return {"float32": 32, "float16": 64, "bfloat16": 64}[dtype]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from ..ir import (Assign, Buffer, Const, For, If, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait,
                   all_of, as_expr)
-from ..ir_async import WGMMA_K
+from kernelgen.ir_async import WGMMA_K
+from kernelgen.storage import HALF_DTYPES, stored_exactly
 
 WARPGROUP = 128
 
@@ -47,11 +48,12 @@ def tile_words(lines, BK):
 
 class WarpgroupGemm:
     def __init__(self, cfg, dtype, precision="tf32", storage="float32"):
-        """dtype: the accumulators'; storage: the operands' arrays.  TF32 reads float32 tiles; fp16 reads float16
-        tiles as they were stored, which only TMA lands unconverted (tma=1/2)."""
-        if (precision, storage) not in (("tf32", "float32"), ("fp16", "float16")) or precision == "fp16" and not cfg.tma:
-            raise ValueError(f"config: wgmma=1 computes TF32 on float32 arrays, or fp16 on float16 arrays with tma=1 "
-                             f"or 2; got precision={precision!r} on {storage} ({cfg})")
+        """dtype: the accumulators'; storage: the operands' arrays.  TF32 reads float32 tiles; fp16 / bf16 read
+        float16 / bfloat16 tiles as they were stored, which only TMA lands unconverted (tma=1/2)."""
+        half = stored_exactly(storage, precision)
+        if not ((precision, storage) == ("tf32", "float32") or half and cfg.tma):
+            raise ValueError(f"config: wgmma=1 computes TF32 on float32 arrays, or fp16 / bf16 on float16 / bfloat16 "
+                             f"arrays with tma=1 or 2; got precision={precision!r} on {storage} ({cfg})")
         self.kind, self.depth = precision, WGMMA_K[precision]
         self.cfg = cfg
         self.MT = cfg.WM // 64  # 64-row strips per warpgroup
@@ -115,8 +117,8 @@ class WarpgroupGemm:
         cfg = self.cfg
         wgm, wgn, wq, g, t = Var("wgm"), Var("wgn"), Var("wq"), Var("lg"), Var("lt")
         out = self.coords(tid)
-        # float16 outputs: a thread's two columns 2t, 2t + 1 as one 4-byte store (half the store instructions)
-        paired = view.pairs and view.dtype == "float16" and split is None and view.N % 2 == 0
+        # 16-bit outputs: a thread's two columns 2t, 2t + 1 as one 4-byte store (half the store instructions)
+        paired = view.pairs and view.dtype in HALF_DTYPES and split is None and view.N % 2 == 0
         for i in range(self.MT):
             for j in range(cfg.WN // 8):
                 for r in range(0, 4, 2 if paired else 1):

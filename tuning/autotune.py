@@ -34,6 +34,7 @@ import numpy as np
 from kernelgen import planner, settings
 from kernelgen.planner import Plan
 from kernelgen.runtime.cache import key_digest
+from kernelgen.storage import poisoned, stored_values
 from kernelgen.target import gpu_present
 from kernelgen.templates import candidates as variant_candidates
 from kernelgen.templates import depthwise, get_variant
@@ -197,7 +198,8 @@ def _measure(plan: Plan, inputs, ref, device_sets) -> float:
     launcher = planner.get_launcher(plan)
     # (float16 storage reaches a CPU kernel as its bits: the launcher does that)
     args = {n: np.ascontiguousarray(a).reshape(-1) for n, a in inputs.items()}
-    args[launcher.outputs[0]] = np.full(ref.size, np.nan, plan.problem.dtype)
+    args[launcher.outputs[0]] = poisoned(ref.size, plan.problem.dtype)
     launcher(args)
-    tuner.check_result(args[launcher.outputs[0]].reshape(ref.shape), ref, plan.precision)
+    tuner.check_result(stored_values(args[launcher.outputs[0]], plan.problem.dtype).reshape(ref.shape), ref,
+                       plan.precision)
     return time_host(lambda: launcher(args), warmup=1, repeat=3)

@@ -6,8 +6,7 @@ there is none), times both with CUDA events and writes a JSON report, a Markdown
 with matplotlib, a PNG plot.  cuDNN runs through torch with channels-last tensors (NWC, NHWC or NDHWC memory:
 the layer's 1, 2 or 3 spatial dims) and TF32 off, or, with --precision tf32 (kernelgen's tensor-core kernels),
 with torch's TF32 switches on: like against like.
-With --precision fp16 both run on the same float16 channels-last tensors (shapes.storage_dtype); with bf16
-cuDNN runs on bfloat16 copies while kernelgen reads and writes float32 (it takes no bfloat16 arrays).
+With --precision fp16 / bf16 both run on the same float16 / bfloat16 channels-last tensors (shapes.storage_dtype).
 Depthwise layers (groups == C) are reported, but kept out of the geo-means: they have a line of their own.
 """
 from __future__ import annotations
@@ -28,10 +27,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kernelgen import settings
+from kernelgen import arrays, settings
 from kernelgen.planner import get_launcher, gpu_present, make_plan
 from kernelgen.runtime.cache import cache_dir
-from kernelgen.storage import PRECISIONS
+from kernelgen.storage import PRECISIONS, numpy_dtype
 from kernelgen.templates import computes, get_variant
 
 from .compile_pool import compile_one
@@ -63,7 +62,7 @@ def git_commit():
 
 def floor_ms(p, precision="fp32"):
     """max(FLOPs / peak, compulsory bytes / bandwidth): no kernel runs much faster (bytes of p.dtype)."""
-    nbytes = np.dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
+    nbytes = numpy_dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
     return max(p.flops / PEAKS[precision], nbytes / HBM_BW) * 1e3
 
 
@@ -71,7 +70,7 @@ def roofline_ms(p):
     """The memory roofline: x, w and y of p (input, filter, output; in p.dtype) each moved once at HBM_BW.  The
     bar of a memory-bound layer (a depthwise one does a handful of FMAs per byte), which the bench reports as a
     percentage per row for kernelgen and cuDNN alike."""
-    nbytes = np.dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
+    nbytes = numpy_dtype(p.dtype).itemsize * (np.prod(p.x_shape) + np.prod(p.w_shape) + np.prod(p.y_shape))
     return float(nbytes / HBM_BW * 1e3)
 
 
@@ -145,8 +144,7 @@ class TorchConv:
     """cuDNN through torch: channels-first-logical tensors in channels-last memory, TF32 off unless tf32=True.
     dtype "float16" / "bfloat16": cuDNN runs on 16-bit copies of the inputs (its own fp16/bf16 kernels,
     16-bit inputs and outputs).  kernelgen's tensors are in its storage dtype (shapes.storage_dtype): at
-    fp16 float16, the very tensors cuDNN reads; at bf16 float32 (kernelgen takes no bfloat16 arrays), from
-    which cuDNN's bfloat16 copies are made."""
+    fp16 / bf16 float16 / bfloat16, the very tensors cuDNN reads."""
 
     device = "cuda"
 
@@ -201,8 +199,8 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
         dy, dyv = torch_conv.nhwc(p.y_shape, gen, p.dtype)
         out = torch.empty(p.output_shape, device="cuda", dtype=getattr(torch, p.dtype))
         names = {"fwd": {"x": x, "w": w}, "bwd_data": {"dy": dy, "w": w}, "bwd_weight": {"x": x, "dy": dy}}
-        args = {n: cuda.as_cuda_array(t.reshape(-1)) for n, t in names[p.direction].items()}
-        args[launcher.outputs[0]] = cuda.as_cuda_array(out.reshape(-1))
+        args = {n: arrays.to_device_view(t.reshape(-1), n) for n, t in names[p.direction].items()}  # (bf16: bits)
+        args[launcher.outputs[0]] = arrays.to_device_view(out.reshape(-1), "out")
         sets.append(args)
         views.append((xv, wv, dyv, out))
     launcher(sets[0])

@@ -30,6 +30,7 @@ import numpy as np
 from kernelgen import compile_profile, planner, settings
 from kernelgen.ir_walk import unrolled_statements
 from kernelgen.runtime.cache import KERNELS, key_digest
+from kernelgen.storage import numpy_dtype
 
 
 def compile_one(args):
@@ -51,7 +52,7 @@ def compile_launcher(launcher, dtype="float32"):
     reports registers and local memory only for a compiled overload."""
     from numba import from_dtype, uint64
     maps = {spec[0] for spec in launcher.tensor_maps}
-    arr, wide = from_dtype(np.dtype(dtype))[::1], from_dtype(np.dtype(np.float32))[::1]
+    arr, wide = from_dtype(numpy_dtype(dtype))[::1], from_dtype(np.dtype(np.float32))[::1]
     if hasattr(launcher.kernel, "compile"):  # a widened output is the launcher's float32 workspace (runtime/launch.py)
         with compile_profile.stage("numba"):
             launcher.kernel.compile(tuple(uint64[::1] if name in maps else wide if name in launcher.widened else arr
@@ -335,9 +336,9 @@ def _worker_settings() -> dict:
 
 def _signature_dtype(plan) -> str:
     """The element type the kernel's arrays have when it runs: float16 storage reaches a CPU kernel as its
-    uint16 bits (arrays.cpu_kernel_arg)."""
+    uint16 bits (arrays.cpu_kernel_arg), bfloat16 storage any kernel."""
     dtype = plan.problem.dtype
-    return "uint16" if plan.backend != "cuda" and dtype == "float16" else dtype
+    return "uint16" if dtype == "bfloat16" or plan.backend != "cuda" and dtype == "float16" else dtype
 
 
 

@@ -36,6 +36,8 @@ KEEP = 24
 # bytes, 8-channel vectors) have their own
 FITTED = {"float32": "fp32", "float16": "fp16"}
 RANKS = {"float32": ("fp32", "tf32", "fp16", "bf16"), "float16": ("fp16",)}
+# bfloat16 tensors move the bytes float16 ones do, through the same kernels but for the conversions: their model
+MODEL_OF = {"bfloat16": "float16"}
 
 NAMES = ("log_traffic", "log_parallel", "log_fill", "log_resident", "log_waves", "log_threads", "vc2", "vc4", "vc8",
          "halo", "smem_pad", "log_pw", "log_ph", "log_registers", "log_split_k", "log_block_bytes", "log_tc",
@@ -109,8 +111,9 @@ def choose(problem, precision: str, target: Target, device: str) -> DepthwiseCon
     and the tensors' dtype, a precision it does not rank, or no candidate).  The config space takes 0.1-0.4 s to
     enumerate per problem (a MobileNetV2's 30 batch-128 depthwise problems: 4.7 s), so each pick is remembered on
     disk (remembered_pick) for every later process."""
-    model = models_for(device).get(problem.dtype)
-    if model is None or precision not in RANKS[problem.dtype]:
+    fitted = MODEL_OF.get(problem.dtype, problem.dtype)
+    model = models_for(device).get(fitted)
+    if model is None or ("fp16" if fitted != problem.dtype else precision) not in RANKS[fitted]:
         return None
     memo = _pick_path(problem, precision, target, device)
     hit = remembered_pick(memo, problem, precision)

@@ -104,7 +104,7 @@ def gemm_of(problem: ConvProblem, variant: str, config: TileConfig) -> Gemm:
 
 
 def _itemsize(problem: ConvProblem, config: TileConfig):
-    return 2 if problem.dtype == "float16" and config.tensor_core else 4
+    return 2 if problem.dtype in ("float16", "bfloat16") and config.tensor_core else 4
 
 
 def registers(variant: str, config: TileConfig, alpha: int):

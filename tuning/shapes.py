@@ -24,10 +24,10 @@ PER_DIM = ("stride", "padding", "dilation", "output_padding")  # an int, or one 
 
 
 def storage_dtype(precision) -> str:
-    """The dtype of the tensors a bench or tune runs at `precision`: float16 for "fp16" (the 16-bit tensors
-    cuDNN's fp16 convolutions read and write, computed by kernelgen's fp16 tensor-core plans: kernelgen.storage),
-    float32 for the others (fp32, tf32 and bf16 compute on float32 tensors)."""
-    return "float16" if precision == "fp16" else "float32"
+    """The dtype of the tensors a bench or tune runs at `precision`: float16 for "fp16" and bfloat16 for "bf16" (the
+    16-bit tensors cuDNN's fp16 / bf16 convolutions read and write, computed by kernelgen's 16-bit tensor-core plans:
+    kernelgen.storage), float32 for the others."""
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(precision, "float32")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kernelgen import planner, reference, settings
-from kernelgen.storage import PRECISIONS
+from kernelgen.storage import PRECISIONS, poisoned, random_storage, stored_values
 from kernelgen.target import Target, device_name, target_for
 from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm_tc
 from kernelgen.templates.tile_space import TILES
@@ -135,6 +135,7 @@ def _reference_job(args):
 
 
 def reference_output(problem, inputs):
+    inputs = {n: stored_values(a, problem.dtype) for n, a in inputs.items()}
     kw = dict(stride=problem.stride[3 - problem.ndim:], padding=problem.padding[3 - problem.ndim:],
               dilation=problem.dilation[3 - problem.ndim:], groups=problem.groups)
     if problem.direction == "fwd":
@@ -150,7 +151,7 @@ def random_inputs(problem, rng):
     shapes = {"fwd": {"x": problem.x_shape, "w": problem.w_shape},
               "bwd_data": {"dy": problem.y_shape, "w": problem.w_shape},
               "bwd_weight": {"x": problem.x_shape, "dy": problem.y_shape}}[problem.direction]
-    return {n: rng.standard_normal(s, dtype=np.float32).astype(problem.dtype, copy=False) for n, s in shapes.items()}
+    return {n: random_storage(rng, s, problem.dtype) for n, s in shapes.items()}
 
 
 def device_sets(host_inputs, rotations=3):
@@ -180,10 +181,10 @@ def measure(problem, variant, cfg, sets, ref, repeat=10, precision="fp32"):
     local = bench.kernel_resources(launcher, launcher.threads).get("local_bytes", 0)
     if local > MAX_LOCAL_BYTES:
         raise ValueError(f"uses {local} B of local memory per thread (more than {MAX_LOCAL_BYTES})")
-    out = cuda.to_device(np.full(int(np.prod(problem.output_shape)), np.nan, problem.dtype))  # poisoned
+    out = cuda.to_device(poisoned(int(np.prod(problem.output_shape)), problem.dtype))
     sets = [{**s, launcher.outputs[0]: out} for s in sets]
     launcher(sets[0])
-    err = check_result(out.copy_to_host().reshape(ref.shape), ref, precision)
+    err = check_result(stored_values(out.copy_to_host(), problem.dtype).reshape(ref.shape), ref, precision)
     rot = Rotation(sets)
     return time_cuda(lambda: launcher(rot()), repeat=repeat), err, local
 

@@ -3,10 +3,9 @@ signatures and layouts, differentiable (kernelgen.torch.ops), and aware of autoc
 
 Precision: bfloat16 tensors compute with precision="bf16", float16 ones with "fp16", float32 ones with
 kernelgen's setting in force (kernelgen.set_precision: "fp32" unless changed), float64 ones (CPU) exactly.
-Under torch.autocast the convolution runs as torch's does there: bf16 autocast computes on bf16 operands
-with float32 accumulation and returns bfloat16 (kernelgen reads the float32 tensors and rounds them to bf16 on
-the tensor cores, so a float32 input costs no cast); fp16 autocast casts the tensors to float16 and computes
-with precision="fp16".
+Under torch.autocast the convolution runs as torch's does there: the tensors cast to the autocast dtype (bfloat16 or
+float16), computed with precision="bf16" / "fp16" (16-bit operands, float32 accumulation) by kernels that read and
+write 16-bit tensors, the result in that dtype.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def _precision(x):
     if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
         dtype = torch.get_autocast_dtype(device)
         if dtype == torch.bfloat16:
-            return "bf16", torch.float32, torch.bfloat16
+            return "bf16", torch.bfloat16, torch.bfloat16
         if dtype == torch.float16:
             return "fp16", torch.float16, torch.float16
     if x.dtype == torch.bfloat16:

@@ -18,7 +18,7 @@ DIMS, STRIDES = channels_last((2, 6, 10, 32))  # x[N=2, H=6, W=10, C=32]
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: encode_tiled(256, np.float64, (32, 8), (128,), (32, 8)), "dtype: expected float32 or float16"),
+    (lambda: encode_tiled(256, np.float64, (32, 8), (128,), (32, 8)), "dtype: expected float32, float16 or bfloat16"),
     (lambda: encode_tiled(256, np.float32, (32, 8), (128,), (32, 8), swizzle=16), "swizzle: expected one of"),
     (lambda: encode_tiled(260, np.float32, (32, 8), (128,), (32, 8)), "address: the tensor must start 16-byte"),
     (lambda: encode_tiled(256, np.float32, (30, 8), (120,), (32, 8)), "strides: expected 1 byte strides"),

@@ -286,7 +286,7 @@ def test_other_refusals(no_kernels, rng):
     with pytest.raises(TypeError, match="out must have dtype float32, got float16"):
         kernelgen.conv(x.astype(np.float32), w.astype(np.float32), backend="cpu", precision="fp16",
                        out=np.zeros((2, 4, 4, 8), np.float16))
-    # all-bfloat16 calls are computed (kernelgen.bfloat16, tests/interop); these stand-ins are no array it can read
+    # all-bfloat16 calls are computed (test_bf16_storage, tests/interop); these stand-ins are no array it can read
     with pytest.raises(TypeError, match="x must not be bfloat16 of type _HostBf16"):
         kernelgen.conv(_HostBf16(x.shape), _HostBf16(w.shape), precision="bf16")
     with pytest.raises(TypeError, match="x must not be bfloat16 of type _TorchCudaBf16"):

@@ -219,7 +219,7 @@ def test_fp16_tma_module_reads_float16_tiles():
 @pytest.mark.parametrize("dtype, precision, kw, tile, match", [
     ("float16", "fp16", {}, dict(BK=32), "needs BK 32 at tf32 or BK 64 at fp16"),
     ("float32", "tf32", {}, dict(BK=64), "needs BK 32 at tf32 or BK 64 at fp16"),
-    ("float32", "fp16", {}, {}, "fp16 on float16 arrays with tma=1"),
+    ("float32", "fp16", {}, {}, "fp16 / bf16 on float16 / bfloat16 arrays with tma=1"),
     ("float16", "fp16", dict(channels=32), {}, "channels a multiple of 64 .of the reduction, float16."),
 ])
 def test_fp16_tma_configs_it_cannot_build_are_refused(dtype, precision, kw, tile, match):
