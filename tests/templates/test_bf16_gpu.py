@@ -14,11 +14,9 @@ from test_bf16_storage import check_bf16
 
 pytestmark = pytest.mark.gpu
 
-CASES = {  # (x shape, w shape, conv keywords, a config or None: as planned)
-    "tma": ((4, 14, 14, 64), (128, 3, 3, 64), dict(padding=1), TileConfig(128, 64, 64, stages=4, WM=64, WN=64,
-                                                                          wgmma=1, tma=1)),
-    "planned": ((4, 14, 14, 64), (128, 3, 3, 64), dict(padding=1), None),
-    "ragged": ((2, 9, 7, 24), (40, 3, 3, 24), dict(padding=1, stride=2), None),
+CASES = {  # (x shape, w shape, conv keywords), as planned
+    "c64": ((4, 14, 14, 64), (128, 3, 3, 64), dict(padding=1)),
+    "ragged": ((2, 9, 7, 24), (40, 3, 3, 24), dict(padding=1, stride=2)),
 }
 
 
@@ -41,13 +39,11 @@ def _bits(t):
 @pytest.mark.parametrize("name", list(CASES))
 def test_torch_bfloat16_every_direction(name, direction, rng):
     torch = pytest.importorskip("torch")
-    x_shape, w_shape, kw, config = CASES[name]
-    if config is not None and direction == "bwd_weight":
-        pytest.skip("the TMA tiles compute forward and backward-data")
+    x_shape, w_shape, kw = CASES[name]
     (x, xv), (w, wv) = _tensor(torch, rng, x_shape), _tensor(torch, rng, w_shape)
     y_shape = kernelgen.explain(kernelgen.conv, x, w, **kw).problem.y_shape
     dy, dyv = _tensor(torch, rng, y_shape)
-    extra = {} if config is None else {"config": config}
+    extra = {}
     if direction == "fwd":
         out = _poisoned(torch, y_shape)
         got = kernelgen.conv(x, w, out=out, **kw, **extra)
@@ -97,3 +93,27 @@ def test_depthwise(direction, rng):
         want = ref.conv_backward_weight(xv, dyv, tuple(w.shape), **kw)
     assert got.dtype == torch.bfloat16
     check_bf16(_bits(got), want, f"depthwise {direction}", accumulation=1e-3)
+
+
+@pytest.mark.parametrize("b_mn", [0, 1])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+def test_tma_tiles(direction, b_mn, rng):
+    """The TMA + warpgroup-MMA tiles on bfloat16 tensors: boxes of bf16 bits, wgmma .bf16 (bwd_data: w flipped by
+    the launcher, or read as stored with b_mn)."""
+    torch = pytest.importorskip("torch")
+    from kernelgen import arrays
+    from kernelgen.api import get_launcher, make_plan
+    from kernelgen.problem import make_problem
+    if b_mn and direction == "fwd":
+        pytest.skip("b_mn reads a backward-data filter")
+    x_shape, w_shape, kw = (4, 14, 14, 64), (128, 3, 3, 64), dict(padding=1)
+    p = make_problem(direction, x_shape, w_shape, dtype="bfloat16", **kw)
+    cfg = TileConfig(128, 64, 64, stages=4, WM=64, WN=64, wgmma=1, tma=1, b_mn=b_mn)
+    launcher = get_launcher(make_plan(p, "cuda", config=cfg, precision="bf16"))
+    (w, wv), (a, av) = _tensor(torch, rng, w_shape), _tensor(torch, rng, x_shape if direction == "fwd" else p.y_shape)
+    out = _poisoned(torch, p.output_shape)
+    names = {"fwd": ("x", "y"), "bwd_data": ("dy", "dx")}[direction]
+    launcher({names[0]: arrays.to_device_view(a.reshape(-1), "a"), "w": arrays.to_device_view(w.reshape(-1), "w"),
+              names[1]: arrays.to_device_view(out.reshape(-1), "out")})
+    want = ref.conv_forward(av, wv, **kw) if direction == "fwd" else ref.conv_backward_data(av, wv, x_shape, **kw)
+    check_bf16(_bits(out), want, f"tma {direction} b_mn={b_mn}", accumulation=1e-4)
