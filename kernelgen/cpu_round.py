@@ -54,61 +54,61 @@ def bf16(x):
 
 
 @njit(cache=True)
+def _bits_to_f32(bits, frac_bits, exp_bits):
+    """The float32 value of a 16-bit float's bit pattern: 1 sign bit, exp_bits exponent bits (bias 2**(exp_bits - 1)
+    - 1), frac_bits fraction bits.  Exact: every fp16 and bf16 is a float32."""
+    b = int(bits)
+    bias, top = (1 << (exp_bits - 1)) - 1, (1 << exp_bits) - 1
+    sign = -1.0 if b & 0x8000 else 1.0
+    exp, frac = (b >> frac_bits) & top, b & ((1 << frac_bits) - 1)
+    if exp == top:
+        return float32(sign * math.inf if frac == 0 else math.nan)
+    if exp == 0:  # zero or subnormal: frac steps of 2**(1 - bias - frac_bits)
+        return float32(sign * math.ldexp(float64(frac), 1 - bias - frac_bits))
+    return float32(sign * math.ldexp(float64(frac + (1 << frac_bits)), exp - bias - frac_bits))
+
+
+@njit(cache=True)
+def _f32_to_bits(x, rounded, frac_bits, exp_bits, quiet_nan):
+    """The bit pattern of `rounded` (x already rounded to the 16-bit format, or inf) in the format of
+    _bits_to_f32; NaN x as quiet_nan with x's sign."""
+    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
+    if math.isnan(x):
+        return uint16(sign | quiet_nan)
+    bias, top = (1 << (exp_bits - 1)) - 1, (1 << exp_bits) - 1
+    r = abs(float64(rounded))
+    if r == math.inf:
+        return uint16(sign | (top << frac_bits))
+    if r < 2.0 ** (1 - bias):  # subnormal (or zero): the fraction counts steps of the subnormal grid
+        return uint16(sign | int(math.ldexp(r, bias - 1 + frac_bits)))
+    _, e = math.frexp(r)  # r = m * 2**e, 0.5 <= m < 1: exponent field e - 1 + bias, frac_bits bits below the 1
+    return uint16(sign | ((e - 1 + bias) << frac_bits) | (int(math.ldexp(r, frac_bits + 1 - e)) - (1 << frac_bits)))
+
+
+@njit(cache=True)
 def f16_bits_to_f32(bits):
     """The float32 value of fp16 bit pattern `bits` (exact: every fp16 is a float32)."""
-    b = int(bits)
-    sign = -1.0 if b & 0x8000 else 1.0
-    exp, frac = (b >> 10) & 0x1F, b & 0x3FF
-    if exp == 31:
-        return float32(sign * math.inf if frac == 0 else math.nan)
-    if exp == 0:  # zero or subnormal: frac * 2**-24
-        return float32(sign * math.ldexp(float64(frac), -24))
-    return float32(sign * math.ldexp(float64(frac + 1024), exp - 25))
+    return _bits_to_f32(bits, 10, 5)
 
 
 @njit(cache=True)
 def f32_to_f16_bits(x):
     """The fp16 bit pattern of x rounded like cvt.rn.f16.f32: nearest even, subnormals on the 2**-24 grid,
     overflow to inf, NaN to the canonical quiet NaN (0x7E00, sign kept)."""
-    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
-    if math.isnan(x):
-        return uint16(sign | 0x7E00)
-    r = abs(float64(fp16(x)))  # exactly an fp16 value now (or inf)
-    if r == math.inf:
-        return uint16(sign | 0x7C00)
-    if r < 2.0 ** -14:  # subnormal (or zero): the fraction counts 2**-24 steps
-        return uint16(sign | int(math.ldexp(r, 24)))
-    _, e = math.frexp(r)  # r = m * 2**e, 0.5 <= m < 1: exponent field e - 1 + 15, 10 fraction bits below the 1
-    return uint16(sign | ((e + 14) << 10) | (int(math.ldexp(r, 11 - e)) - 1024))
+    return _f32_to_bits(x, fp16(x), 10, 5, 0x7E00)
 
 
 @njit(cache=True)
 def bf16_bits_to_f32(bits):
     """The float32 value of bf16 bit pattern `bits`: the upper half of a float32 word (exact)."""
-    b = int(bits)
-    sign = -1.0 if b & 0x8000 else 1.0
-    exp, frac = (b >> 7) & 0xFF, b & 0x7F
-    if exp == 255:
-        return float32(sign * math.inf if frac == 0 else math.nan)
-    if exp == 0:  # zero or subnormal: frac * 2**-133
-        return float32(sign * math.ldexp(float64(frac), -133))
-    return float32(sign * math.ldexp(float64(frac + 128), exp - 134))
+    return _bits_to_f32(bits, 7, 8)
 
 
 @njit(cache=True)
 def f32_to_bf16_bits(x):
     """The bf16 bit pattern of x rounded like cvt.rn.bf16.f32: nearest even, overflow to inf, NaN to a quiet NaN
     (0x7FC0, sign kept)."""
-    sign = 0x8000 if math.copysign(1.0, x) < 0 else 0
-    if math.isnan(x):
-        return uint16(sign | 0x7FC0)
-    r = abs(float64(bf16(x)))  # exactly a bf16 value now (or inf)
-    if r == math.inf:
-        return uint16(sign | 0x7F80)
-    if r < 2.0 ** -126:  # subnormal (or zero): the fraction counts 2**-133 steps
-        return uint16(sign | int(math.ldexp(r, 133)))
-    _, e = math.frexp(r)  # exponent field e - 1 + 127, 7 fraction bits below the 1
-    return uint16(sign | ((e + 126) << 7) | (int(math.ldexp(r, 8 - e)) - 128))
+    return _f32_to_bits(x, bf16(x), 7, 8, 0x7FC0)
 
 
 @njit(cache=True)

@@ -68,8 +68,9 @@ def test_consistency_checks_in_the_dataclass():
     with pytest.raises(ValueError, match="direction"):
         make_problem("sideways", (1, 5, 2), (2, 3, 2))
     with pytest.raises(TypeError, match="dtype"):
-        make_problem("fwd", (1, 5, 2), (2, 3, 2), dtype="bfloat16")
+        make_problem("fwd", (1, 5, 2), (2, 3, 2), dtype="int16")
     assert make_problem("fwd", (1, 5, 2), (2, 3, 2), dtype="float16").key().endswith("_float16")  # storage
+    assert make_problem("fwd", (1, 5, 2), (2, 3, 2), dtype="bfloat16").key().endswith("_bfloat16")
     with pytest.raises(ValueError, match="activation"):
         make_problem("fwd", (1, 5, 2), (2, 3, 2), activation="gelu_maybe")
 
