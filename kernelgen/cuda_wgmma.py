@@ -4,6 +4,8 @@ operations raise: warpgroup-MMA kernels are tested on the CPU backend (the same 
 kernelgen.cpu_round.wgmma_tf32) and on the GPU."""
 from __future__ import annotations
 
+import re
+
 from kernelgen import settings
 
 if settings.get("cuda_simulator"):
@@ -20,17 +22,15 @@ if settings.get("cuda_simulator"):
 else:
     from ._cuda_wgmma_intrinsics import (async_proxy_fence, smem_desc, smem_desc_sw128, wgmma_commit,  # noqa: F401
                                          wgmma_fence, wgmma_wait)
-    from ._cuda_wgmma_intrinsics import WGMMA_F16, WGMMA_F16_BMN, WGMMA_TF32
+    from ._cuda_wgmma_intrinsics import WGMMA_F16, WGMMA_F16_BMN, WGMMA_TF32, wgmma_bf16
     globals().update({f"wgmma_tf32_m64n{n}k8": f for n, f in WGMMA_TF32.items()})
     globals().update({f"wgmma_f16_m64n{n}k16": f for n, f in WGMMA_F16.items()})
     globals().update({f"wgmma_f16_m64n{n}k16_bmn": f for n, f in WGMMA_F16_BMN.items()})
 
     def __getattr__(name):
         """wgmma_bf16_m64n{N}k16[_bmn]: made on first import (a bf16 kernel), not with the module."""
-        import re
         m = re.fullmatch(r"wgmma_bf16_m64n(\d+)k16(_bmn)?", name)
         if m is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from ._cuda_wgmma_intrinsics import wgmma_bf16
         f = globals()[name] = wgmma_bf16(int(m.group(1)), bool(m.group(2)))
         return f

@@ -15,7 +15,8 @@ import pytest
 
 import kernelgen
 from harness import DLPackProducer as Producer, assert_close, poisoned, random_array, reference
-from kernelgen import arrays, bfloat16, dlpack
+from kernelgen import arrays, dlpack
+from kernelgen.storage import narrow_bits, widen_bits
 
 torch = pytest.importorskip("torch")
 
@@ -61,7 +62,7 @@ def test_a_view_keeps_the_producers_memory_alive(rng):
     assert isinstance(view, dlpack.BFloat16Array) and view.bits.ctypes.data == t.data_ptr()
     del t
     gc.collect()
-    np.testing.assert_array_equal(bfloat16.widen_bits(view.bits), expect)
+    np.testing.assert_array_equal(widen_bits(view.bits), expect)
 
 
 def test_bfloat16_torch_tensors(rng):
@@ -84,12 +85,12 @@ def test_bfloat16_rounding_matches_torch(rng):
     values = np.concatenate([random_array(rng, 4096) * 10.0 ** rng.integers(-30, 30, 4096),
                              np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1 + 2 ** -8,
                                        1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20], np.float32)]).astype(np.float32)
-    got = bfloat16.narrow_bits(values)
+    got = narrow_bits(values)
     want = torch.from_numpy(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
     nan = np.isnan(values)
     np.testing.assert_array_equal(got[~nan], want[~nan])
-    assert np.isnan(bfloat16.widen_bits(got[nan])).all()
-    np.testing.assert_array_equal(bfloat16.widen_bits(want), torch.from_numpy(want.view(np.int16)).view(
+    assert np.isnan(widen_bits(got[nan])).all()
+    np.testing.assert_array_equal(widen_bits(want), torch.from_numpy(want.view(np.int16)).view(
         torch.bfloat16).float().numpy())
 
 
@@ -110,11 +111,12 @@ def test_refusals_before_any_kernel(call, exc, message, monkeypatch):
 
 
 @pytest.mark.sim
-def test_device_conversions_in_the_simulator(rng):
-    """The CUDA widen / narrow kernels (DLPack bfloat16 arrays on a GPU) against the host ones."""
+def test_device_narrowing_in_the_simulator(rng):
+    """The CUDA kernel that rounds a float32 workspace into bfloat16 bits (split backward-weight) against the host
+    conversion."""
     from numba import cuda
+    from kernelgen.runtime.narrow import narrow_device
     values = random_array(rng, 1000)
-    bits = bfloat16.narrow_bits(values)
-    np.testing.assert_array_equal(bfloat16.narrow_device(cuda.to_device(values)).copy_to_host(), bits)
-    np.testing.assert_array_equal(bfloat16.widen_device(cuda.to_device(bits)).copy_to_host(),
-                                  bfloat16.widen_bits(bits))
+    dst = cuda.device_array(values.size, np.uint16)
+    narrow_device(cuda.to_device(values), dst, bfloat16=True)
+    np.testing.assert_array_equal(dst.copy_to_host(), narrow_bits(values))

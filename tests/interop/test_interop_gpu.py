@@ -14,7 +14,7 @@ import pytest
 import kernelgen
 from harness import DLPackProducer as Producer, assert_close, random_array, reference
 from kernelgen import arrays, dlpack
-from kernelgen.bfloat16 import widen_bits
+from kernelgen.storage import widen_bits
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

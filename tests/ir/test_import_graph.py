@@ -27,6 +27,8 @@ LOCAL_IMPORTS = {
         "`import kernelgen.nn` must not pay for it",
     ("kernelgen.runtime.tensor_map", "kernelgen._cuda_tma_intrinsics"):
         "the TMA intrinsics import numba.cuda; only the on-GPU map check (copy_kernel) needs them",
+    ("kernelgen.runtime.narrow", "kernelgen.cuda_memory"):
+        "the device intrinsics import numba.cuda; only the bfloat16 narrowing kernel, made on first use, needs them",
 }
 
 # Edges left out of the cycle check, as pyproject.toml's contracts ignore them: (importer, imported) -> the reason
