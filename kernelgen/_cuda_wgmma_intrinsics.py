@@ -114,7 +114,8 @@ wgmma_f16_m64n128k16_bmn = WGMMA_F16_BMN[128]
 
 
 def wgmma_bf16(n, b_mn_major=False):
-    """The bf16 operand form of WGMMA_F16 / WGMMA_F16_BMN (made when a kernel first imports one: kernelgen.cuda_wgmma)."""
+    """The bf16 operand form of WGMMA_F16 / WGMMA_F16_BMN (made when a kernel first imports one:
+    kernelgen.cuda_wgmma)."""
     return _wgmma(n, "bf16", b_mn_major)  # scripts/wgmma_check.py's mn-major probe
 wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_tf32_m64n256k8 = WGMMA_TF32[64], WGMMA_TF32[128], WGMMA_TF32[256]
 

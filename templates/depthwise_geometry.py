@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from kernelgen.problem import ConvProblem
+from kernelgen.storage import HALF_DTYPES
 from kernelgen.target import MAX_REGISTERS_PER_THREAD, STATIC_SHARED_BYTES
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 
@@ -294,7 +295,7 @@ def unmet(p: ConvProblem, cfg: DepthwiseConfig, g: Geometry | None = None) -> li
     why = narrow_unmet(p, cfg) if p.Cg > 1 else []
     if p.Cg == 1 and cfg.group_split > 1:
         why.append(f"group_split=1 for depthwise (groups = C), got {cfg.group_split}")
-    if cfg.VC == 8 and p.dtype not in ("float16", "bfloat16"):
+    if cfg.VC == 8 and p.dtype not in HALF_DTYPES:
         why.append("VC=8 (16 bytes of 16-bit elements) for float16 and bfloat16 tensors only")
     if cfg.share_rows and p.direction == "bwd_weight":
         why.append("share_rows=0 for backward-weight (its strips reduce into dw, not into output rows)")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kernelgen.problem import ConvProblem
+from kernelgen.storage import HALF_DTYPES
 from kernelgen.target import Target
 from kernelgen.templates import conv_v2, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
 from kernelgen.templates.config import TileConfig
@@ -104,7 +105,7 @@ def gemm_of(problem: ConvProblem, variant: str, config: TileConfig) -> Gemm:
 
 
 def _itemsize(problem: ConvProblem, config: TileConfig):
-    return 2 if problem.dtype in ("float16", "bfloat16") and config.tensor_core else 4
+    return 2 if problem.dtype in HALF_DTYPES and config.tensor_core else 4
 
 
 def registers(variant: str, config: TileConfig, alpha: int):
