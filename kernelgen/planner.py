@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kernelgen import compile_profile, settings
 from kernelgen.problem import ConvProblem
@@ -253,6 +253,11 @@ def _tensor_core_choice(problem, backend, config, precision, target: Target) -> 
         if tuned is not None:
             return Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem at "
                                                         f"{precision}: its fastest config")
+        if problem.dtype == "bfloat16":  # (at bf16: check_dtype_precision)
+            # bfloat16 moves the bytes float16 does, through the same tiles at the same MMA rate: the rest of the
+            # chain is the float16 problem's at fp16 (its tuned entry, the fp16 model, the sm_90 TMA tile)
+            twin = _tensor_core_choice(replace(problem, dtype="float16"), backend, None, "fp16", target)
+            return Choice(twin.variant, twin.config, twin.decided_by, f"as the float16 problem at fp16: {twin.reason}")
         chosen = _model_choice(problem, [variant], precision, target)
         if chosen is not None:
             return chosen

@@ -15,7 +15,6 @@ answer exact problems only (tuned_config), like a forced variant.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -210,14 +209,7 @@ def tuned_config(problem, device_key: str, variant, precision="fp32"):
 def exact(problem, device_key: str, precision="fp32", variant=None):
     """(variant, config) of the entry for exactly this problem at `precision`: its fastest candidate usable now
     (of `variant`, if given), or None.  The CPU backend's planner reads first-call autotuning's entries with it."""
-    entries = entries_for(device_key)
-    e = entries.get(entry_key(problem, precision))
-    if e is None and problem.dtype == "bfloat16" and precision == "bf16":
-        # untuned bfloat16: the float16 problem's fp16 entry (the same bytes, tiles and MMA rate; only the MMA's
-        # operand type and the conversions differ), its configs as usable as on that problem
-        twin = dataclasses.replace(problem, dtype="float16")
-        e = entries.get(entry_key(twin, "fp16"))
-        return None if e is None else _pick(twin, e, variant, "fp16")
+    e = entries_for(device_key).get(entry_key(problem, precision))
     return None if e is None else _pick(problem, e, variant, precision)
 
 

@@ -199,20 +199,22 @@ def test_cuda_rendering():
     assert "wgmma_bf16_m64n64k16(" in tma and "uint16" in tma and "BFLOAT16 = True" in tma
 
 
-def test_the_planner_takes_the_float16_entry_for_an_untuned_bfloat16_problem(monkeypatch):
+def test_an_untuned_bfloat16_problem_is_planned_as_its_float16_twin(monkeypatch):
+    """The chain after the exact bf16 entry is the float16 problem's at fp16: its tuned entry here (and so its model and
+    sm_90 TMA tile where it has none)."""
     from kernelgen import planner
-    from kernelgen.tuning import database
-    seen = []
+    twin_cfg = TileConfig(128, 64, 64, stages=8, WM=64, WN=64, wgmma=1, tma=2)
+    asked = []
 
-    def entries_for(device):
-        return {database.entry_key(make_problem("fwd", (2, 8, 8, 64), (64, 3, 3, 64), padding=1,
-                                                dtype="float16"), "fp16"): {}}
-    monkeypatch.setattr(database, "entries_for", entries_for)
-    monkeypatch.setattr(database, "_pick", lambda problem, e, variant, precision: seen.append((problem.dtype,
-                                                                                              precision)))
+    def tuned(problem, precision):
+        asked.append((problem.dtype, precision))
+        return twin_cfg if (problem.dtype, precision) == ("float16", "fp16") else None
+    monkeypatch.setattr(planner, "tuned_tensor_core_config", tuned)
     p = make_problem("fwd", (2, 8, 8, 64), (64, 3, 3, 64), padding=1, dtype="bfloat16")
-    database.exact(p, "dev", "bf16")
-    assert seen == [("float16", "fp16")]
+    plan = make_plan(p, "cuda", precision="bf16")
+    assert asked == [("bfloat16", "bf16"), ("float16", "fp16")]
+    assert plan.config == twin_cfg and plan.precision == "bf16" and plan.decided_by == "tuned"
+    assert plan.reason.startswith("as the float16 problem at fp16")
     assert planner.check_dtype_precision("bfloat16", "bf16") is None
 
 
@@ -224,7 +226,7 @@ def test_bfloat16_needs_precision_bf16(precision, rng):
 
 
 def test_mixed_dtypes_are_refused(rng):
-    (x, _), (w, _) = bf16(rng, (1, 4, 4, 8)), bf16(rng, (4, 3, 3, 8))
+    x, _ = bf16(rng, (1, 4, 4, 8))
     with pytest.raises(TypeError, match="must not be bfloat16 unless every tensor"):
         kernelgen.conv(x, np.ones((4, 3, 3, 8), np.float32), backend="cpu")
     assert NAN_BITS == poisoned(1, "bfloat16")[0]
