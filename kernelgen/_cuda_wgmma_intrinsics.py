@@ -76,11 +76,11 @@ def smem_desc_sw128(typingctx, arr, i, lbo, sbo):
     return types.uint64(arr, i, lbo, sbo), _descriptor(True)
 
 
-def _wgmma(n, kind="tf32", b_mn_major=False):
+def _wgmma(n, kind="tf32", b_mn_major=False, a_mn_major=False):
     regs = n // 2
     # fp16 takes two more immediates, the operands' transposes: 0 0 = both K-major, as for tf32 (which has no choice);
-    # 0 1 = B MN-major (n contiguous: TileConfig.b_mn)
-    transposes = ", 0, 1" if b_mn_major else ", 0, 0"
+    # 0 1 = B MN-major (n contiguous: TileConfig.b_mn); 1 1 = A MN-major too (m contiguous: TileConfig.a_mn)
+    transposes = f", {int(a_mn_major)}, {int(b_mn_major)}"
     shape, extra = {"tf32": (f"m64n{n}k8.f32.tf32.tf32", ""), "fp16": (f"m64n{n}k16.f32.f16.f16", transposes),
                     "bf16": (f"m64n{n}k16.f32.bf16.bf16", transposes)}[kind]
     text = (f"{{ .reg .pred p; setp.ne.b32 p, ${regs + 2}, 0; "
@@ -100,7 +100,8 @@ def _wgmma(n, kind="tf32", b_mn_major=False):
             fnty = ir.FunctionType(ir.LiteralStructType([_F32] * regs), [_I64, _I64, _I32] + [_F32] * regs)
             cons = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)]) + ",~{memory}"
             out = builder.asm(fnty, text, cons, descs + [ir.Constant(_I32, 1)] + vals, side_effect=True,
-                              name=f"wgmma_{kind}_n{n}" + ("_bmn" if b_mn_major else ""))
+                              name=f"wgmma_{kind}_n{n}" + ("_amn" if a_mn_major else "")
+                              + ("_bmn" if b_mn_major else ""))
             return context.make_tuple(builder, ret, [builder.extract_value(out, i) for i in range(regs)])
         return ret(acc, da, db), codegen
     return wgmma
@@ -113,10 +114,10 @@ WGMMA_F16_BMN = {n: _wgmma(n, "fp16", b_mn_major=True) for n in range(64, 257, 6
 wgmma_f16_m64n128k16_bmn = WGMMA_F16_BMN[128]
 
 
-def wgmma_bf16(n, b_mn_major=False):
-    """The bf16 operand form of WGMMA_F16 / WGMMA_F16_BMN (made when a kernel first imports one:
-    kernelgen.cuda_wgmma)."""
-    return _wgmma(n, "bf16", b_mn_major)  # scripts/wgmma_check.py's mn-major probe
+def wgmma_16bit(kind, n, b_mn_major=False, a_mn_major=False):
+    """The bf16 operand form of WGMMA_F16 / WGMMA_F16_BMN, and either kind with A MN-major (made when a kernel first
+    imports one: kernelgen.cuda_wgmma)."""
+    return _wgmma(n, kind, b_mn_major, a_mn_major)  # scripts/wgmma_check.py's mn-major probe
 wgmma_tf32_m64n64k8, wgmma_tf32_m64n128k8, wgmma_tf32_m64n256k8 = WGMMA_TF32[64], WGMMA_TF32[128], WGMMA_TF32[256]
 
 

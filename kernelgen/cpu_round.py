@@ -132,7 +132,8 @@ def _operand_word(start, row, k, lbo, sbo, swizzle, itemsize=4):
 
 @njit(cache=True)
 def _mn_word(start, col, k, n_block, k_group):
-    """Shared element of (col, k) of an MN-major float16 B (ir.WarpgroupMma.b_mn): rows of 64 columns along k,
+    """Shared element of (col, k) of an MN-major 16-bit B (ir.WarpgroupMma.b_mn), or of (row, k) of such an A
+    (a_mn): rows of 64 columns along k,
     the 16-byte chunk XORed with k % 8 (the row within its 1024-byte group)."""
     byte = 2 * (start + (col // 64) * n_block + (k // 8) * k_group + (k % 8) * 64 + col % 64)
     return (byte ^ (((byte >> 7) & 7) << 4)) // 2
@@ -149,18 +150,20 @@ def wgmma_tf32(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=0):
 
 
 @njit(cache=True)
-def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0):
+def wgmma_f16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0, a_block=0,
+              a_group=0):
     """wgmma_tf32 for kind "fp16": k < 16, the operands float16 bit patterns (uint16) in the 128-byte swizzled
     layout, used exactly; the products are exact in float32, summed in float32.  b_block > 0: B MN-major with
-    these (n block, k group) strides (ir.WarpgroupMma.b_mn)."""
-    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group)
+    these (n block, k group) strides (ir.WarpgroupMma.b_mn); a_block > 0: A MN-major likewise (a_mn)."""
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group, False, a_block, a_group)
 
 
 @njit(cache=True)
-def wgmma_bf16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0):
+def wgmma_bf16(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle=128, b_block=0, b_group=0, a_block=0,
+               a_group=0):
     """wgmma_f16 for kind "bf16": the operands bfloat16 bit patterns (uint16), used exactly (8 x 8 significant bits:
     the products are exact in float32)."""
-    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group, True)
+    _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, 16, 2, b_block, b_group, True, a_block, a_group)
 
 
 def _operand(v):
@@ -176,14 +179,15 @@ def _operand_impl(v):
 
 @njit(cache=True)
 def _wgmma(acc, first, a, a0, b, b0, n, lbo, sbo, thread, swizzle, depth, itemsize, b_block=0, b_group=0,
-           bfloat16=False):
+           bfloat16=False, a_block=0, a_group=0):
     w, g, t = (thread % 128) // 32, (thread % 32) // 4, thread % 4
     for i in range(n // 2):
         j, r = i // 4, i % 4
         row, col = 16 * w + g + 8 * (r // 2), 8 * j + 2 * t + r % 2
         s = float32(0.0)
         for k in range(depth):
-            aw = a[_operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)]
+            aw = a[_mn_word(a0, row, k, a_block, a_group) if a_block else
+                   _operand_word(a0, row, k, lbo, sbo, swizzle, itemsize)]
             bw = _mn_word(b0, col, k, b_block, b_group) if b_block else _operand_word(b0, col, k, lbo, sbo, swizzle,
                                                                                       itemsize)
             if bfloat16:

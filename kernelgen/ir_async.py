@@ -80,11 +80,15 @@ class WarpgroupMma(Stmt):
     # as above with k % 8 for the row): w as stored, read without a transposed copy.  Which descriptor offset
     # carries which stride on the H100 is scripts/wgmma_check.py's mn-major probe (render_cuda.MN_MAJOR_OFFSETS)
     b_mn: Tuple[int, ...] = ()
+    # (m block, k group) strides: A MN-major likewise (backward-weight's dy: k_out contiguous), element (row, k) at
+    # a_index + (row // 64) m_block + (k // 8) k_group + (k % 8) 64 + row % 64; its descriptor as b_mn's
+    a_mn: Tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.b_mn and (self.kind == "tf32" or len(self.b_mn) != 2):
-            raise ValueError(f"WarpgroupMma: b_mn is fp16's / bf16's (n block, k group) strides of an MN-major B, got "
-                             f"{self.b_mn} with kind {self.kind!r}")
+        for name, mn in (("a_mn", self.a_mn), ("b_mn", self.b_mn)):
+            if mn and (self.kind == "tf32" or len(mn) != 2):
+                raise ValueError(f"WarpgroupMma: {name} is fp16's / bf16's (block, k group) strides of an MN-major "
+                                 f"operand, got {mn} with kind {self.kind!r}")
         if self.n % 8 or not 8 <= self.n <= 256 or len(self.acc) != self.n // 2:
             raise ValueError(f"WarpgroupMma: n must be a multiple of 8 in 8..256 with n / 2 accumulators, got "
                              f"n={self.n} and {len(self.acc)}")

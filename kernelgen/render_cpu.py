@@ -75,7 +75,8 @@ class CpuPrinter(SourcePrinter):
         self.helpers.add(fn)
         (ai,), (bi,) = s.a_index, s.b_index
         tid = self.thread_var
-        mn = "".join(f", {v}" for v in s.b_mn)  # an MN-major B's strides (wgmma_f16)
+        # an MN-major B's strides, and an MN-major A's after them (wgmma_f16)
+        mn = "".join(f", {v}" for v in (s.b_mn or ((0, 0) if s.a_mn else ())) + s.a_mn)
         self.emit(depth, f"{fn}({row}, {flat(first)}, {s.a}, {self.expr(ai)}, {s.b}, "
                          f"{self.expr(bi)}, {s.n}, {s.lbo}, {s.sbo}, {tid}, {s.swizzle}{mn})")
 

@@ -160,18 +160,18 @@ class CudaPrinter(SourcePrinter):
 
     def warpgroup_mma(self, s, depth):
         fn = {"tf32": f"wgmma_tf32_m64n{s.n}k8", "fp16": f"wgmma_f16_m64n{s.n}k16",
-              "bf16": f"wgmma_bf16_m64n{s.n}k16"}[s.kind] + ("_bmn" if s.b_mn else "")
+              "bf16": f"wgmma_bf16_m64n{s.n}k16"}[s.kind] + ("_amn" if s.a_mn else "") + ("_bmn" if s.b_mn else "")
         desc = "smem_desc_sw128" if s.swizzle else "smem_desc"
         self.wgmma_helpers |= {fn, desc}
         acc = ", ".join(self.expr(e) for e in s.acc)
         (ai,), (bi,) = s.a_index, s.b_index
         # descriptors take byte offsets; the IR counts the buffers' elements
         e = _BYTES[self.kernel.buffer(s.a).dtype]
-        b_offsets = (e * s.lbo, e * s.sbo)
-        if s.b_mn:  # an MN-major B: its (n block, k group) strides in the offsets MN_MAJOR_OFFSETS names
-            strides = dict(zip(("n_block", "k_group"), s.b_mn))
-            b_offsets = tuple(e * strides[f] for f in MN_MAJOR_OFFSETS)
-        self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {e * s.lbo}, {e * s.sbo}), "
+        # an MN-major operand: its (block, k group) strides in the offsets MN_MAJOR_OFFSETS names
+        mn_major = lambda mn: tuple(e * dict(zip(("n_block", "k_group"), mn))[f] for f in MN_MAJOR_OFFSETS)
+        a_offsets = mn_major(s.a_mn) if s.a_mn else (e * s.lbo, e * s.sbo)
+        b_offsets = mn_major(s.b_mn) if s.b_mn else (e * s.lbo, e * s.sbo)
+        self.emit(depth, f"{acc} = {fn}(({acc},), {desc}({s.a}, {self.expr(ai)}, {a_offsets[0]}, {a_offsets[1]}), "
                          f"{desc}({s.b}, {self.expr(bi)}, {b_offsets[0]}, {b_offsets[1]}))")
 
     def warpgroup_sync(self, s, depth):

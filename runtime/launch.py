@@ -361,7 +361,8 @@ class Launcher:
         """launch_pointers of a kernel that adds its widened outputs into float32 workspaces (one per name, size
         and stream, as _call_widened's: the work on one stream runs in order): each workspace cleared, the kernel,
         each workspace rounded into the caller's array - three launches by address, none through numba's
-        dispatcher (which costs more than a small backward-weight kernel itself)."""
+        dispatcher (which costs more than a small backward-weight kernel itself); tensor maps derived as
+        launch_pointers derives them (16-bit backward-weight on TMA: a split one adds into a workspace)."""
         handle, entries, rounded = stream_handle(stream), [], []
         for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
             if name in self.widened:
@@ -371,12 +372,12 @@ class Launcher:
                 rounded.append((wide, ptr, n))
             else:
                 entries.append((ptr, n, itemsize))
+        if self.tensor_maps:
+            entries = self._derived_pointers(entries, stream)
         self._fast(entries, itemsize, handle)
         for wide, ptr, n in rounded:
             narrow_pointers(wide, ptr, n, handle, self.bfloat16)
 
     @property
     def fast(self) -> bool:
-        # (_launch_widened derives no tensor maps: a widened kernel with maps, which no template makes, would take
-        # the general route)
-        return self._fast is not None and self._fast.usable() and not (self.widened and self.tensor_maps)
+        return self._fast is not None and self._fast.usable()

@@ -59,6 +59,10 @@ class TileConfig:
     from w as stored (c contiguous) and the wgmma reads B MN-major, so no launch flips w first; BN and WN
     multiples of 64 (one 128-byte box row of c per 64 columns).  0 by default and then absent from string and
     dict.
+    a_mn=1 (fp16 / bf16 backward-weight on TMA, with b_mn=1): the wgmma reads A MN-major too.  Backward-weight's
+    GEMM reduces over the output pixels, and both of its operands are stored with that axis outermost (dy: k_out
+    contiguous, x: c contiguous), so both arrive as boxes of 64 columns x BK rows of the reduction.  0 by default
+    and then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -78,6 +82,7 @@ class TileConfig:
     wgmma: int = 0
     tma: int = 0
     b_mn: int = 0
+    a_mn: int = 0
 
     @property
     def tensor_core(self):
@@ -143,7 +148,7 @@ class TileConfig:
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
         # newer fields: absent while unused (keys, entries unchanged)
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn"):
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn", "a_mn"):
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -175,6 +180,8 @@ class TileConfig:
             s += "_WG"
         if self.tma:
             s += "_TMA" if self.tma == 1 else f"_TMA{self.tma}"
+        if self.a_mn:
+            s += "_AMN"
         if self.b_mn:
             s += "_BMN"
         return s
@@ -197,6 +204,8 @@ class TileConfig:
                 kw["wgmma"] = 1
             elif part == "BMN":
                 kw["b_mn"] = 1
+            elif part == "AMN":
+                kw["a_mn"] = 1
             elif m and m.group(1) == "TMA":
                 kw["tma"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):

@@ -43,9 +43,12 @@ class PipelineKind:
 # --- rules shared by the kinds ------------------------------------------------------------------------------------
 
 def check_b_mn(cfg):
-    """B read MN-major (b_mn=1) exists only as TMA boxes of 64 columns of 128 bytes of fp16."""
+    """B read MN-major (b_mn=1) exists only as TMA boxes of 64 columns of 128 bytes of fp16; A read MN-major (a_mn=1,
+    backward-weight) likewise, with B MN-major too (its rows: 64 of the 64-row strips a warpgroup MMA takes)."""
     if cfg.b_mn not in (0, 1) or cfg.b_mn and (not cfg.tma or cfg.BK != 64 or cfg.BN % 64 or cfg.WN % 64):
         raise ValueError(f"TileConfig: b_mn=1 needs tma=1 or 2, BK 64 (fp16) and BN, WN multiples of 64; got {cfg}")
+    if cfg.a_mn not in (0, 1) or cfg.a_mn and not cfg.b_mn:
+        raise ValueError(f"TileConfig: a_mn=1 (backward-weight's A MN-major) needs b_mn=1; got {cfg}")
 
 
 def require_fixed_reduction(s):
@@ -161,23 +164,25 @@ def check_tma_config(cfg):
 
 
 def require_tma_view(s):
-    """The view must describe its operands as TMA boxes, and split-K must split the slices evenly."""
+    """The view must describe its operands as TMA boxes (tma() checks the split against them)."""
     require_fixed_reduction(s)
-    cfg, SK = s.cfg, s.cfg.split_k
     if s.view.tma is None:
-        raise ValueError(f"config: tma={cfg.tma} needs a GEMM view whose operands are TMA boxes (implicit-GEMM "
-                         f"forward or backward-data); {s.name} has none, got {cfg}")
-    if s.nkt % SK:  # a box past the last slice would read real pixels at a tap the filter does not have
-        raise ValueError(f"config: tma={cfg.tma} needs split_k to divide the {s.nkt} slices of {cfg.BK}, got {cfg}")
+        raise ValueError(f"config: tma={s.cfg.tma} needs a GEMM view whose operands are TMA boxes (implicit-GEMM "
+                         f"forward, backward-data or 16-bit backward-weight); {s.name} has none, got {s.cfg}")
 
 
 def tma(s):
     """The view's boxes (each split copies its own run of slices; the schedule counts from 0), through
-    tma_schedule's k-loop: one issuing thread (tma=1), or a producer warp (tma=2)."""
+    tma_schedule's k-loop: one issuing thread (tma=1), or a producer warp (tma=2).  split-K must split the slices
+    evenly unless the boxes read zeros past the reduction's end (TmaOperands.zeros_past_end)."""
     ops = s.view.tma(s.cfg, s.ctx)
+    if s.nkt % s.cfg.split_k and not ops.zeros_past_end:  # a box past the last slice would read real pixels at a
+        # tap the filter does not have
+        raise ValueError(f"config: tma={s.cfg.tma} needs split_k to divide the {s.nkt} slices of {s.cfg.BK}, got "
+                         f"{s.cfg}")
     if s.cfg.split_k > 1:
-        ops = replace(ops, a_box=lambda kt, box=ops.a_box: box(s.k_lo + kt),
-                      b_box=lambda kt, box=ops.b_box: box(s.k_lo + kt))
+        ops = replace(ops, a_box=lambda kt, part, box=ops.a_box: box(s.k_lo + kt, part),
+                      b_box=lambda kt, part, box=ops.b_box: box(s.k_lo + kt, part))
     schedule = tma_specialised_pipeline if s.cfg.tma == 2 else tma_pipeline
     prologue, kloop, locals_ = schedule(ops, s.cfg, s.k_extent, s.compute, s.As, s.Bs, s.NT, s.tid)
     return MainLoop(tuple(kloop), tuple(prologue), tuple(locals_), ops.params(), (ops.a, ops.b))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernelgen.ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, select
+from kernelgen.ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, minimum, select
 from kernelgen.storage import HALF_DTYPES, WIDE_SUFFIX
 
 from .config import TileConfig
@@ -137,6 +137,8 @@ def tma_unmet(p):
     """What this module's TMA boxes need that problem p lacks (an empty list: forward_tma builds).  A strided
     backward-data runs as KS-deconv's classes instead, with their own boxes: implicit_gemm_tc.tma_unmet asks
     the module that builds each problem."""
+    if p.direction == "bwd_weight":
+        return backward_weight_tma_unmet(p)
     f = tma_forward_problem(p)
     if f is None:
         return ["a forward convolution or a stride-1 backward-data with groups=1 and padding <= dilation x "
@@ -161,6 +163,9 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
+    if cfg.a_mn:
+        raise ValueError(f"config: a_mn=1 reads backward-weight's dy MN-major; {p.direction} reads its A K-major, got "
+                         f"{cfg}")
     f = tma_forward_problem(p)
     (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = f.filter_size, f.padding, f.dilation, f.stride
     (_, H, W), (_, OH, OW) = f.in_size, f.out_size
@@ -180,7 +185,7 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
     chunks = f.C // ROW  # channel slices per filter tap
 
-    def a_box(kt):
+    def a_box(kt, part=0):
         tap = kt // chunks
         return (((kt % chunks) * ROW, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
 
@@ -193,19 +198,70 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
             tap = kt // chunks
             return (n0, fw - 1 - tap % fw, fh - 1 - tap // fw, (kt % chunks) * ROW)
         return b_mn_operands(p, cfg, a, a_box, b_box)
-    return TmaOperands(a, b, a_box, lambda kt: (kt * ROW, n0))
+    return TmaOperands(a, b, a_box, lambda kt, part: ((kt * ROW, n0), ()))
 
 
 def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
     """TmaOperands whose B reads w as stored (TileConfig.b_mn), seen as (c, s, r, k): b_box(kt) -> the slice's
-    (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile."""
+    (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile.
+    a_box(kt, part) -> A's (coords, offsets)."""
     if p.C * 2 % 16:  # a tensor map's rows are multiples of 16 bytes
         raise ValueError(f"config: b_mn=1 reads w as stored, whose rows of C channels must be a multiple of 16 bytes "
                          f"(C a multiple of 8 at 16 bits), got C={p.C}")
     _, th, tw = p.filter_size
     b = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (2 * p.C, 2 * p.C * tw, 2 * p.C * tw * th),
                   (64, 1, 1, cfg.BK), swizzle=128, dtype=p.dtype)
-    return TmaOperands(a, b, a_box, b_box, tuple((part * 64 * cfg.BK, part * 64) for part in range(cfg.BN // 64)), 0)
+    def b_part(kt, part):  # part j: the 64 columns j * 64 on
+        first, *rest = b_box(kt)
+        return (first + part * 64 if part else first, *rest), ()
+    return TmaOperands(a, b, a_box, b_part, b_parts=cfg.BN // 64)
+
+
+def backward_weight_tma_unmet(p):
+    """What backward_weight_tma needs that problem p lacks (an empty list: it builds)."""
+    return [w for bad, w in ((p.dtype not in HALF_DTYPES, "float16 or bfloat16 arrays (both operands MN-major: "
+                                                          "the TF32 wgmma reads K-major ones only)"),
+                             (p.groups != 1, "groups=1"),
+                             (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
+                             (p.stride[0] != 1 or max(p.stride) > 8, "stride 1 to 8"),
+                             (p.C % 64, "channels a multiple of 64 (a 64-column box stays in one filter tap)"),
+                             (p.K % 8, "output channels a multiple of 8 (dy's rows: 16-byte multiples)")) if bad]
+
+
+def backward_weight_tma(p, cfg: TileConfig, m0, n0):
+    """Backward-weight's operands as TMA boxes, both MN-major (TileConfig.a_mn, b_mn): the reduction runs over the
+    output pixels (n, oh, ow) in slices of BK = 64, and each operand stores that axis outermost.  A's part j is the
+    tiled box of dy seen as (K, N * OH * OW): output channels m0 + 64 j .. + 63 x the slice's pixels; B's part j
+    the im2col box of x at column n0 + 64 j = (tap, c): channels c .. c + 63 x the slice's pixels, the window corners
+    as the forward's (x seen as (C, W, H, N)) and the tap as the offsets.  Pixels past the last one read zeros from
+    dy's box, so their products are 0 whatever x's box holds; columns past the filter read its last tap and are not
+    stored."""
+    why = backward_weight_tma_unmet(p)
+    if why:
+        raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
+    if not (cfg.a_mn and cfg.b_mn and cfg.BK == 64):
+        raise ValueError(f"config: tma={cfg.tma} on backward-weight reads both operands MN-major: it needs a_mn=1, "
+                         f"b_mn=1 and BK 64; got {cfg}")
+    (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = p.filter_size, p.padding, p.dilation, p.stride
+    (_, H, W), (_, OH, OW) = p.in_size, p.out_size
+    e, BK = 2, cfg.BK
+    a = TensorMap("dy_map", "dy", "tiled", (p.K, p.N * OH * OW), (e * p.K,), (64, BK), swizzle=128, dtype=p.dtype)
+    b = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (e * p.C, e * W * p.C, e * H * W * p.C), (64, BK),
+                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, dtype=p.dtype,
+                  traversal=(sw, sh) if sw * sh > 1 else ())
+    moved = lambda first, part: first + 64 * part if part else first
+    ragged = (fh * fw * p.C) % cfg.BN != 0
+
+    def a_box(kt, part):
+        return (moved(m0, part), kt * BK), ()
+
+    def b_box(kt, part):
+        col = moved(n0, part)
+        tap = minimum(col // p.C, fh * fw - 1) if ragged else col // p.C
+        first = kt * BK
+        n, oh, ow = first // (OH * OW), (first % (OH * OW)) // OW, first % OW
+        return (col % p.C, ow * sw - pw, oh * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh)
+    return TmaOperands(a, b, a_box, b_box, a_parts=cfg.BM // 64, b_parts=cfg.BN // 64, zeros_past_end=True)
 
 
 def backward_data_view(p, cfg: TileConfig) -> GemmView:
@@ -306,7 +362,7 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
               Buffer("dy", (Kr * p.K,), p.dtype), Buffer(dw, (p.K * Ng,), dw_dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("mn", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
                     params, p.dtype, doc=f"implicit-GEMM backward-weight: dw[{p.K} x {Ng}] = dy^T * x",
-                    batch=("K", _prod(p.out_size)))
+                    tma=lambda cfg, ctx: backward_weight_tma(p, cfg, ctx.m0, ctx.n0), batch=("K", _prod(p.out_size)))
 
 
 VIEWS = {"fwd": forward_view, "bwd_data": backward_data_view, "bwd_weight": backward_weight_view}

@@ -183,18 +183,38 @@ TMA_TILES_SHORT = ((128, 128, 64, 128, 2, 1), (128, 64, 64, 64, 2, 1))
 # of the flipped copy: on the H100 the MN-major descriptor reading matched float64 and every gpu_md row ran faster
 # with it (geo-mean 0.778 -> 0.941 of cuDNN, BENCHMARKS.md 2026-11-25).  False tunes the flipped-copy tiles instead.
 B_MN_WHERE_ALLOWED = True
+# fp16 / bf16 backward-weight (both operands MN-major: TileConfig.a_mn, b_mn): M = output channels, N = taps x
+# channels, the reduction over the output pixels long, so every tile is split to fill about one and about two
+# waves (its boxes past the last pixel read zeros from dy: any split builds); warp-specialised (tma=2), the tiles
+# the forward measured best, and 64 rows for the layers of 64 output channels
+TMA_TILES_BWD_WEIGHT = ((128, 128, 64, 128, 6, 2), (128, 256, 64, 256, 4, 2), (256, 128, 128, 128, 4, 2),
+                        (64, 128, 64, 128, 6, 2), (64, 256, 64, 256, 4, 2))
+
+
+def tma_bwd_weight_splits(problem, bm, bn, bk, target: Target):
+    """split-K factors of a backward-weight TMA tile: about one and about two waves of blocks, each split keeping
+    >= 8 slices (a pipeline of up to 8 stages to fill)."""
+    m, n, k, groups = gemm_shape(problem)
+    blocks, k_tiles = _cdiv(m, bm) * _cdiv(n, bn) * groups, _cdiv(k, bk)
+    most = max(1, k_tiles // 8)
+    return sorted({max(1, min(most, _cdiv(w * target.sm_count, blocks))) for w in (1, 2)})
 
 
 def tma_candidate_configs(problem, precision, target: Target):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
     tc_split_choices; never for float16 outputs), where the target has TMA and warpgroup MMAs and the TMA boxes
-    build (tma_unmet): TF32 on float32 arrays, fp16 on float16 arrays."""
+    build (tma_unmet): TF32 on float32 arrays, fp16 / bf16 on float16 / bfloat16 arrays; fp16 / bf16
+    backward-weight: TMA_TILES_BWD_WEIGHT, split as tma_bwd_weight_splits."""
     if not (target.has("tma") and target.has("wgmma")):
         return []
     if not ((precision, problem.dtype) == ("tf32", "float32") or stored_exactly(problem.dtype, precision)) \
             or tma_unmet(problem):
         return []
     bk = swizzled_row(problem.dtype)
+    if problem.direction == "bwd_weight":
+        return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma, a_mn=1, b_mn=1)
+                for bm, bn, wm, wn, st, tma in TMA_TILES_BWD_WEIGHT
+                for sk in tma_bwd_weight_splits(problem, bm, bn, bk, target)]
     tiles = TMA_TILES if precision == "tf32" else TMA_TILES_FP16  # (bf16 as fp16: the same bytes and MMA rate)
     m, n, k, groups = tc_gemm_shape(problem)
     if precision != "tf32" and -(-m // 128) * -(-n // 128) * groups < target.sm_count:

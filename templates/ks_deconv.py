@@ -183,6 +183,8 @@ def ks_tma(p, cfg: TileConfig, ctx):
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2
+    if cfg.a_mn:
+        raise ValueError(f"config: a_mn=1 reads backward-weight's dy MN-major; KS-deconv reads its A K-major, got {cfg}")
     if cfg.BK != ROW:
         raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
     (_, sh, sw), (_, th, tw), (_, ih, iw), (_, oh, ow) = p.stride, p.filter_size, p.in_size, p.out_size
@@ -203,7 +205,7 @@ def ks_tma(p, cfg: TileConfig, ctx):
         tap = kt // chunks
         return q0_h + tap // span, q0_w + tap % span, (kt % chunks) * ROW
 
-    def a_box(kt):
+    def a_box(kt, part=0):
         qh, qw, k0 = taps(kt)
         return (k0, u_w - (jw - 1), u_h - (jh - 1), n), (b[2] + qw, b[1] + qh)
 
@@ -216,9 +218,9 @@ def ks_tma(p, cfg: TileConfig, ctx):
     b_map = TensorMap("w_map", "w", "tiled", (p.K, tw, th, p.C), (e * p.K, e * p.K * tw, e * p.K * tw * th),
                       (ROW, 1, 1, cfg.BN), swizzle=128, rounding=rounding, flip=(p.K, th * tw, p.C), dtype=p.dtype)
 
-    def b_box(kt):  # the flipped copy's tap T - 1 - (a + j s), below 0 where the sub-filter lacks one
+    def b_box(kt, part):  # the flipped copy's tap T - 1 - (a + j s), below 0 where the sub-filter lacks one
         t_w, t_h, k0 = w_tap(kt)
-        return k0, (tw - 1) - t_w, (th - 1) - t_h, ctx.n0
+        return (k0, (tw - 1) - t_w, (th - 1) - t_h, ctx.n0), ()
     return TmaOperands(a_map, b_map, a_box, b_box)
 
 

@@ -42,15 +42,18 @@ def swizzled_row(dtype):
 
 @dataclass(frozen=True)
 class TmaOperands:
-    """A view's operands as TMA boxes: the two tensor maps, and per slice kt (an Expr) the coordinates of A's box
-    (coords, offsets) and of B's box (coords).  b_parts: B's slice as several boxes, (element offset in the stage,
-    added to coordinate b_axis) each (an MN-major B: one box per 64 columns)."""
+    """A view's operands as TMA boxes: the two tensor maps, and a_box(kt, part) / b_box(kt, part) -> (coords,
+    offsets) of box `part` of slice kt (an Expr) of A / of B.  a_parts / b_parts: boxes per slice (an MN-major
+    operand: one per 64 columns, TileConfig.a_mn / b_mn), box j landing j boxes' elements into the stage."""
     a: TensorMap
     b: TensorMap
     a_box: Callable
     b_box: Callable
-    b_parts: tuple = ((0, 0),)
-    b_axis: int = 0
+    a_parts: int = 1
+    b_parts: int = 1
+    # a slice past the reduction's end reads zeros in one operand's boxes (backward-weight's dy), so a split-K's last
+    # split may run past it; elsewhere such a box reads real elements at a tap the filter does not have
+    zeros_past_end: bool = False
 
     def params(self):
         """The maps as kernel parameters (the launcher derives them from the arrays they describe)."""
@@ -58,15 +61,17 @@ class TmaOperands:
 
 
 def _issue(ops: TmaOperands, cfg, As, Bs, kt, stage):
-    """One thread's statements that fill `stage` with slice kt: announce the bytes on full[stage], copy both boxes."""
-    coords, offsets = ops.a_box(kt)
+    """One thread's statements that fill `stage` with slice kt: announce the bytes on full[stage], copy the boxes."""
     stage = as_expr(stage)
-    b_coords = ops.b_box(kt)
-    moved = lambda shift: tuple(c + shift if i == ops.b_axis and shift else c for i, c in enumerate(b_coords))
+
+    def copies(dst, tmap, box, parts):
+        elements = 1
+        for extent in tmap.box:
+            elements *= extent
+        return tuple(TensorCopy(dst.name, (stage, Const(j * elements)), tmap, *box(kt, j), "full", stage)
+                     for j in range(parts))
     return (MbarrierExpect("full", stage, 128 * (cfg.BM + cfg.BN)),  # BM + BN rows of 128 bytes
-            TensorCopy(As.name, (stage, Const(0)), ops.a, coords, offsets, "full", stage),
-            *(TensorCopy(Bs.name, (stage, Const(at)), ops.b, moved(shift), (), "full", stage)
-              for at, shift in ops.b_parts))
+            *copies(As, ops.a, ops.a_box, ops.a_parts), *copies(Bs, ops.b, ops.b_box, ops.b_parts))
 
 
 # fp16 kernels measured wrong (0.1-0.3 relative) on the H100 where a k-loop of 3+ rounds carried wgmma batches in

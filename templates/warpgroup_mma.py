@@ -95,6 +95,9 @@ class WarpgroupGemm:
                     if cfg.b_mn:  # B MN-major: BK rows of 64 columns per 64-column block, a k step d rows on
                         b_first = (wgn * cfg.WN // 64) * BK * 64 + d * ks * 64
                         layout["b_mn"] = (BK * 64, 8 * 64)
+                    if cfg.a_mn:  # A MN-major likewise: strip i is the 64-row block wgm * WM / 64 + i
+                        a_first = (wgm * (cfg.WM // 64) + i) * BK * 64 + d * ks * 64
+                        layout["a_mn"] = (BK * 64, 8 * 64)
                 else:
                     a_first = core_word(wgm * cfg.WM + 64 * i, 2 * ks, 0, BK)
                     b_first = core_word(wgn * cfg.WN, 2 * ks, 0, BK)
