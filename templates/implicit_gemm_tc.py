@@ -236,18 +236,24 @@ def tma_candidate_configs(problem, precision, target: Target):
 # the shipped H100 database whose tunes tried TMA tiles, this one reached 0.89 of the tuned kernel's speed
 # (geo-mean, worst 0.68), mma.sync's cost-model default (default_config) 0.375
 UNTUNED_TMA_TILE_FP16 = (128, 64, 64, 64, 8, 2)
+# ... and for 16-bit backward-weight, split to about one wave (the lowest of tma_bwd_weight_splits): over the 15 fp16
+# gpu_md problems the TMA tiles take, 0.887 of the tuned best's speed (geo-mean, worst 0.685; the other tiles 0.69-0.89;
+# tuning/results/2026-11-27_h100_gpu_md_fp16_bwd_weight_tma_tune_db.json)
+UNTUNED_TMA_TILE_BWD_WEIGHT = (64, 128, 64, 128, 6, 2)
 
 
 def untuned_tma_config(problem, precision, target: Target | str = "cuda"):
-    """The TMA tile for an fp16 problem no tune has seen: UNTUNED_TMA_TILE_FP16, with w read as stored where
-    tma_candidate_configs would, or None where that tile does not take the problem (no TMA view, or a GEMM of
+    """The TMA tile for an fp16 problem no tune has seen: UNTUNED_TMA_TILE_FP16 (backward-weight:
+    UNTUNED_TMA_TILE_BWD_WEIGHT at its lowest split), with w read as stored where tma_candidate_configs would, or
+    None where that tile does not take the problem (no TMA view, or a GEMM of
     32 columns or fewer, whose narrow tiles only a tune picks) or the target has no TMA.  target: a Target, or a
     backend name for the target in effect on it."""
     if precision not in ("fp16", "bf16"):
         return None
     shape = lambda c: (c.BM, c.BN, c.WM, c.WN, c.stages, c.tma)
-    return next((c for c in tma_candidate_configs(problem, precision, as_target(target))
-                 if shape(c) == UNTUNED_TMA_TILE_FP16), None)
+    tile = UNTUNED_TMA_TILE_BWD_WEIGHT if problem.direction == "bwd_weight" else UNTUNED_TMA_TILE_FP16
+    return min((c for c in tma_candidate_configs(problem, precision, as_target(target)) if shape(c) == tile),
+               key=lambda c: c.split_k, default=None)
 
 
 def fits_storage(problem, cfg):
