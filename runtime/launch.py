@@ -22,6 +22,7 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_flipped_device, round_tf32_flipped_host,
                                            round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
                                            round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.runtime.map_ring import ring_for
 from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_pointers
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 from kernelgen.storage import WIDE_SUFFIX
@@ -76,10 +77,8 @@ class Launcher:
     bfloat16: bool = False  # the kernel's 16-bit arrays hold bfloat16 bit patterns (the module's BFLOAT16)
     # configured kernels by stream: `kernel[grid, threads]` builds a new launch object each time
     _configured: dict = field(default_factory=dict, repr=False, compare=False)
-    _maps: dict = field(default_factory=dict, repr=False, compare=False)
     _rounded: dict = field(default_factory=dict, repr=False, compare=False)  # _copy_of's buffers
-    # (stream, sizes of the rounded sources) -> (their copies' addresses, the maps' (address, 16, 8) words): the
-    # maps read the launcher's own copies, so they stay the same from call to call
+    # (stream, sizes of the rounded sources) -> their copies' addresses (the maps live in runtime/map_ring.py)
     _derived: dict = field(default_factory=dict, repr=False, compare=False)
     _fast: object = field(default=None, repr=False, compare=False)
     _general_path: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
@@ -142,25 +141,28 @@ class Launcher:
             return ()
         return tuple(sorted(sources, key=lambda name: bool(sources[name])))
 
-    def _tensor_map(self, spec, ptr):
-        """The map `spec` describes, over the array at device address `ptr`, as a device array (encoded once per
-        address)."""
+    @staticmethod
+    def _encoded(spec, ptr):
+        """The 16 words of the map `spec` describes over the array at device address `ptr` (runtime/tensor_map.py)."""
         name, source, mode, dims, strides, box, lower, upper, swizzle = spec[:9]
         dtype = spec[11] if len(spec) > 11 else "float32"
-        found = self._maps.get((name, ptr))
-        if found is None:
-            from numba import cuda
-            if ptr % 16:
-                raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
-            swz = swizzle or None
-            traversal = tuple(spec[12]) if len(spec) > 12 else ()
-            host = (encode_tiled(ptr, dtype, dims, strides, box, swizzle=swz) if mode == "tiled" else
-                    encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz,
-                                  traversal=traversal))
-            if len(self._maps) >= 64:  # arrays come and go: keep the recent ones
-                self._maps.clear()
-            found = self._maps[(name, ptr)] = cuda.to_device(host)
-        return found
+        if ptr % 16:
+            raise ValueError(f"{source}: a TMA tensor map needs the array 16-byte aligned, got address {ptr:#x}")
+        swz = swizzle or None
+        traversal = tuple(spec[12]) if len(spec) > 12 else ()
+        return (encode_tiled(ptr, dtype, dims, strides, box, swizzle=swz) if mode == "tiled" else
+                encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz,
+                              traversal=traversal))
+
+    def _map_address(self, spec, ptr, handle) -> int:
+        """The device address of the map `spec` over the array at `ptr`, for a launch on stream `handle`: encoded
+        and uploaded on that stream where its ring does not hold it yet (runtime/map_ring.py)."""
+        return ring_for(handle).address((spec, ptr), lambda: self._encoded(spec, ptr))
+
+    def _tensor_map(self, spec, ptr, stream):
+        """_map_address's map as a device array (numba's dispatcher takes arrays)."""
+        ring = ring_for(stream_handle(stream))
+        return ring.device[ring.slot((spec, ptr), lambda: self._encoded(spec, ptr))]
 
     def _copy_of(self, source, size, stream):
         """The device buffer this launcher rounds or flips `source` into, one per (source, size, stream): its maps
@@ -200,7 +202,7 @@ class Launcher:
                     round_tf32_device(args[source], copy, stream)
                 args[source] = copy
         for spec in self.tensor_maps:
-            args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]])) if self.backend == "cuda"
+            args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]]), stream) if self.backend == "cuda"
                              else _NO_TENSOR_MAP)
         return args
 
@@ -210,20 +212,17 @@ class Launcher:
         named = dict(zip(self.caller_params, ptr_sizes))
         sources = self._copied_sources
         key = (stream, tuple(named[source][1] for source in sources))
-        derived = self._derived.get(key)
-        if derived is None:
+        copies = self._derived.get(key)
+        if copies is None:
             copies = {source: self._copy_of(source, named[source][1], stream).device_ctypes_pointer.value
                       for source in sources}
-            maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
-                     16, 8) for spec in self.tensor_maps]
             if len(self._derived) >= 16:
                 self._derived.clear()
-            derived = self._derived[key] = (copies, maps)
-        copies, maps = derived
-        if len(copies) < len(self.tensor_maps):  # a map of the caller's own array: its address may change
-            maps = [(self._tensor_map(spec, copies.get(spec[1]) or named[spec[1]][0]).device_ctypes_pointer.value,
-                     16, 8) for spec in self.tensor_maps]
+            self._derived[key] = copies
         handle = stream_handle(stream)
+        # (a map of the caller's own array follows its address; a copy's stays put: both a lookup in the ring)
+        maps = [(self._map_address(spec, copies.get(spec[1]) or named[spec[1]][0], handle), 16, 8)
+                for spec in self.tensor_maps]
         pair = self._rounding_pair
         if pair:  # both operands in one launch
             a, b = pair

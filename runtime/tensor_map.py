@@ -8,6 +8,7 @@ activation x[N, H, W, C] is the 4-D tensor (C, W, H, N).
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -18,6 +19,7 @@ SWIZZLE = {None: 0, 32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 
 
+@functools.cache
 def _driver():
     try:
         return ctypes.CDLL("libcuda.so.1")

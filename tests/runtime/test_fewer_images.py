@@ -70,15 +70,16 @@ def test_a_kernel_says_how_few_blocks_cover_how_many_images():
 
 
 def test_the_launcher_on_fewer_images_shares_none_of_the_larger_one_s_state():
-    """Its grid differs, so every per-launcher cache (configured kernels, maps, copies, the prepacked launch, its lock,
-    its own on_images answers) is its own, each field named with a leading underscore, a new one included."""
+    """Its grid differs, so every per-launcher cache (configured kernels, copies, the prepacked launch, its lock, its
+    own on_images answers) is its own, each field named with a leading underscore, a new one included.  (Tensor maps
+    are per stream, not per launcher: runtime/map_ring.py.)"""
     from dataclasses import fields
     big = Launcher(None, (), (), (8, 2, 1), 128, False, "cuda", batch_grid=(0, 64, 32))
-    big._configured["s"] = big._maps["m"] = object()
+    big._configured["s"] = big._rounded["m"] = object()
     fewer, _ = big.on_images(3)
     state = [f.name for f in fields(Launcher) if f.name.startswith("_")]
     assert {"_configured", "_fast", "_general_path", "_fewer"} <= set(state)
     for name in state:
         mine, theirs = getattr(fewer, name), getattr(big, name)
         assert mine is None or mine is not theirs, name
-    assert fewer._configured == {} and fewer._maps == {}
+    assert fewer._configured == {} and fewer._rounded == {}

@@ -1,0 +1,118 @@
+"""Encoded TMA tensor maps in device memory, uploaded without waiting: one ring of slots per (CUDA context, stream).
+
+A TMA kernel reads its tensor maps (128-byte CUtensorMap descriptors, encoded on the host by the driver:
+runtime/tensor_map.py) from global memory.  A map depends on its array's address, and a training step's activations
+move between steps (torch's caching allocator hands out other blocks), so maps are encoded again and again.  A
+synchronous `cuda.to_device` per map drained the stream each time: the converted ResNet-18's bf16 step spent 10 of
+its 42 ms (cProfile, BENCHMARKS.md 2026-11-27) there, the GPU idle while the host waited.
+
+Here each map is encoded into a slot of page-locked host memory and copied into the same slot of a device array
+by an asynchronous copy on the launch's stream, ahead of the kernel that reads it:
+- the kernels enqueued earlier on the stream that read the slot's previous map run before the copy (stream
+  order), so a slot is reused safely on its own stream - hence one ring per stream;
+- the host words of a slot are rewritten only after its previous copy is done (an event per slot, recorded
+  after the copy; with SLOTS slots that wait is almost never a wait);
+- (map key, address) -> slot is remembered until the slot is reused, so the maps of arrays that come back cost a
+  dict lookup.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+SLOTS = 512  # maps per ring: ~ the distinct (map, array) pairs of a few training steps; 64 KiB each side
+MAP_BYTES = 128
+
+
+def _lib():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    lib.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuEventSynchronize.argtypes = [ctypes.c_void_p]
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    for fn in (lib.cuMemcpyHtoDAsync_v2, lib.cuEventCreate, lib.cuEventRecord, lib.cuEventSynchronize,
+               lib.cuCtxGetCurrent):
+        fn.restype = ctypes.c_int
+    return lib
+
+
+_LIB = None
+_RINGS: dict = {}
+_RINGS_LOCK = threading.Lock()
+_EVENT_DISABLE_TIMING = 2
+
+
+def _check(err, what):
+    if err:
+        raise RuntimeError(f"{what} failed with CUDA error {err}")
+
+
+def driver():
+    global _LIB
+    if _LIB is None:
+        _LIB = _lib()
+    return _LIB
+
+
+class MapRing:
+    """SLOTS encoded maps of one stream: address(key, encode) -> the device address of key's map, encode() (16
+    uint64 words) called and uploaded only where the ring does not hold key."""
+
+    def __init__(self, stream_handle: int):
+        from numba import cuda
+        self.stream = stream_handle
+        self.host = cuda.pinned_array((SLOTS, 16), np.uint64)  # page-aligned: every 128-byte slot 64-byte aligned
+        self.device = cuda.device_array((SLOTS, 16), np.uint64)
+        self._host_at, self._device_at = self.host.ctypes.data, self.device.device_ctypes_pointer.value
+        self._events = [None] * SLOTS
+        self._slot_of: dict = {}
+        self._key_at = [None] * SLOTS
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def slot(self, key, encode) -> int:
+        with self._lock:
+            found = self._slot_of.get(key)
+            return self._upload(key, encode) if found is None else found
+
+    def address(self, key, encode) -> int:
+        return self._device_at + MAP_BYTES * self.slot(key, encode)
+
+    def _upload(self, key, encode) -> int:
+        cu = driver()
+        slot, self._next = self._next, (self._next + 1) % SLOTS
+        old = self._key_at[slot]
+        if old is not None:
+            del self._slot_of[old]
+            self._key_at[slot] = None
+        event = self._events[slot]
+        if event is not None:  # the slot's host words: copied by its last upload before they are rewritten
+            _check(cu.cuEventSynchronize(event), "cuEventSynchronize")
+        else:
+            handle = ctypes.c_void_p()
+            _check(cu.cuEventCreate(ctypes.byref(handle), _EVENT_DISABLE_TIMING), "cuEventCreate")
+            event = self._events[slot] = handle.value
+        self.host[slot] = encode()
+        _check(cu.cuMemcpyHtoDAsync_v2(self._device_at + MAP_BYTES * slot, self._host_at + MAP_BYTES * slot,
+                                       MAP_BYTES, self.stream), "cuMemcpyHtoDAsync")
+        _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
+        self._key_at[slot], self._slot_of[key] = key, slot
+        return slot
+
+
+def ring_for(stream_handle: int) -> MapRing:
+    """The ring of the current CUDA context and this stream (made at its first map)."""
+    cu = driver()
+    ctx = ctypes.c_void_p()
+    _check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    key = (ctx.value, stream_handle)
+    ring = _RINGS.get(key)
+    if ring is None:
+        with _RINGS_LOCK:
+            ring = _RINGS.get(key)
+            if ring is None:
+                ring = _RINGS[key] = MapRing(stream_handle)
+    return ring
