@@ -39,7 +39,7 @@ NAMES = (
      "log_sm_fill", "log_threads", "log_split_k", "log_stages", "log_work_per_sm", "log_reduction_steps",
      "log_split_k_bwd_weight", "log_registers", "log_loads_per_fma", "log_real_taps", "smem_pad", "swizzle",
      "swizzle2", "b_mn", "min_blocks", "log_state_groups", "states_8", "states_16", "log_bm_over_bn",
-     "tma_small_grid")
+     "tma_small_grid", "a_mn", "a_mn_x_log_split_k", "a_mn_x_log_bm")
     + tuple(f"pipeline_{p}" for p in PIPELINES)
     + tuple(f"variant_{v}" for v in VARIANT_NAMES)
     + tuple(f"variant_{v}_x_log_flops" for v in VARIANT_NAMES)
@@ -173,7 +173,9 @@ def features(problem: ConvProblem, variant: str, config: TileConfig, target: Tar
            math.log(registers(variant, config, g.states)), math.log(_loads_per_fma(config)), math.log(g.real),
            float(config.smem_pad > 0), float(config.swizzle == 1), float(config.swizzle == 2), float(config.b_mn),
            float(config.min_blocks > 0), math.log(max(1, config.state_groups)), float(g.states == 8),
-           float(g.states == 16), math.log(bm / bn), float(bool(config.tma) and blocks < target.sm_count)]
+           float(g.states == 16), math.log(bm / bn), float(bool(config.tma) and blocks < target.sm_count),
+           # backward-weight's TMA tiles (both operands MN-major): their own split and tile-height terms
+           float(config.a_mn), config.a_mn * math.log(sk), config.a_mn * math.log(bm)]
     row += [float(config.pipeline == p) for p in PIPELINES]
     row += [float(variant == v) for v in VARIANT_NAMES]
     row += [float(variant == v) * math.log(flops) for v in VARIANT_NAMES]

@@ -484,7 +484,8 @@ def test_gpu_bench_fp16_runs_on_float16(torch, precision):
 
 def test_fp16_tma_candidates_on_float16_arrays():
     """fp16 on float16 arrays tries the TMA tiles with BK 64 (a 128-byte row of float16), the 128 x 256 one too,
-    never split (float16 outputs take no atomic adds); forward and stride-1 backward-data, not backward-weight."""
+    never split (float16 outputs take no atomic adds); backward-weight its own tiles (both operands MN-major), split
+    into its float32 workspace."""
     from kernelgen.templates import implicit_gemm_tc
     kw = dict(padding=1, dtype="float16")
     fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
@@ -492,10 +493,10 @@ def test_fp16_tma_candidates_on_float16_arrays():
     bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
     for p in (fwd, bwd, bwd_w):
         tma = [c for _, c in tuner.tc_candidates(p, "fp16") if c.tma]
-        want = set(implicit_gemm_tc.TMA_TILES_FP16) if p is not bwd_w else set()
+        want = set(implicit_gemm_tc.TMA_TILES_FP16) if p is not bwd_w else set(implicit_gemm_tc.TMA_TILES_BWD_WEIGHT)
         assert {(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in tma} == want
         for c in tma:
-            assert c.BK == 64 and c.split_k == 1
+            assert c.BK == 64 and (c.split_k == 1) == (p is not bwd_w) and bool(c.a_mn) == (p is bwd_w)
             implicit_gemm_tc.build(p, c, "fp16")
     assert not [c for _, c in tuner.tc_candidates(make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128),
                                                                 padding=1), "fp16") if c.tma]  # float32 arrays
