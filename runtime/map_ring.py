@@ -61,15 +61,20 @@ class MapRing:
     """SLOTS encoded maps of one stream: address(key, encode) -> the device address of key's map, encode() (16
     uint64 words) called and uploaded only where the ring does not hold key."""
 
-    def __init__(self, stream_handle: int):
-        from numba import cuda
-        self.stream = stream_handle
-        self.host = cuda.pinned_array((SLOTS, 16), np.uint64)  # page-aligned: every 128-byte slot 64-byte aligned
-        self.device = cuda.device_array((SLOTS, 16), np.uint64)
-        self._host_at, self._device_at = self.host.ctypes.data, self.device.device_ctypes_pointer.value
-        self._events = [None] * SLOTS
+    def __init__(self, stream_handle: int, host=None, device=None, device_at=None, cu=None):
+        """host, device, device_at, cu: the page-locked words, the device words, their address and the driver
+        (tests pass stand-ins; by default numba's pinned and device arrays of SLOTS x 16 words, and libcuda)."""
+        if host is None:
+            from numba import cuda
+            host = cuda.pinned_array((SLOTS, 16), np.uint64)  # page-aligned: every 128-byte slot 64-byte aligned
+            device = cuda.device_array((SLOTS, 16), np.uint64)
+            device_at = device.device_ctypes_pointer.value
+        self.stream, self.host, self.device, self._cu = stream_handle, host, device, cu
+        self._host_at, self._device_at = self.host.ctypes.data, device_at
+        self._slots = len(host)
+        self._events = [None] * self._slots
         self._slot_of: dict = {}
-        self._key_at = [None] * SLOTS
+        self._key_at = [None] * self._slots
         self._next = 0
         self._lock = threading.Lock()
 
@@ -82,8 +87,9 @@ class MapRing:
         return self._device_at + MAP_BYTES * self.slot(key, encode)
 
     def _upload(self, key, encode) -> int:
-        cu = driver()
-        slot, self._next = self._next, (self._next + 1) % SLOTS
+        cu = self._cu or driver()
+        words = encode()  # first: a map the driver refuses (ValueError) changes nothing here
+        slot, self._next = self._next, (self._next + 1) % self._slots
         old = self._key_at[slot]
         if old is not None:
             del self._slot_of[old]
@@ -95,7 +101,7 @@ class MapRing:
             handle = ctypes.c_void_p()
             _check(cu.cuEventCreate(ctypes.byref(handle), _EVENT_DISABLE_TIMING), "cuEventCreate")
             event = self._events[slot] = handle.value
-        self.host[slot] = encode()
+        self.host[slot] = words
         _check(cu.cuMemcpyHtoDAsync_v2(self._device_at + MAP_BYTES * slot, self._host_at + MAP_BYTES * slot,
                                        MAP_BYTES, self.stream), "cuMemcpyHtoDAsync")
         _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
