@@ -172,6 +172,27 @@ class ConvProblem:
     def with_direction(self, direction):
         return replace(self, direction=direction, has_bias=False, activation=None)
 
+    def folded_2d(self):
+        """The 2-D convolution that computes this 3-D one on the same memory, or None where there is none.  Both
+        are channels-last, and kernels take flat arrays, so:
+        - a filter one deep, along depth at stride 1 without padding (a (2+1)-D network's spatial convolution),
+          is a 2-D convolution of N x D images of H x W: x (N, D, H, W, C) is x (N * D, H, W, C), y likewise;
+        - a filter one wide and high, at stride 1 without padding in those dims (the temporal convolution), is a
+          2-D convolution of N images of D x (H W) with a T x 1 filter.
+        The GEMM implicit-GEMM kernels build runs over the same rows and reductions; the 2-D form takes the 2-D
+        paths (TMA boxes, tuned tiles) that 3-D problems lack."""
+        if self.ndim != 3:
+            return None
+        (t, r, s), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = self.filter_size, self.stride, self.padding, self.dilation
+        (d, h, w), (od, oh, ow) = self.in_size, self.out_size
+        if (t, sd, pd) == (1, 1, 0):
+            return replace(self, N=self.N * d, in_size=(1, h, w), filter_size=(1, r, s), out_size=(1, oh, ow),
+                           stride=(1, sh, sw), padding=(0, ph, pw), dilation=(1, dh, dw), ndim=2)
+        if (r, s, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0):
+            return replace(self, in_size=(1, d, h * w), filter_size=(1, t, 1), out_size=(1, od, h * w),
+                           stride=(1, sd, 1), padding=(0, pd, 0), dilation=(1, dd, 1), ndim=2)
+        return None
+
     def key(self):
         """A short, stable, human-readable specialisation key (also a valid identifier part)."""
         sp = lambda t: "x".join(map(str, t[3 - self.ndim:]))

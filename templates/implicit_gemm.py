@@ -368,13 +368,30 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
 VIEWS = {"fwd": forward_view, "bwd_data": backward_data_view, "bwd_weight": backward_weight_view}
 
 
+def computed(p):
+    """The problem whose kernel computes p: the 2-D convolution on the same memory where p is a 3-D one that has
+    such a form (ConvProblem.folded_2d: a filter one deep, or one wide and high), else p itself."""
+    return p.folded_2d() or p
+
+
+def folded_view(p, cfg: TileConfig, make_view):
+    """make_view(q, cfg) for q = computed(p), its batch (GemmView.batch) counted in p's images: a depth folded into
+    the batch makes each of p's images D of q's, and their rows stay together, image-major."""
+    q = computed(p)
+    view = make_view(q, cfg)
+    if q is p or view.batch is None or not p.N:
+        return view
+    axis, per_image = view.batch
+    return replace(view, batch=(axis, per_image * (q.N // p.N)))
+
+
 def applies(p):
     return True
 
 
 def build(p, cfg: TileConfig):
     """(ConvProblem, TileConfig) -> Kernel."""
-    view = VIEWS[p.direction](p, cfg)
+    view = folded_view(p, cfg, lambda q, c: VIEWS[q.direction](q, c))
     k = tiled_gemm(f"conv_{p.direction}", view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})

@@ -28,8 +28,9 @@ from .tma_schedule import swizzled_row
 
 def tma_unmet(p):
     """What the TMA schedules (TileConfig.tma) need that problem p lacks, from the module whose boxes build it:
-    KS-deconv's classes for a strided backward-data, else the implicit GEMM's forward view (an empty list: they
-    build)."""
+    KS-deconv's classes for a strided backward-data, else the implicit GEMM's views (an empty list: they build);
+    a 3-D problem with a 2-D form as that form (implicit_gemm.computed)."""
+    p = implicit_gemm.computed(p)
     if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
         return ks_deconv.tma_unmet(p)
     return implicit_gemm.tma_unmet(p)
@@ -84,10 +85,10 @@ def accepts(cfg, precision):
 
 def gemm_view(p, cfg: TileConfig):
     """implicit_gemm.py's view of the problem; strided backward-data as KS-deconv's stride-1 classes
-    (ks_deconv.ks_view): the zero-insertion view spends (s-1)/s of its MMAs per strided dim on zeros."""
-    if ks_deconv.applies(p):
-        return ks_deconv.ks_view(p, cfg)
-    return implicit_gemm.VIEWS[p.direction](p, cfg)
+    (ks_deconv.ks_view): the zero-insertion view spends (s-1)/s of its MMAs per strided dim on zeros.  A 3-D
+    problem with a 2-D form is viewed as that form (implicit_gemm.folded_view)."""
+    return implicit_gemm.folded_view(p, cfg, lambda q, c: ks_deconv.ks_view(q, c) if ks_deconv.applies(q)
+                                     else implicit_gemm.VIEWS[q.direction](q, c))
 
 
 def build(p, cfg: TileConfig, precision="tf32"):
@@ -139,7 +140,9 @@ def tc_cost(problem, cfg, target: Target):
 
 
 def tc_gemm_shape(problem):
-    """(M, N, K, groups) of this template's GEMM: a strided backward-data runs as KS-deconv's classes."""
+    """(M, N, K, groups) of this template's GEMM: a strided backward-data runs as KS-deconv's classes (a 3-D problem
+    with a 2-D form: that form's)."""
+    problem = implicit_gemm.computed(problem)
     return ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
 
 
