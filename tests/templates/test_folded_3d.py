@@ -76,3 +76,30 @@ def test_batch_rows_are_counted_in_the_3d_images():
     p = make_problem("fwd", (4, 3, 8, 8, 16), (16, 1, 3, 3, 16), padding=(0, 1, 1))
     k = implicit_gemm.build(p, TileConfig(BM=32, BN=16, BK=8, TM=2, TN=2))
     assert k.meta["batch_grid"] == (0, 3 * 8 * 8, 32) and k.meta["problem"] == p.key()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+@pytest.mark.parametrize("case", [DEPTH, TEMPORAL], ids=["depth", "temporal"])
+def test_gpu_folded_3d_through_the_api(case, direction, rng):
+    """kernelgen's public ops on CUDA float16 arrays of a 3-D convolution with a 2-D form, as planned (the TMA
+    tiles on sm_90), against float64; a second call on a smaller batch borrows nothing it should not."""
+    from numba import cuda
+
+    import kernelgen
+    from harness import reference
+    from test_tma_fp16 import close_to_float64
+    x_shape, w_shape, kw = case
+    for n in (x_shape[0], 1):
+        shape = (n,) + x_shape[1:]
+        p = make_problem(direction, shape, w_shape, dtype="float16", **kw)
+        x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in (p.x_shape, p.w_shape, p.y_shape))
+        d = {k: cuda.to_device(v) for k, v in (("x", x), ("w", w), ("dy", dy))}
+        if direction == "fwd":
+            got = kernelgen.conv(d["x"], d["w"], backend="cuda", precision="fp16", **kw)
+        elif direction == "bwd_data":
+            got = kernelgen.conv_backward_data(d["dy"], d["w"], shape, backend="cuda", precision="fp16", **kw)
+        else:
+            got = kernelgen.conv_backward_weight(d["x"], d["dy"], w_shape, backend="cuda", precision="fp16", **kw)
+        f64 = lambda a: a.astype(np.float64)
+        close_to_float64(got.copy_to_host(), reference(direction, f64(x), f64(w), f64(dy), kw))
