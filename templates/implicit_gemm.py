@@ -201,6 +201,12 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     return TmaOperands(a, b, a_box, lambda kt, part: ((kt * ROW, n0), ()))
 
 
+def _part_start(first, part):
+    """The first column (or row) of an MN-major operand's box `part`: 64 columns a box (part 0 leaves the Expr as
+    it was)."""
+    return first + 64 * part if part else first
+
+
 def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
     """TmaOperands whose B reads w as stored (TileConfig.b_mn), seen as (c, s, r, k): b_box(kt) -> the slice's
     (first column, tap along w, tap along h, first k); a box of 64 columns x BK rows per 64 columns of the tile.
@@ -211,9 +217,10 @@ def b_mn_operands(p, cfg: TileConfig, a, a_box, b_box):
     _, th, tw = p.filter_size
     b = TensorMap("w_map", "w", "tiled", (p.C, tw, th, p.K), (2 * p.C, 2 * p.C * tw, 2 * p.C * tw * th),
                   (64, 1, 1, cfg.BK), swizzle=128, dtype=p.dtype)
-    def b_part(kt, part):  # part j: the 64 columns j * 64 on
+
+    def b_part(kt, part):
         first, *rest = b_box(kt)
-        return (first + part * 64 if part else first, *rest), ()
+        return (_part_start(first, part), *rest), ()
     return TmaOperands(a, b, a_box, b_part, b_parts=cfg.BN // 64)
 
 
@@ -249,14 +256,13 @@ def backward_weight_tma(p, cfg: TileConfig, m0, n0):
     b = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (e * p.C, e * W * p.C, e * H * W * p.C), (64, BK),
                   (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, dtype=p.dtype,
                   traversal=(sw, sh) if sw * sh > 1 else ())
-    moved = lambda first, part: first + 64 * part if part else first
     ragged = (fh * fw * p.C) % cfg.BN != 0
 
     def a_box(kt, part):
-        return (moved(m0, part), kt * BK), ()
+        return (_part_start(m0, part), kt * BK), ()
 
     def b_box(kt, part):
-        col = moved(n0, part)
+        col = _part_start(n0, part)
         tap = minimum(col // p.C, fh * fw - 1) if ragged else col // p.C
         first = kt * BK
         n, oh, ow = first // (OH * OW), (first % (OH * OW)) // OW, first % OW
