@@ -169,6 +169,9 @@ def require_tma_view(s):
     if s.view.tma is None:
         raise ValueError(f"config: tma={s.cfg.tma} needs a GEMM view whose operands are TMA boxes (implicit-GEMM "
                          f"forward, backward-data or 16-bit backward-weight); {s.name} has none, got {s.cfg}")
+    if s.cfg.a_mn and not s.view.tma_a_mn:
+        raise ValueError(f"config: a_mn=1 reads backward-weight's dy MN-major; {s.name} reads its A K-major, got "
+                         f"{s.cfg}")
 
 
 def tma(s):

@@ -163,9 +163,6 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     why = tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
-    if cfg.a_mn:
-        raise ValueError(f"config: a_mn=1 reads backward-weight's dy MN-major; {p.direction} reads its A K-major, got "
-                         f"{cfg}")
     f = tma_forward_problem(p)
     (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = f.filter_size, f.padding, f.dilation, f.stride
     (_, H, W), (_, OH, OW) = f.in_size, f.out_size
@@ -368,7 +365,8 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
               Buffer("dy", (Kr * p.K,), p.dtype), Buffer(dw, (p.K * Ng,), dw_dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("mn", a_inv, a_elem), Operand("mn", b_inv, b_elem), store,
                     params, p.dtype, doc=f"implicit-GEMM backward-weight: dw[{p.K} x {Ng}] = dy^T * x",
-                    tma=lambda cfg, ctx: backward_weight_tma(p, cfg, ctx.m0, ctx.n0), batch=("K", _prod(p.out_size)))
+                    tma=lambda cfg, ctx: backward_weight_tma(p, cfg, ctx.m0, ctx.n0), tma_a_mn=True,
+                    batch=("K", _prod(p.out_size)))
 
 
 VIEWS = {"fwd": forward_view, "bwd_data": backward_data_view, "bwd_weight": backward_weight_view}

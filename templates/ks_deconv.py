@@ -183,8 +183,6 @@ def ks_tma(p, cfg: TileConfig, ctx):
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2
-    if cfg.a_mn:
-        raise ValueError(f"config: a_mn=1 reads backward-weight's dy MN-major; KS-deconv reads its A K-major, got {cfg}")
     if cfg.BK != ROW:
         raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
     (_, sh, sw), (_, th, tw), (_, ih, iw), (_, oh, ow) = p.stride, p.filter_size, p.in_size, p.out_size

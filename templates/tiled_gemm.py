@@ -62,6 +62,7 @@ class GemmView:
     # (cfg, BlockContext) -> tma_schedule.TmaOperands: the operands as TMA boxes (TileConfig.tma); raises ValueError
     # naming what the problem lacks
     tma: Callable | None = None
+    tma_a_mn: bool = False  # its TMA A boxes are MN-major (backward-weight's dy: TileConfig.a_mn); else K-major
     # store(m, n + 1) writes the element after store(m, n)'s (a channels-last output, n its channel), so an
     # epilogue may write the two as one Store with a pair
     pairs: bool = False
