@@ -119,14 +119,27 @@ def _libcuda():
     fn = lib.cuMemcpyDtoDAsync_v2  # (the symbol cuda.h's cuMemcpyDtoDAsync names)
     fn.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
     fn.restype = ctypes.c_int
+    # the tensor-map ring's (runtime/map_ring.py): uploads from page-locked memory, and their events
+    for name, args in (("cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+                       ("cuEventCreate", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
+                       ("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p]),
+                       ("cuEventSynchronize", [ctypes.c_void_p]),
+                       ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)])):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
     return lib
+
+
+def libcuda():
+    """The CUDA driver library with the signatures of every call made here by address (loaded once)."""
+    if _FastLaunch._lib is None:
+        _FastLaunch._lib = _libcuda()
+    return _FastLaunch._lib
 
 
 def copy_pointer(dst, src, nbytes, stream_handle=0):
     """Copy nbytes between raw device addresses with the driver's asynchronous copy, on the raw stream."""
-    if _FastLaunch._lib is None:
-        _FastLaunch._lib = _libcuda()
-    err = _FastLaunch._lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream_handle)
+    err = libcuda().cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream_handle)
     if err:
         raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUDA error {err}")
 
@@ -134,9 +147,8 @@ def copy_pointer(dst, src, nbytes, stream_handle=0):
 def zero_pointer(ptr, n, itemsize, stream_handle=0):
     """Clear n elements of 4 or 2 bytes at a raw device address with the driver's memset (a split-K output
     before its kernel adds into it): no kernel of ours, no dispatcher."""
-    if _FastLaunch._lib is None:
-        _FastLaunch._lib = _libcuda()
-    memset = _FastLaunch._lib.cuMemsetD32Async if itemsize == 4 else _FastLaunch._lib.cuMemsetD16Async
+    lib = libcuda()
+    memset = lib.cuMemsetD32Async if itemsize == 4 else lib.cuMemsetD16Async
     err = memset(ptr, 0, n, stream_handle)
     if err:
         raise RuntimeError(f"cuMemsetD{8 * itemsize}Async failed with CUDA error {err}")

@@ -22,24 +22,11 @@ import threading
 
 import numpy as np
 
+from kernelgen.runtime.driver import libcuda
+
 SLOTS = 512  # maps per ring: ~ the distinct (map, array) pairs of a few training steps; 64 KiB each side
 MAP_BYTES = 128
 
-
-def _lib():
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-    lib.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.cuEventSynchronize.argtypes = [ctypes.c_void_p]
-    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    for fn in (lib.cuMemcpyHtoDAsync_v2, lib.cuEventCreate, lib.cuEventRecord, lib.cuEventSynchronize,
-               lib.cuCtxGetCurrent):
-        fn.restype = ctypes.c_int
-    return lib
-
-
-_LIB = None
 _RINGS: dict = {}
 _RINGS_LOCK = threading.Lock()
 _EVENT_DISABLE_TIMING = 2
@@ -48,13 +35,6 @@ _EVENT_DISABLE_TIMING = 2
 def _check(err, what):
     if err:
         raise RuntimeError(f"{what} failed with CUDA error {err}")
-
-
-def driver():
-    global _LIB
-    if _LIB is None:
-        _LIB = _lib()
-    return _LIB
 
 
 class MapRing:
@@ -87,7 +67,7 @@ class MapRing:
         return self._device_at + MAP_BYTES * self.slot(key, encode)
 
     def _upload(self, key, encode) -> int:
-        cu = self._cu or driver()
+        cu = self._cu or libcuda()
         words = encode()  # first: a map the driver refuses (ValueError) changes nothing here
         slot, self._next = self._next, (self._next + 1) % self._slots
         old = self._key_at[slot]
@@ -111,7 +91,7 @@ class MapRing:
 
 def ring_for(stream_handle: int) -> MapRing:
     """The ring of the current CUDA context and this stream (made at its first map)."""
-    cu = driver()
+    cu = libcuda()
     ctx = ctypes.c_void_p()
     _check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
     key = (ctx.value, stream_handle)

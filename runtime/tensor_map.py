@@ -8,9 +8,10 @@ activation x[N, H, W, C] is the 4-D tensor (C, W, H, N).
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
+
+from kernelgen.runtime.driver import libcuda
 
 # CUtensorMapDataType, CUtensorMapSwizzle (cuda.h)
 # (by dtype name: bfloat16 arrays are uint16 bit patterns to NumPy)
@@ -19,10 +20,9 @@ SWIZZLE = {None: 0, 32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 
 
-@functools.cache
 def _driver():
     try:
-        return ctypes.CDLL("libcuda.so.1")
+        return libcuda()
     except OSError as e:
         raise RuntimeError("TMA tensor maps need the CUDA driver (libcuda.so.1), which is not installed here") from e
 
