@@ -21,6 +21,7 @@ from .planner import (BACKENDS, Plan, check_precision, device_key, forget_render
 from .problem import ConvProblem, check_activation, conv_out_size, deconv_output_shape, make_problem
 from .dispatch import DispatchCache, signature
 from .runtime import batch_fallback
+from .runtime.capture import raw_handle, refuse_if_capturing
 from .runtime.cuda_call import CudaRoute, bound_call
 from .runtime.driver import as_numba_stream, fill_device, quiet_launches
 from .runtime.elementwise import add_channel_bias
@@ -284,6 +285,9 @@ def _op(binding):
             route = _DISPATCH.get(key)
             if route is not None:
                 return route(args, kwargs)
+            stream = kwargs.get("stream")
+            if stream is not None:  # (planning compiles and loads a kernel: never inside a CUDA graph capture)
+                refuse_if_capturing(raw_handle(stream), "a call's first run (it plans and compiles its kernel)")
             call = plan_call(*args, **kwargs)
             result = _run(call)
             if not call.borrowed:

@@ -14,12 +14,15 @@ import numpy as np
 from kernelgen import arrays
 from kernelgen.storage import numpy_dtype
 from kernelgen.runtime.arena import device_empty, pooled_array, to_device_staged
+from kernelgen.runtime.capture import raw_handle, refuse_if_capturing
 from kernelgen.runtime.driver import address_reader, as_numba_stream, pointer_size, stream_handle
 
 
 def run_cuda(prep, inputs: dict, template, stream=None, out=None):
     problem, launcher = prep.problem, prep.launcher
     nstream = as_numba_stream(stream)
+    if nstream is not None:  # (this route stages, allocates and may go through numba's dispatcher)
+        refuse_if_capturing(raw_handle(nstream), "this call's route (host arrays, a first run, a pooled output)")
     on_device = arrays.is_cuda_array(template)
     shape = problem.output_shape
     if out is not None:
@@ -134,6 +137,8 @@ class CudaRoute:
             return out
         if self.torch_empty is not None:
             return self.torch_empty(self.torch_like)
+        if nstream is not None:  # (a pooled block goes back to the pool when dropped, while a graph still writes it)
+            refuse_if_capturing(raw_handle(nstream), "an output from kernelgen's pool")
         return pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
 
     def _checked(self, inputs: dict, template, stream, out):

@@ -64,9 +64,24 @@ def as_numba_stream(stream):
     for attr in ("cuda_stream", "ptr"):
         handle = getattr(stream, attr, None)
         if isinstance(handle, int):
-            return cuda.external_stream(handle)
+            return _external_stream(handle, cuda)
     raise TypeError(f"stream must be None, a numba CUDA stream, or an object with a cuda_stream/ptr handle, "
                     f"got {type(stream).__name__}")
+
+
+_EXTERNAL_STREAMS: dict = {}  # raw handle -> numba's stream object for it
+
+
+def _external_stream(handle, cuda):
+    """numba's stream object for a raw handle, one per handle: the launcher's buffers and launches are kept per
+    stream, and numba's stream objects compare by identity, so a new object per call (torch's current stream is
+    looked up on every call) missed every such cache - a new device buffer per call on a side stream."""
+    found = _EXTERNAL_STREAMS.get(handle)
+    if found is None:
+        if len(_EXTERNAL_STREAMS) >= 1024:  # (handles of streams long gone: start again)
+            _EXTERNAL_STREAMS.clear()
+        found = _EXTERNAL_STREAMS[handle] = cuda.external_stream(handle)
+    return found
 
 
 def _fast_launch_available():
@@ -124,7 +139,16 @@ def _libcuda():
                        ("cuEventCreate", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
                        ("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p]),
                        ("cuEventSynchronize", [ctypes.c_void_p]),
-                       ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)])):
+                       ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]),
+                       # stream capture (runtime/capture.py): its status, the thread's capture mode, its memory
+                       ("cuStreamGetCaptureInfo_v2", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                                                      ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p,
+                                                      ctypes.c_void_p, ctypes.c_void_p]),
+                       ("cuThreadExchangeStreamCaptureMode", [ctypes.POINTER(ctypes.c_int)]),
+                       ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
+                       ("cuMemHostAlloc", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]),
+                       ("cuMemFree_v2", [ctypes.c_uint64]),
+                       ("cuMemFreeHost", [ctypes.c_void_p])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib

@@ -22,6 +22,7 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_flipped_device, round_tf32_flipped_host,
                                            round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
                                            round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.runtime.capture import state_for as capture_state
 from kernelgen.runtime.map_ring import ring_for
 from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_pointers
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
@@ -175,6 +176,11 @@ class Launcher:
             copy = self._rounded[key] = cuda.device_array(size, dtype, stream=stream or 0)
         return copy
 
+    @property
+    def _copy_itemsize(self) -> int:
+        """Bytes per element of _copy_of's buffers: TF32-rounded float32, or flipped 16-bit operands."""
+        return 4 if self._rounds else 2
+
     def _with_tensor_maps(self, args, stream):
         """args with each source a map reads through a copy (TensorMap.copied) replaced by that copy, and the maps
         added (CPU: the copy is a NumPy array, and the kernel reads it itself through a placeholder map)."""
@@ -206,23 +212,33 @@ class Launcher:
                              else _NO_TENSOR_MAP)
         return args
 
-    def _derived_pointers(self, ptr_sizes, stream):
+    def _derived_pointers(self, ptr_sizes, stream, capture=None):
         """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
-        args: the copies made, the maps' addresses appended."""
+        args: the copies made, the maps' addresses appended.  capture: the CaptureState of the capture under way
+        on the stream (runtime/capture.py), whose own copies and map slots a captured launch takes."""
         named = dict(zip(self.caller_params, ptr_sizes))
         sources = self._copied_sources
-        key = (stream, tuple(named[source][1] for source in sources))
-        copies = self._derived.get(key)
-        if copies is None:
-            copies = {source: self._copy_of(source, named[source][1], stream).device_ctypes_pointer.value
-                      for source in sources}
-            if len(self._derived) >= 16:
-                self._derived.clear()
-            self._derived[key] = copies
         handle = stream_handle(stream)
-        # (a map of the caller's own array follows its address; a copy's stays put: both a lookup in the ring)
-        maps = [(self._map_address(spec, copies.get(spec[1]) or named[spec[1]][0], handle), 16, 8)
-                for spec in self.tensor_maps]
+        if capture is not None:
+            copies = {source: capture.buffer((id(self), source, named[source][1]),
+                                             named[source][1] * self._copy_itemsize) for source in sources}
+            maps = []
+            for spec in self.tensor_maps:
+                ptr = copies.get(spec[1]) or named[spec[1]][0]
+                maps.append((capture.map_address((spec, ptr), functools.partial(self._encoded, spec, ptr), handle),
+                             16, 8))
+        else:
+            key = (stream, tuple(named[source][1] for source in sources))
+            copies = self._derived.get(key)
+            if copies is None:
+                copies = {source: self._copy_of(source, named[source][1], stream).device_ctypes_pointer.value
+                          for source in sources}
+                if len(self._derived) >= 16:
+                    self._derived.clear()
+                self._derived[key] = copies
+            # (a map of the caller's own array follows its address; a copy's stays put: both a lookup in the ring)
+            maps = [(self._map_address(spec, copies.get(spec[1]) or named[spec[1]][0], handle), 16, 8)
+                    for spec in self.tensor_maps]
         pair = self._rounding_pair
         if pair:  # both operands in one launch
             a, b = pair
@@ -353,7 +369,7 @@ class Launcher:
         if self.zero_output:
             self.zero_pointers(ptr_sizes, itemsize, stream)
         if self.tensor_maps:
-            ptr_sizes = self._derived_pointers(ptr_sizes, stream)
+            ptr_sizes = self._derived_pointers(ptr_sizes, stream, capture_state(stream_handle(stream)))
         self._fast(ptr_sizes, itemsize, stream_handle(stream))
 
     def _launch_widened(self, ptr_sizes, itemsize, stream=None):
@@ -363,16 +379,18 @@ class Launcher:
         dispatcher (which costs more than a small backward-weight kernel itself); tensor maps derived as
         launch_pointers derives them (16-bit backward-weight on TMA: a split one adds into a workspace)."""
         handle, entries, rounded = stream_handle(stream), [], []
+        capture = capture_state(handle)  # (a captured launch takes the capture's own workspaces and maps)
         for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
             if name in self.widened:
-                wide = self._workspace(name, n, stream).device_ctypes_pointer.value
+                wide = capture.buffer((id(self), name + WIDE_SUFFIX, n), 4 * n) if capture is not None else \
+                    self._workspace(name, n, stream).device_ctypes_pointer.value
                 zero_pointer(wide, n, 4, handle)
                 entries.append((wide, n, 4))
                 rounded.append((wide, ptr, n))
             else:
                 entries.append((ptr, n, itemsize))
         if self.tensor_maps:
-            entries = self._derived_pointers(entries, stream)
+            entries = self._derived_pointers(entries, stream, capture)
         self._fast(entries, itemsize, handle)
         for wide, ptr, n in rounded:
             narrow_pointers(wide, ptr, n, handle, self.bfloat16)

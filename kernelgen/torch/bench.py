@@ -95,32 +95,74 @@ def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
     return losses, times
 
 
-def compare(mode, batch, steps, warmup, precompile=True, rounds=3):
+def train_graphed(model, data, steps, mode="fp32", lr=0.02, timed_from=None, warmup=3):
+    """train's steps as one captured CUDA graph replayed (torch's whole-network capture recipe: `warmup` steps on a
+    side stream, then the step captured by torch.cuda.graph on static tensors): each step copies its batch into
+    the static inputs and replays.  The warm-up steps train on data[0] (they are steps too: both models take
+    them)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    static_x, static_labels = data[0][0].clone(), data[0][1].clone()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            loss = nn.functional.cross_entropy(model(static_x), static_labels)
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    losses, times = [], []
+    for i in range(steps):
+        x, labels = data[i % len(data)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        static_x.copy_(x)
+        static_labels.copy_(labels)
+        graph.replay()
+        torch.cuda.synchronize()
+        if timed_from is not None and i >= timed_from:
+            times.append(time.perf_counter() - start)
+        losses.append(static_loss.item())
+    return losses, times
+
+
+def compare(mode, batch, steps, warmup, precompile=True, rounds=3, graph=False):
     """One mode's row: both models from the same seed, trained on the same batches.  precompile: kernelgen's
     warm-up starts with kernelgen.torch.precompile (its step's kernels side by side), as a user's would.  The
     timed steps alternate between the two models in `rounds` rounds (the loss curves are the first round's, from
     fresh models); each keeps its best round's median, as the convolution bench does: the GPU machine's host is
     shared, and one round in several runs slow for either side.  Each round also records kernelgen's live worker
     processes and the host's 1-minute load average (slow to move: it tells what the last minute ran, not the
-    round)."""
+    round).  graph: each model's steps captured once and replayed (train_graphed), both sides."""
+    run = train_graphed if graph else train
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     data = batches(4, batch)
-    row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup, "rounds": []}
+    row = {"mode": mode, "batch": batch, "steps": steps, "warmup": warmup, "graph": graph, "rounds": []}
     for name, model in zip(("torch", "kernelgen"), models()):
         start = time.perf_counter()
         if name == "kernelgen" and precompile:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
                 kt.precompile(model, (batch, 3, 32, 32))
             row["kernelgen_precompile_s"] = time.perf_counter() - start
-        train(model, data, warmup, mode)  # compiles (kernelgen) / autotunes (cuDNN); not the loss curve's steps
+        run(model, data, warmup, mode)  # compiles (kernelgen) / autotunes (cuDNN); not the loss curve's steps
         row[f"{name}_warmup_s"] = time.perf_counter() - start
     fresh = dict(zip(("torch", "kernelgen"), models()))
     for r in range(rounds):
         for name, model in fresh.items():
             host = {"load_avg_1min": os.getloadavg()[0], "worker_processes": len(multiprocessing.active_children())}
-            losses, times = train(model, data, steps + warmup if r == 0 else steps, mode,
-                                  timed_from=warmup if r == 0 else 0)
+            losses, times = run(model, data, steps + warmup if r == 0 else steps, mode,
+                                timed_from=warmup if r == 0 else 0)
             if r == 0:
                 row[f"{name}_losses"] = losses
             row["rounds"].append({"round": r, "model": name, "step_ms": 1e3 * statistics.median(times), **host})
@@ -147,6 +189,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="fp32,bf16")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds, alternating torch and kernelgen")
+    p.add_argument("--graph", action="store_true",
+                   help="each model's training step captured as a CUDA graph (torch.cuda.graph) and replayed")
     p.add_argument("--no-precompile", action="store_true", help="kernelgen's warm-up without kernelgen.torch.precompile")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -155,9 +199,9 @@ def main(argv=None):
               "commit": _commit(), "python": platform.python_version(), "rows": []}
     for mode in args.modes.split(","):
         row = compare(mode, args.batch, args.steps, args.warmup, precompile=not args.no_precompile,
-                      rounds=args.rounds)
+                      rounds=args.rounds, graph=args.graph)
         result["rows"].append(row)
-        print(f"{mode}: torch {row['torch_step_ms']:.2f} ms, kernelgen {row['kernelgen_step_ms']:.2f} ms "
+        print(f"{mode}{' captured' if args.graph else ''}: torch {row['torch_step_ms']:.2f} ms, kernelgen {row['kernelgen_step_ms']:.2f} ms "
               f"({row['step_ratio_kernelgen_over_torch']:.3f}x), max relative loss difference "
               f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s; rounds (ms): "
               + ", ".join(f"{x['model']} {x['step_ms']:.2f} (load {x['load_avg_1min']:.1f}, "
