@@ -135,3 +135,43 @@ def test_a_pooled_output_is_refused_under_capture():
     with pytest.raises(RuntimeError, match="pool cannot be captured"):
         with torch.cuda.graph(graph, stream=side):
             kernelgen.conv(x, w, padding=1, stream=side)
+
+
+def test_cupy_stream_capture_with_out(rng):
+    """Not only torch's: a CuPy stream's capture of the three directions (fp16: on the H100 TMA kernels, a flipped
+    filter copy, a split backward-weight's workspace), outputs passed as out=, replayed by CuPy on new data."""
+    cupy = pytest.importorskip("cupy")
+    from kernelgen import reference as ref
+    x_shape, w_shape, y_shape = (4, 12, 12, 64), (64, 3, 3, 64), (4, 12, 12, 64)
+    x, dy = cupy.empty(x_shape, cupy.float16), cupy.empty(y_shape, cupy.float16)
+    w = cupy.asarray((0.1 * rng.standard_normal(w_shape)).astype(np.float16))
+    y, dx, dw = (cupy.empty(s, cupy.float16) for s in (y_shape, x_shape, w_shape))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    kw = dict(padding=1, precision="fp16", stream=stream)
+
+    def step():
+        kernelgen.conv(x, w, out=y, **kw)
+        kernelgen.conv_backward_data(dy, w, x_shape, out=dx, **kw)
+        kernelgen.conv_backward_weight(x, dy, w_shape, out=dw, **kw)
+    step()  # warm-up: plans and compiles
+    stream.synchronize()
+    stream.begin_capture()
+    step()
+    graph = stream.end_capture()
+    for _ in range(2):
+        xh = rng.standard_normal(x_shape).astype(np.float16)
+        dyh = rng.standard_normal(y_shape).astype(np.float16)
+        x.set(xh), dy.set(dyh)
+        for a in (y, dx, dw):
+            a.fill(np.nan)
+        cupy.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        wh = cupy.asnumpy(w).astype(np.float64)
+        wants = (ref.conv_forward(xh.astype(np.float64), wh, padding=1),
+                 ref.conv_backward_data(dyh.astype(np.float64), wh, x_shape, padding=1),
+                 ref.conv_backward_weight(xh.astype(np.float64), dyh.astype(np.float64), w_shape, padding=1))
+        for got, want, name in zip((y, dx, dw), wants, ("y", "dx", "dw")):
+            got = cupy.asnumpy(got).astype(np.float64)
+            assert np.isfinite(got).all(), name
+            assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max(), name
