@@ -161,3 +161,22 @@ def test_a_captured_launch_takes_the_captures_maps_not_the_ring(monkeypatch):
     (x_at, *_), (w_at, *_) = args[3:]
     assert _words(x_at)[0] == 0x1000 + 5 and _words(w_at)[0] == 0x2000 + 5
     assert [c[0] for c in cu.copies] == [x_at, w_at]
+
+
+def test_one_numba_stream_object_per_raw_handle(monkeypatch):
+    """torch's current stream is looked up on every call, and numba's stream objects compare by identity: one object
+    per handle keeps the launcher's per-stream buffers (a new object per call had allocated a buffer per call)."""
+    from numba import cuda
+
+    from kernelgen.runtime import driver
+    made = []
+    monkeypatch.setattr(cuda, "external_stream", lambda handle: made.append(handle) or object(), raising=False)
+    monkeypatch.setattr(driver, "_EXTERNAL_STREAMS", {})
+
+    class TorchLike:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+    first = driver.as_numba_stream(TorchLike(1001))
+    assert driver.as_numba_stream(TorchLike(1001)) is first
+    assert driver.as_numba_stream(TorchLike(1002)) is not first
+    assert made == [1001, 1002]
