@@ -155,13 +155,9 @@ class Launcher:
                 encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz,
                               traversal=traversal))
 
-    def _map_address(self, spec, ptr, handle) -> int:
-        """The device address of the map `spec` over the array at `ptr`, for a launch on stream `handle`: encoded
-        and uploaded on that stream where its ring does not hold it yet (runtime/map_ring.py)."""
-        return ring_for(handle).address((spec, ptr), lambda: self._encoded(spec, ptr))
-
     def _tensor_map(self, spec, ptr, stream):
-        """_map_address's map as a device array (numba's dispatcher takes arrays)."""
+        """The map `spec` over the array at `ptr` as a device array (numba's dispatcher takes arrays), from the
+        stream's ring (runtime/map_ring.py) as _derived_pointers' maps."""
         ring = ring_for(stream_handle(stream))
         return ring.device[ring.slot((spec, ptr), lambda: self._encoded(spec, ptr))]
 
@@ -219,14 +215,10 @@ class Launcher:
         named = dict(zip(self.caller_params, ptr_sizes))
         sources = self._copied_sources
         handle = stream_handle(stream)
-        if capture is not None:
+        if capture is not None:  # (the capture's own buffers and map slots: nothing an eager call rewrites)
             copies = {source: capture.buffer((id(self), source, named[source][1]),
                                              named[source][1] * self._copy_itemsize) for source in sources}
-            maps = []
-            for spec in self.tensor_maps:
-                ptr = copies.get(spec[1]) or named[spec[1]][0]
-                maps.append((capture.map_address((spec, ptr), functools.partial(self._encoded, spec, ptr), handle),
-                             16, 8))
+            map_address = functools.partial(capture.map_address, handle=handle)
         else:
             key = (stream, tuple(named[source][1] for source in sources))
             copies = self._derived.get(key)
@@ -236,9 +228,12 @@ class Launcher:
                 if len(self._derived) >= 16:
                     self._derived.clear()
                 self._derived[key] = copies
-            # (a map of the caller's own array follows its address; a copy's stays put: both a lookup in the ring)
-            maps = [(self._map_address(spec, copies.get(spec[1]) or named[spec[1]][0], handle), 16, 8)
-                    for spec in self.tensor_maps]
+            map_address = ring_for(handle).address  # (runtime/map_ring.py: uploaded where the ring lacks the map)
+        # (a map of the caller's own array follows its address; a copy's stays put: both a lookup)
+        maps = []
+        for spec in self.tensor_maps:
+            ptr = copies.get(spec[1]) or named[spec[1]][0]
+            maps.append((map_address((spec, ptr), functools.partial(self._encoded, spec, ptr)), 16, 8))
         pair = self._rounding_pair
         if pair:  # both operands in one launch
             a, b = pair

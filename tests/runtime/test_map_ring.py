@@ -109,3 +109,34 @@ def test_stand_in_event_handles_are_written_through_byref():
     handle = ctypes.c_void_p()
     cu.cuEventCreate(ctypes.byref(handle), 2)
     assert handle.value == 1
+
+
+def test_an_eager_launch_takes_its_maps_from_its_streams_ring(monkeypatch):
+    """Launcher._derived_pointers outside a capture: the stream's ring asked once per launch, each map keyed by (map,
+    the array's address) and encoded for that address where the ring lacks it."""
+    from kernelgen.runtime import launch
+
+    class StandInRing:
+        def __init__(self):
+            self.held = {}
+
+        def address(self, key, encode):
+            if key not in self.held:
+                self.held[key] = 0x9000 + 128 * len(self.held)
+                assert int(encode()[0]) == key[1] + len(key[0][0])
+            return self.held[key]
+    rings, asked = {5: StandInRing()}, []
+    monkeypatch.setattr(launch, "ring_for", lambda handle: asked.append(handle) or rings[handle])
+    spec_x = ("x_map", "x", "tiled", (64, 8), (128,), (64, 8), (), (), 128, False, (), "float16", ())
+    spec_w = ("w_map", "w", "tiled", (64, 8), (128,), (64, 8), (), (), 128, False, (), "float16", ())
+    launcher = launch.Launcher(None, ("x", "w", "y", "x_map", "w_map"), ("y",), (1,), 128, False, "cuda",
+                               tensor_maps=(spec_x, spec_w))
+    monkeypatch.setattr(launcher, "_encoded", lambda spec, ptr: np.full(16, ptr + len(spec[0]), np.uint64))
+
+    class Stream:
+        handle = 5
+    first = launcher._derived_pointers([(0x1000, 512), (0x2000, 512), (0x3000, 512)], Stream())
+    assert first[3:] == [(0x9000, 16, 8), (0x9080, 16, 8)] and asked == [5]
+    again = launcher._derived_pointers([(0x1000, 512), (0x2000, 512), (0x3000, 512)], Stream())
+    moved = launcher._derived_pointers([(0x4000, 512), (0x2000, 512), (0x3000, 512)], Stream())
+    assert again == first and moved[3:] == [(0x9100, 16, 8), (0x9080, 16, 8)] and asked == [5, 5, 5]
