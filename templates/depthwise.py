@@ -54,7 +54,7 @@ DEFAULT_THREADS = (256,)  # the default's block size, the window in shared memor
 def applies(p: ConvProblem) -> bool:
     """Depthwise (groups = C), with the m filters of a channel's taps few enough for a thread's registers (a C = 1
     layer of 64 filters is a GEMM, better served by the GEMM variants); or narrow groups (2..8 channels and at most 8
-    filters a group, forward and backward-data, a group's taps x sources within a thread's filter registers).  An
+    filters a group, a group's taps x sources within a thread's filter registers), in every direction.  An
     ungrouped convolution (groups = 1) is a GEMM, however few its channels."""
     if p.groups == p.C:
         return math.prod(p.filter_size) * (p.K // p.C) <= MAX_FILTER_WORDS
@@ -97,8 +97,8 @@ def build(p: ConvProblem, cfg: DepthwiseConfig, precision="fp32") -> Kernel:
         raise ValueError(f"precision: {NAME} computes {p.dtype} tensors at {PRECISIONS_BY_DTYPE[p.dtype]}, got "
                          f"{precision!r}")
     if not applies(p):
-        raise ValueError(f"{NAME} computes depthwise problems (groups = C) and narrow groups (C / groups <= 8, forward "
-                         f"and backward-data), got {p.key()}")
+        raise ValueError(f"{NAME} computes depthwise problems (groups = C) and narrow groups (C / groups <= 8, at "
+                         f"most 8 filters a group), got {p.key()}")
     why = unmet(p, cfg)
     if why:
         raise ValueError(f"config: {cfg} needs {'; '.join(why)} on {p.key()}")
@@ -148,7 +148,8 @@ def model_terms(p: ConvProblem, cfg: DepthwiseConfig, target: Target, g: Geometr
     if p.direction == "bwd_weight":
         blocks = g.channel_blocks * cfg.split_k
         traffic = (window * g.spatial_tiles * g.channel_blocks + outputs * g.channel_blocks
-                   * _sectors(cfg.block_groups * g.m * item) + p.K * g.taps * ATOMIC_BYTES * cfg.split_k)
+                   * _sectors(cfg.block_groups * g.out_per_group * item) + p.K * g.taps * p.Cg * ATOMIC_BYTES
+                   * cfg.split_k)
     else:
         blocks = g.spatial_tiles * g.channel_blocks
         traffic = (window * blocks + outputs * g.channel_blocks * _sectors(cfg.block_groups * g.out_per_group * item)

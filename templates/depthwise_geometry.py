@@ -38,7 +38,7 @@ MAX_GRID_Y = 65535  # CUDA's limit on a grid's y: the channel blocks of a gather
 # a narrow group's thread holds at most this many filter words in all (taps x outputs x sources x VC)
 MAX_FILTER_WORDS = 128
 MAX_NARROW = 8  # the most input channels (and filters) of a narrow group: beyond it a group's GEMM is not tiny
-NARROW_DIRECTIONS = ("fwd", "bwd_data")  # backward-weight of narrow groups: the GEMM variants (not yet here)
+NARROW_DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 
 
 def cdiv(a, b):
@@ -243,9 +243,15 @@ class Geometry:
         return t * hh * ww * (self.cfg.block_groups * self.src_per_group // self.copy_vector)
 
     @property
+    def dy_words(self):
+        """Backward-weight's dy values of a strip pixel: the thread's outputs of each of its VC groups."""
+        return self.cfg.VC * self.out_per_thread
+
+    @property
     def reduction_row(self):
-        """Words per thread of backward-weight's shared reduction (odd: a thread's row starts in its own bank)."""
-        n = self.taps * self.cfg.VC * self.m
+        """Words per thread of backward-weight's shared reduction, its dw accumulators (filter_words), odd: a
+        thread's row starts in its own bank."""
+        n = self.filter_words
         return n + 1 - n % 2
 
     @_once
@@ -259,10 +265,10 @@ class Geometry:
     def registers(self):
         """Per thread: the counted arrays (filter or dw accumulators, strip accumulators or dy values, the source
         segment, the copy's staging) plus REGISTER_OVERHEAD."""
-        cfg, vcm = self.cfg, self.cfg.VC * self.m
+        cfg = self.cfg
         seg = max(self.w.segment(run, cfg.PW)[1] for run in self.w.runs) * cfg.VC * self.src_per_group
         stage = min(STAGE_REGISTERS, cdiv(self.copy_chunks, cfg.threads) * self.copy_vector) if cfg.halo else 0
-        strip = cfg.PW * (vcm if self.problem.direction == "bwd_weight" else cfg.VC * self.out_per_thread)
+        strip = cfg.PW * cfg.VC * self.out_per_thread  # (the strip's accumulators; backward-weight's dy values)
         strip *= cfg.PH if cfg.share_rows else 1  # (the PH rows' strips all live at once)
         return self.filter_words + strip + seg + stage + REGISTER_OVERHEAD
 

@@ -152,44 +152,50 @@ def gather_kernel(g: Geometry, rnd) -> Kernel:
 # --- backward-weight -----------------------------------------------------------------------------------------------
 
 def _dy_strip(g: Geometry, dyr: Buffer, oh, rnd):
-    """dyr[p, v * m + j] = dy[bn, bd, oh, ow_p, (cg + v) * m + j] for the strip's pixels (0 past the output)."""
-    p_, cfg, m = g.problem, g.cfg, g.m
+    """dyr[p, v * opt + j] = dy[bn, bd, oh, ow_p, (cg + v) * Kg + j0 + j] for the strip's pixels (0 past the output):
+    the thread's opt = out_per_thread outputs of each of its groups, from j0 = gs * opt where group_split threads
+    share a group's (depthwise: Kg = m, all of them)."""
+    p_, cfg, kg, opt = g.problem, g.cfg, g.out_per_group, g.out_per_thread
+    share = Var("gs") * opt if cfg.group_split > 1 else 0
+    # (one run of VC * opt channels where each thread has all of its groups' outputs; else one per group)
+    runs = [(0, cfg.VC * opt)] if opt == kg else [(v, opt) for v in range(cfg.VC)]
     out = []
     for p in range(cfg.PW):
         ow = Var("bw") * g.w.block_out + Var("tw") * cfg.PW + p
         pix = ([oh < g.h.out_size] if g.h.ragged else []) + ([ow < g.w.out_size] if g.w.ragged else [])
-        base = (((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow) * p_.K + Var("cg") * m
-        width = cfg.VC * m
-        vec = vector_width(p_.dtype, width, p_.K)
-        if vec > 1:
+        pixel = (((Var("bn") * g.out_depth + Var("bd")) * g.h.out_size + oh) * g.w.out_size + ow) * p_.K
+        for v0, width in runs:
+            base = pixel + (Var("cg") + v0) * kg + share
+            first = v0 * opt  # (dyr's column of the run's first value)
+            vec = vector_width(p_.dtype, width, p_.K) if opt == kg or opt % 4 == 0 else 1
             for c in range(0, width, vec):
-                cond = all_of(pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else []))
-                out.append(VectorLoad(tuple(dyr[p, c + i] for i in range(vec)), "dy", base + c, cond))
-                if rnd:
-                    out += [dyr.store((p, c + i), rounded(dyr[p, c + i], rnd)) for i in range(vec)]
-        else:
-            for c in range(width):
-                cond = pix + ([Var("cg") * m + c < p_.K] if channel_ok(g, 0) else [])
-                value = rounded(Load("dy", (base + c,)), rnd)
-                out.append(dyr.store((p, c), select(all_of(cond), value, ZERO) if cond else value))
+                v = v0 + c // opt  # (the group of the run's element c)
+                cond = all_of(pix + channel_ok(g, v))
+                if vec > 1:
+                    out.append(VectorLoad(tuple(dyr[p, first + c + i] for i in range(vec)), "dy", base + c, cond))
+                    if rnd:
+                        out += [dyr.store((p, first + c + i), rounded(dyr[p, first + c + i], rnd)) for i in range(vec)]
+                else:
+                    value = rounded(Load("dy", (base + c,)), rnd)
+                    conds = pix + channel_ok(g, v)
+                    out.append(dyr.store((p, first + c), select(all_of(conds), value, ZERO) if conds else value))
     return out
 
 
 def _weight_strips(g: Geometry, bufs, rnd):
-    """Thread tid's strips of the current tile, accumulated into dw's registers."""
-    cfg, m = g.cfg, g.m
+    """Thread tid's strips of the current tile, accumulated into dw's registers: acc[tap, (v * opt + j) * Cg + s] +=
+    x[source s of group cg + v] * dy[output j of the thread's share of that group]."""
+    cfg, opt, src = g.cfg, g.out_per_thread, g.src_per_group
     acc, xin, dyr = bufs["acc"], bufs["xin"], bufs["dyr"]
     qh = Var("th") * cfg.PH + Var("ph")
 
     def product(tap, p, u):
-        return [acc.store((tap, v * m + j), xin[u, v] * dyr[p, v * m + j], accumulate=True)
-                for v in range(cfg.VC) for j in range(m)]
+        return [acc.store((tap, (v * opt + j) * src + s), xin[u, v * src + s] * dyr[p, v * opt + j], accumulate=True)
+                for v in range(cfg.VC) for j in range(opt) for s in range(src)]
 
     loads = _dy_strip(g, dyr, Var("bh") * g.h.block_out + qh, rnd)
     rows = filter_rows(g, "x", bufs.get("window"), xin, rnd, g.h.runs[0], g.w.runs[0], qh, product)
     return [For("ph", cfg.PH, tuple(loads + rows), "serial")]
-
-
 
 
 def dw_name(g: Geometry) -> str:
@@ -199,22 +205,26 @@ def dw_name(g: Geometry) -> str:
 
 def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
     """The block's threads' dw registers summed over the pixel threads through shared memory, then stored (atomic
-    adds with split_k > 1): output o of the block is tap o % taps of channel o // taps (tap fastest: the stores of
-    neighbouring threads are neighbours)."""
-    cfg, m, taps = g.cfg, g.m, g.taps
-    vcm, outputs = cfg.VC * m, cfg.block_groups * m * taps
+    adds with split_k > 1).  Output o of the block is dw[k, tap, s] of its block_groups groups, in dw's own order
+    (K, taps, Cg): source s fastest, then tap, then the group's output k (neighbouring threads store neighbours).
+    Its registers are those of the threads whose lane holds its group and whose share holds k."""
+    cfg, taps, src, kg, opt = g.cfg, g.taps, g.src_per_group, g.out_per_group, g.out_per_thread
+    row, outputs = g.filter_words, cfg.block_groups * kg * taps * src
     tid = Var("tid")
-    spill = unroll("i", taps * vcm, [red.store((tid, Var("i")), acc[Var("i") // vcm, Var("i") % vcm])])
+    per_tap = row // taps
+    spill = unroll("i", taps * per_tap, [red.store((tid, Var("i")), acc[Var("i") // per_tap, Var("i") % per_tap])])
     o = tid + Var("e") * cfg.threads
-    tap, kk = o % taps, o // taps
-    group, j = kk // m, kk % m
-    col = tap * vcm + (group % cfg.VC) * m + j
+    s, tap, kk = o % src, (o // src) % taps, o // (src * taps)
+    group, k = kk // kg, kk % kg
+    lane = (group // cfg.VC) * cfg.group_split + (k // opt if cfg.group_split > 1 else 0)  # (its thread's tc)
+    col = tap * per_tap + ((group % cfg.VC) * opt + k % opt) * src + s
     total = [Assign("dw_sum", ZERO),
-             For("tp", cfg.TW * cfg.TH, (Assign("dw_sum", Var("dw_sum") + red[Var("tp") * cfg.TC + group // cfg.VC,
-                                                                                col]),), "serial")]
-    store = Store(dw_name(g), (((c0 + group) * m + j) * taps + tap,), Var("dw_sum"), "atomic" if cfg.split_k > 1 else False)
+             For("tp", cfg.TW * cfg.TH, (Assign("dw_sum", Var("dw_sum") + red[Var("tp") * cfg.TC + lane, col]),),
+                 "serial")]
+    store = Store(dw_name(g), ((((c0 + group) * kg + k) * taps + tap) * src + s,), Var("dw_sum"),
+                  "atomic" if cfg.split_k > 1 else False)
     conds = ([o < outputs] if outputs % cfg.threads else []) + \
-        ([c0 + group < g.problem.C] if g.problem.C % cfg.block_groups else [])
+        ([c0 + group < g.groups] if g.groups % cfg.block_groups else [])
     body = total + [store]
     sums = [For("e", cdiv(outputs, cfg.threads), (If(all_of(conds), tuple(body)),) if conds else tuple(body),
                 "serial")]
@@ -224,9 +234,9 @@ def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
 def weight_kernel(g: Geometry, rnd) -> Kernel:
     p, cfg = g.problem, g.cfg
     dtype = compute_dtype(p.dtype)
-    vcm = cfg.VC * g.m
-    acc = Buffer("acc", (g.taps, vcm), dtype, "register")
-    bufs = {"acc": acc, "xin": segment_buffer(g, dtype), "dyr": Buffer("dyr", (cfg.PW, vcm), dtype, "register")}
+    per_tap = g.filter_words // g.taps  # (a tap's accumulators: VC groups x the thread's outputs x sources)
+    acc = Buffer("acc", (g.taps, per_tap), dtype, "register")
+    bufs = {"acc": acc, "xin": segment_buffer(g, dtype), "dyr": Buffer("dyr", (cfg.PW, g.dy_words), dtype, "register")}
     red = Buffer("red", (cfg.threads, g.reduction_row), dtype, "shared")
     locals_ = [acc, bufs["xin"], bufs["dyr"], red]
     c0 = Var("blk") * cfg.block_groups
@@ -243,7 +253,7 @@ def weight_kernel(g: Geometry, rnd) -> Kernel:
     tiles, per = g.spatial_tiles, cdiv(g.spatial_tiles, cfg.split_k)
     first = Var("cb") * per
     count = per if cfg.split_k == 1 else minimum(per, tiles - first)
-    zero = unroll("i", g.taps * vcm, [acc.store((Var("i") // vcm, Var("i") % vcm), ZERO)])
+    zero = unroll("i", g.taps * per_tap, [acc.store((Var("i") // per_tap, Var("i") % per_tap), ZERO)])
     block = ([For("tid", cfg.threads, tuple(zero), "thread"),
               For("tile", count, tuple(block_coords(g, Var("tile")) + tile_phases), "serial", start=first)]
              + _reduce_and_store(g, acc, red, c0))
@@ -251,5 +261,5 @@ def weight_kernel(g: Geometry, rnd) -> Kernel:
     body = (For("blk", grid[0], (For("cb", grid[1], tuple(block), "grid", axis=1),), "grid", axis=0),)
     params = (Buffer("x", (p.N * g.src_depth * g.h.src_size * g.w.src_size * p.C,), p.dtype),
               Buffer("dy", (p.N * g.out_depth * g.h.out_size * g.w.out_size * p.K,), p.dtype),
-              Buffer(dw_name(g), (p.K * g.taps,), "float32" if dw_name(g) != "dw" else p.dtype, role="out"))
+              Buffer(dw_name(g), (p.K * g.taps * p.Cg,), "float32" if dw_name(g) != "dw" else p.dtype, role="out"))
     return Kernel("depthwise_bwd_weight", params, tuple(locals_), body, grid, cfg.threads)

@@ -1,13 +1,15 @@
 """Narrow groups on the direct template (issue 28: C / groups = Cg in 2..8, ResNeXt's 4 and 8 channels a group)
 against the float64 reference.
 
-Forward and backward-data on fresh random data into NaN-poisoned outputs: on the CPU backend over a hypothesis
-strategy of shapes (1D / 2D, strides, padding, dilation, 2..8 channels and 1..8 filters a group, group counts that
-leave ragged channel blocks, bias and relu) and of configs (block shapes, VC, group_split, window in shared memory
-or not); two tiny cases in the CUDA simulator.  Backward-weight does not apply (the GEMM variants keep it), and
-bad configs are refused before anything is built.  The planner takes the template where its cost model says so.
+Every direction on fresh random data into NaN-poisoned outputs: on the CPU backend over a hypothesis strategy of
+shapes (1D / 2D, strides, padding, dilation, 2..8 channels and 1..8 filters a group, group counts that leave ragged
+channel blocks, bias and relu) and of configs (block shapes, VC, group_split, window in shared memory or not,
+backward-weight's split_k); tiny cases in the CUDA simulator.  Bad configs are refused before anything is built.
+The planner takes the template where its cost model says so.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -23,7 +25,7 @@ from kernelgen.templates.depthwise_config import DepthwiseConfig
 from kernelgen.templates.depthwise_geometry import MAX_FILTER_WORDS, geometry, over_limits, unmet
 from test_depthwise import check
 
-DIRECTIONS = ("fwd", "bwd_data")
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
 
 
 def narrow_problem(direction, x_shape, groups, kg, filt, kw, bias=False, activation=None, dtype="float32"):
@@ -54,7 +56,7 @@ def cases(draw, direction):
     config = DepthwiseConfig(TC=gs * draw(st.integers(1, 2)), TW=draw(st.integers(1, 3)), TH=draw(st.integers(1, 2)),
                              VC=draw(st.sampled_from((1, 2, 4))), PW=draw(st.integers(1, 3)),
                              PH=draw(st.integers(1, 2)), halo=halo, smem_pad=halo * draw(st.integers(0, 1)),
-                             group_split=gs)
+                             group_split=gs, split_k=draw(st.sampled_from((1, 2, 3))) if direction == "bwd_weight" else 1)
     return problem, kw, config
 
 
@@ -63,8 +65,9 @@ def cases(draw, direction):
 @given(data=st.data())
 def test_cpu_random_shapes(direction, data):
     problem, kw, config = data.draw(cases(direction))
-    if unmet(problem, config):  # a config over the filter-register limit is refused, never run
-        with pytest.raises(ValueError, match="filter words"):
+    why = unmet(problem, config)
+    if why:  # (over the filter-register limit, or more splits than tiles): refused, never run
+        with pytest.raises(ValueError, match=re.escape(why[0])):
             depthwise.build(problem, config)
         return
     check(problem, kw, config, "cpu", np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))))
@@ -87,10 +90,19 @@ def test_cpu_reduced_precision(rng):
     check(p, kw, DepthwiseConfig(TC=4, TW=2, TH=2, VC=1, PW=2, PH=1, halo=1, group_split=2), "cpu", rng, "bf16")
 
 
+def test_cpu_float16_split_backward_weight(rng):
+    """float16 tensors, split blocks: the splits add into the float32 workspace, rounded into dw once."""
+    kw = dict(padding=1, stride=2)
+    p = narrow_problem("bwd_weight", (2, 7, 6, 16), 4, 4, (3, 3), kw, dtype="float16")
+    config = DepthwiseConfig(TC=4, TW=2, TH=2, VC=1, PW=2, PH=1, halo=1, group_split=2, split_k=3)
+    check(p, kw, config, "cpu", rng, "fp16")
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("direction, config", [
     ("fwd", DepthwiseConfig(4, 2, 2, 1, 2, 1, 1, 1, group_split=2)),
-    ("bwd_data", DepthwiseConfig(4, 2, 2, 2, 2, 1, 0, group_split=4))])
+    ("bwd_data", DepthwiseConfig(4, 2, 2, 2, 2, 1, 0, group_split=4)),
+    ("bwd_weight", DepthwiseConfig(4, 2, 2, 1, 2, 1, 1, 1, group_split=2, split_k=2))])
 def test_simulator(direction, config, rng):
     kw = dict(stride=2, padding=1)
     p = narrow_problem(direction, (1, 5, 6, 12), 3, 4, (3, 3), kw, bias=True, activation="relu")
@@ -99,12 +111,11 @@ def test_simulator(direction, config, rng):
 
 # --- what applies, what is refused --------------------------------------------------------------------------------
 
-def test_applies_forward_and_backward_data_only():
+def test_applies_in_every_direction_to_narrow_groups_only():
     v = depthwise.VARIANT
     for direction in DIRECTIONS:
         assert v.applies(narrow_problem(direction, (1, 8, 8, 128), 32, 4, (3, 3), {}), "fp32")
         assert v.applies(narrow_problem(direction, (1, 8, 8, 256), 32, 8, (3, 3), {}), "fp32")
-    assert not v.applies(narrow_problem("bwd_weight", (1, 8, 8, 128), 32, 4, (3, 3), {}), "fp32")
     assert not v.applies(narrow_problem("fwd", (1, 8, 8, 512), 32, 16, (3, 3), {}), "fp32")  # 16 a group
     assert not v.applies(narrow_problem("fwd", (1, 8, 8, 32), 2, 16, (3, 3), {}), "fp32")  # 16 filters a group
     assert not v.applies(narrow_problem("fwd", (1, 12, 12, 64), 8, 8, (7, 7), {}), "fp32")  # 49 x 8 words a thread
@@ -125,7 +136,7 @@ def test_bad_configs_refused_before_building(config, match):
         depthwise.build(make_problem("fwd", (1, 8, 8, 16), (16, 3, 3, 1), groups=16),
                         DepthwiseConfig(TC=4, group_split=2))
     with pytest.raises(ValueError, match="narrow groups"):  # the kind the template does not compute
-        depthwise.build(narrow_problem("bwd_weight", (1, 8, 8, 16), 4, 4, (3, 3), {}), DepthwiseConfig())
+        depthwise.build(narrow_problem("bwd_weight", (1, 8, 8, 64), 4, 16, (3, 3), {}), DepthwiseConfig())
 
 
 def test_config_round_trips_with_group_split():
@@ -153,7 +164,7 @@ def test_cuda_default_and_space_on_resnext(direction, channels, stride):
 
 def test_planner_takes_the_cost_models_verdict():
     """Without a config the planner runs narrow groups on the direct template where its cost model is below the
-    GEMM variants' (explain says why), else on a GEMM variant; backward-weight always on a GEMM variant."""
+    GEMM variants' (explain says why), else on a GEMM variant, in every direction."""
     target = target_for("cuda")
     for channels, stride in ((128, 1), (256, 2)):
         x, w = np.zeros((32, 56, 56, channels), np.float32), np.zeros((channels, 3, 3, channels // 32), np.float32)
@@ -166,13 +177,15 @@ def test_planner_takes_the_cost_models_verdict():
         dy = np.zeros(p.y_shape, np.float32)
         bw = kernelgen.explain(kernelgen.conv_backward_weight, x, dy, w.shape, stride=stride, padding=1, groups=32,
                                backend="cuda")
-        assert bw.variant != depthwise.NAME
+        p_bw = narrow_problem("bwd_weight", x.shape, 32, channels // 32, (3, 3), dict(stride=stride, padding=1))
+        assert (bw.variant == depthwise.NAME) == depthwise.narrow_groups_verdict(p_bw, target)[0]
     small = narrow_problem("fwd", (32, 56, 56, 128), 32, 4, (3, 3), dict(padding=1))
     assert depthwise.narrow_groups_verdict(small, target)[0]  # ResNeXt's 4-channel layer: the direct template
 
 
 def test_api_runs_narrow_groups_on_the_cpu(rng):
-    """kernelgen.conv and conv_backward_data on a narrow-group layer the planner gives the direct template."""
+    """kernelgen.conv and conv_backward_data on a narrow-group layer the planner gives the direct template, and
+    conv_backward_weight on it by name."""
     x = rng.standard_normal((4, 16, 16, 64)).astype(np.float32)
     w = rng.standard_normal((64, 3, 3, 4)).astype(np.float32)
     kw = dict(padding=1, groups=16, backend="cpu")
@@ -186,3 +199,22 @@ def test_api_runs_narrow_groups_on_the_cpu(rng):
     dx = kernelgen.conv_backward_data(dy, w, x.shape, **kw)
     want = reference.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), x.shape, **ref)
     assert np.abs(dx - want).max() <= 1e-5 * np.abs(want).max()
+    # (backward-weight: the CPU's cost model keeps the GEMM here; the template asked for by name)
+    assert kernelgen.explain(kernelgen.conv_backward_weight, x, dy, w.shape, algo=depthwise.NAME,
+                             **kw).variant == depthwise.NAME
+    dw = kernelgen.conv_backward_weight(x, dy, w.shape, algo=depthwise.NAME, **kw)
+    want = reference.conv_backward_weight(x.astype(np.float64), dy.astype(np.float64), w.shape, **ref)
+    assert np.abs(dw - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, precision", [("float32", "fp32"), ("float16", "fp16"), ("float32", "tf32")])
+@pytest.mark.parametrize("channels, stride", [(128, 1), (256, 2)])
+def test_gpu_backward_weight_on_resnext_groups(dtype, precision, channels, stride, rng):
+    """ResNeXt-50 32x4d's grouped 3x3 layers' backward-weight (4 and 8 channels a group) on the GPU, with the CUDA
+    default (split blocks: atomic adds, float16 through the float32 workspace)."""
+    kw = dict(stride=stride, padding=1)
+    p = narrow_problem("bwd_weight", (8, 28, 28, channels), 32, channels // 32, (3, 3), kw, dtype=dtype)
+    config = depthwise.VARIANT.default_config(p, target_for("cuda"), precision)
+    assert config.split_k > 1
+    check(p, kw, config, "cuda", rng, precision)
