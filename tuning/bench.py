@@ -224,11 +224,14 @@ def bench_problem(layer, direction, torch_conv, rotations=3, repeat=20, config=N
             **kernel_resources(launcher, launcher.threads)}
 
 
-def _applies(problem, algo):
-    """A forced variant is benched only on the problems it can compute (one algo list, many tables)."""
+def _applies(problem, algo, precision="fp32"):
+    """A forced variant is benched only on the problems it can compute (one algo list, many tables): at its own first
+    precision, or at the bench's (a float16 table's problems take precision="fp16", which the direct template
+    computes; its first precision, fp32, refuses float16 tensors)."""
     if algo is None:
         return True
-    return computes(get_variant(algo), problem)
+    variant = get_variant(algo)
+    return computes(variant, problem) or (precision in variant.precisions and variant.applies(problem, precision))
 
 
 def parse_overrides(text):
@@ -423,7 +426,7 @@ def plan_jobs(layers, directions, algos, alternatives, precision):
     alternative does not fit, a kernel that failed to compile), which the bench reports as a failed row."""
     dtype = storage_dtype(precision)
     jobs = [(l, d, a, alt) for l in layers for d in directions if not (l.transposed and d != "fwd") for a in algos
-            if _applies(l.problem(d, dtype), a) for alt in alternatives]
+            if _applies(l.problem(d, dtype), a, precision) for alt in alternatives]
     plans = []
     for layer, d, a, alt in jobs:
         try:
