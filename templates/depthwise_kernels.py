@@ -217,7 +217,7 @@ def _reduce_and_store(g: Geometry, acc: Buffer, red: Buffer, c0):
     s, tap, kk = o % src, (o // src) % taps, o // (src * taps)
     group, k = kk // kg, kk % kg
     lane = (group // cfg.VC) * cfg.group_split + (k // opt if cfg.group_split > 1 else 0)  # (its thread's tc)
-    col = tap * per_tap + ((group % cfg.VC) * opt + k % opt) * src + s
+    col = tap * per_tap + ((group % cfg.VC) * opt + (k % opt if opt < kg else k)) * src + s
     total = [Assign("dw_sum", ZERO),
              For("tp", cfg.TW * cfg.TH, (Assign("dw_sum", Var("dw_sum") + red[Var("tp") * cfg.TC + lane, col]),),
                  "serial")]
