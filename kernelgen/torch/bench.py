@@ -75,24 +75,42 @@ def batches(n, batch, seed=1, device="cuda"):
              torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(n)]
 
 
-def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
-    """Train `steps` SGD steps cycling over data; (losses, per-step seconds of the steps from timed_from on)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+def _timed_steps(data, steps, one_step, timed_from):
+    """one_step(x, labels) -> the loss tensor, `steps` times cycling over data, each timed between two device
+    synchronisations; (losses, per-step seconds of the steps from timed_from on)."""
     losses, times = [], []
-    for step in range(steps):
-        x, labels = data[step % len(data)]
+    for i in range(steps):
+        x, labels = data[i % len(data)]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
+        loss = one_step(x, labels)
+        torch.cuda.synchronize()
+        if timed_from is not None and i >= timed_from:
+            times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    return losses, times
+
+
+def _sgd_step(model, opt, mode):
+    """One training step's forward (bf16 autocast for mode "bf16"), backward and SGD update of x, labels."""
+    def step(x, labels):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
             loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         opt.step()
-        torch.cuda.synchronize()
-        if timed_from is not None and step >= timed_from:
-            times.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    return losses, times
+        return loss
+    return step
+
+
+def train(model, data, steps, mode="fp32", lr=0.02, timed_from=None):
+    """Train `steps` SGD steps cycling over data; (losses, per-step seconds of the steps from timed_from on)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    step = _sgd_step(model, opt, mode)
+
+    def one_step(x, labels):
+        opt.zero_grad(set_to_none=True)
+        return step(x, labels)
+    return _timed_steps(data, steps, one_step, timed_from)
 
 
 def train_graphed(model, data, steps, mode="fp32", lr=0.02, timed_from=None, warmup=3):
@@ -102,38 +120,25 @@ def train_graphed(model, data, steps, mode="fp32", lr=0.02, timed_from=None, war
     them)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     static_x, static_labels = data[0][0].clone(), data[0][1].clone()
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16"):
-            loss = nn.functional.cross_entropy(model(static_x), static_labels)
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _sgd_step(model, opt, mode)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             opt.zero_grad(set_to_none=True)
-            step()
+            step(static_x, static_labels)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
-        static_loss = step()
-    losses, times = [], []
-    for i in range(steps):
-        x, labels = data[i % len(data)]
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+        static_loss = step(static_x, static_labels)
+
+    def replay(x, labels):
         static_x.copy_(x)
         static_labels.copy_(labels)
         graph.replay()
-        torch.cuda.synchronize()
-        if timed_from is not None and i >= timed_from:
-            times.append(time.perf_counter() - start)
-        losses.append(static_loss.item())
-    return losses, times
+        return static_loss
+    return _timed_steps(data, steps, replay, timed_from)
 
 
 def compare(mode, batch, steps, warmup, precompile=True, rounds=3, graph=False):
