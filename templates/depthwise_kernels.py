@@ -169,15 +169,14 @@ def _dy_strip(g: Geometry, dyr: Buffer, oh, rnd):
             first = v0 * opt  # (dyr's column of the run's first value)
             vec = vector_width(p_.dtype, width, p_.K) if opt == kg or opt % 4 == 0 else 1
             for c in range(0, width, vec):
-                v = v0 + c // opt  # (the group of the run's element c)
-                cond = all_of(pix + channel_ok(g, v))
+                conds = pix + channel_ok(g, v0 + c // opt)  # (the pixel, and the group of the run's element c)
                 if vec > 1:
-                    out.append(VectorLoad(tuple(dyr[p, first + c + i] for i in range(vec)), "dy", base + c, cond))
+                    out.append(VectorLoad(tuple(dyr[p, first + c + i] for i in range(vec)), "dy", base + c,
+                                          all_of(conds)))
                     if rnd:
                         out += [dyr.store((p, first + c + i), rounded(dyr[p, first + c + i], rnd)) for i in range(vec)]
                 else:
                     value = rounded(Load("dy", (base + c,)), rnd)
-                    conds = pix + channel_ok(g, v)
                     out.append(dyr.store((p, first + c), select(all_of(conds), value, ZERO) if conds else value))
     return out
 
