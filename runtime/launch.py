@@ -22,6 +22,7 @@ from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_
                                            round_tf32_flipped_device, round_tf32_flipped_host,
                                            round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
                                            round_tf32_pair_pointers, round_tf32_pointers)
+from kernelgen.runtime.capture import raw_handle, refuse_if_capturing
 from kernelgen.runtime.capture import state_for as capture_state
 from kernelgen.runtime.map_ring import ring_for
 from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_pointers
@@ -284,6 +285,8 @@ class Launcher:
             ptr_sizes = [pointer_size(args[n], n) for n in self.caller_params]
             if self.aligned([p for p, _ in ptr_sizes]):
                 return self.launch_pointers(ptr_sizes, itemsize_of(args[self.outputs[0]]), stream)
+        if self.backend == "cuda" and (self.tensor_maps or self.widened):  # (its buffers are the stream's: see
+            refuse_if_capturing(raw_handle(stream), "a launch through numba's dispatcher")  # runtime/capture.py)
         if self.widened:
             return self._call_widened(args, stream)
         return self._call(args, stream)

@@ -180,3 +180,19 @@ def test_one_numba_stream_object_per_raw_handle(monkeypatch):
     assert driver.as_numba_stream(TorchLike(1001)) is first
     assert driver.as_numba_stream(TorchLike(1002)) is not first
     assert made == [1001, 1002]
+
+
+def test_a_dispatcher_launch_of_a_kernel_with_stream_buffers_is_refused_under_capture(monkeypatch):
+    """A launcher with tensor maps or a widened output goes through numba's dispatcher for an unaligned array (and on
+    a first call), with the stream's copies and workspaces, not the capture's: refused while the stream captures."""
+    from kernelgen.runtime import launch
+    monkeypatch.setattr(capture, "capture_id", lambda handle, cu=None: 3 if handle == 21 else None)
+    launcher = launch.Launcher(None, ("x", "dy", "dw"), ("dw",), (1,), 128, True, "cuda", widened=("dw",))
+    monkeypatch.setattr(launcher, "_call_widened", lambda args, stream: "launched")
+
+    class Stream:
+        def __init__(self, handle):
+            self.handle = handle
+    assert launcher({"x": None, "dy": None, "dw": None}, Stream(20)) == "launched"
+    with pytest.raises(RuntimeError, match="numba's dispatcher cannot be captured"):
+        launcher({"x": None, "dy": None, "dw": None}, Stream(21))
