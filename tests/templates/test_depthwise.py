@@ -104,8 +104,9 @@ SHARED_ROWS_CASES = {  # name: (direction, x shape, multiplier, filter, conv arg
                                 DepthwiseConfig(2, 2, 2, 2, 2, 2, 1, share_rows=1)),
     "fwd_dilated": ("fwd", (1, 11, 7, 4), 1, (3, 3), dict(padding=2, dilation=2),
                     DepthwiseConfig(1, 2, 1, 4, 3, 4, 1, share_rows=1)),
+    # (VC 2: half the unrolled body of VC 4, which took 107 s of CI to compile; still a ragged channel block)
     "bwd_data_stride2_classes": ("bwd_data", (2, 11, 9, 6), 1, (5, 5), dict(stride=2, padding=2),
-                                 DepthwiseConfig(2, 2, 1, 4, 2, 3, 1, share_rows=1)),
+                                 DepthwiseConfig(2, 2, 1, 2, 2, 3, 1, share_rows=1)),
     "bwd_data_3d": ("bwd_data", (1, 3, 7, 6, 4), 1, (3, 3, 3), dict(stride=(1, 2, 1), padding=1),
                     DepthwiseConfig(1, 2, 2, 4, 2, 2, 0, share_rows=1)),
 }
