@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from kernelgen.runtime.driver import libcuda
+from kernelgen.runtime.driver import check_driver as _check, libcuda
 
 _ACTIVE, _INVALIDATED = 1, 2  # CUstreamCaptureStatus
 _RELAXED = 2  # CUstreamCaptureMode
@@ -36,10 +36,6 @@ SLOTS_PER_CHUNK = 64
 _STATES: dict = {}
 _LOCK = threading.Lock()
 
-
-def _check(err, what):
-    if err:
-        raise RuntimeError(f"{what} failed with CUDA error {err}")
 
 
 def capture_id(handle: int, cu=None):

@@ -161,21 +161,23 @@ def libcuda():
     return _FastLaunch._lib
 
 
+def check_driver(err, what):
+    """A RuntimeError naming the driver call `what` where its CUresult `err` is not CUDA_SUCCESS."""
+    if err:
+        raise RuntimeError(f"{what} failed with CUDA error {err}")
+
+
 def copy_pointer(dst, src, nbytes, stream_handle=0):
     """Copy nbytes between raw device addresses with the driver's asynchronous copy, on the raw stream."""
-    err = libcuda().cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream_handle)
-    if err:
-        raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUDA error {err}")
+    check_driver(libcuda().cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream_handle), "cuMemcpyDtoDAsync")
 
 
 def zero_pointer(ptr, n, itemsize, stream_handle=0):
     """Clear n elements of 4 or 2 bytes at a raw device address with the driver's memset (a split-K output
     before its kernel adds into it): no kernel of ours, no dispatcher."""
     lib = libcuda()
-    memset = lib.cuMemsetD32Async if itemsize == 4 else lib.cuMemsetD16Async
-    err = memset(ptr, 0, n, stream_handle)
-    if err:
-        raise RuntimeError(f"cuMemsetD{8 * itemsize}Async failed with CUDA error {err}")
+    name = "cuMemsetD32Async" if itemsize == 4 else "cuMemsetD16Async"  # (no string built per call: a hot path)
+    check_driver(getattr(lib, name)(ptr, 0, n, stream_handle), name)
 
 
 class _FastLaunch:

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from kernelgen.runtime.driver import libcuda
+from kernelgen.runtime.driver import check_driver as _check, libcuda
 
 SLOTS = 512  # maps per ring: ~ the distinct (map, array) pairs of a few training steps; 64 KiB each side
 MAP_BYTES = 128
@@ -31,10 +31,6 @@ _RINGS: dict = {}
 _RINGS_LOCK = threading.Lock()
 _EVENT_DISABLE_TIMING = 2
 
-
-def _check(err, what):
-    if err:
-        raise RuntimeError(f"{what} failed with CUDA error {err}")
 
 
 class MapRing:
