@@ -298,6 +298,14 @@ def _op(binding):
     return decorate
 
 
+def cuda_route_of(op, args, kwargs):
+    """The CUDA route (runtime.cuda_call.CudaRoute) that a repeated call op(*args, **kwargs) takes, or None where no
+    call of its signature has succeeded yet or it has none (the CPU backend, an empty problem, a borrowed kernel).
+    kernelgen.torch launches a repeated torch call through it directly (kernelgen/torch/direct.py)."""
+    route = _DISPATCH.get(signature(op.__name__, args, kwargs))
+    return None if route is None else route.cuda
+
+
 def _record(recording: list, call: Call):
     """A call under kernelgen.precompile.recording(): its plan kept, a zero-filled output of the right shape
     and kind (host, device, torch) returned, no kernel compiled or run."""

@@ -90,7 +90,7 @@ class CudaRoute:
     kind, shape and dtype, and each address read checks contiguity.  Where the prepacked launch cannot be used
     (the simulator, a thread other than the one that compiled, host inputs) it is run_cuda."""
     __slots__ = ("prep", "launcher", "shape", "dtype", "itemsize", "out_name", "params", "on_device", "torch_empty",
-                 "torch_like", "wrap", "readers", "layout", "fast")
+                 "torch_like", "wrap", "readers", "layout", "fast", "sizes")
 
     def __init__(self, prep, template, inputs: dict):
         self.prep, self.launcher = prep, prep.launcher
@@ -112,6 +112,7 @@ class CudaRoute:
         # launch: learnt on the route's first call, where pointer_size checks each array; the signature fixes the
         # first two for every later call, and the launch is used by the thread that made it (_FastLaunch.usable)
         self.readers = self.layout = self.fast = None
+        self.sizes = None  # the arrays' element counts, for a launcher that runs a launch program (else None)
 
     def __call__(self, inputs: dict, template, stream=None, out=None):
         fast = self.fast
@@ -121,12 +122,22 @@ class CudaRoute:
         result = self._output(out, nstream)
         inputs[self.out_name] = result  # (the binding's own dict, made for this call)
         addresses = [read(inputs[name]) for name, read in self.readers]
-        launcher = self.launcher
-        if launcher.kernel_any is None or launcher.aligned(addresses):
-            fast.launch_addresses(addresses, self.layout, stream_handle(nstream))
-        else:
+        if not self.launch(addresses, nstream):
             self._any_alignment([(name, inputs[name]) for name in self.params], nstream)
         return arrays.like_input(result, template) if self.wrap and out is None else result
+
+    def launch(self, addresses, nstream) -> bool:
+        """Launch on these device addresses (one per parameter, in the launcher's order; the route's first call
+        checked arrays of these shapes and layouts) from the thread that made the route's launch (self.fast);
+        False, launching nothing, where an address is off the 16-byte alignment the kernel assumes."""
+        launcher = self.launcher
+        if launcher.kernel_any is not None and not launcher.aligned(addresses):
+            return False
+        if self.sizes is None:  # one kernel launch
+            self.fast.launch_addresses(addresses, self.layout, stream_handle(nstream))
+        else:  # maps, workspaces, clears: the launcher's program for these addresses (runtime/program.py)
+            launcher.launch_pointers(tuple(zip(addresses, self.sizes)), self.itemsize, nstream)
+        return True
 
     def _any_alignment(self, named_arrays, nstream):
         """An array off 16-byte alignment: the kernel compiled without that assumption, through numba."""
@@ -153,8 +164,10 @@ class CudaRoute:
         ptr_sizes = [pointer_size(a, name) for a, name in zip(arrays_in_order, self.params)]
         if launcher.kernel_any is None or launcher.aligned([p for p, _ in ptr_sizes]):
             launcher.launch_pointers(ptr_sizes, self.itemsize, nstream)
-            if self.fast is None and not (launcher.zero_output or launcher.tensor_maps or launcher.widened):
+            if self.fast is None:
                 self.layout = tuple((n, self.itemsize) for _, n in ptr_sizes)
+                if launcher.zero_output or launcher.tensor_maps or launcher.widened:
+                    self.sizes = tuple(n for _, n in ptr_sizes)
                 self.readers = tuple((name, address_reader(a)) for name, a in zip(self.params, arrays_in_order))
                 self.fast = launcher._fast
         else:

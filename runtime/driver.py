@@ -180,6 +180,38 @@ def zero_pointer(ptr, n, itemsize, stream_handle=0):
     check_driver(getattr(lib, name)(ptr, 0, n, stream_handle), name)
 
 
+# --- driver steps: one driver call with its arguments packed once, run again and again (runtime/program.py) ------
+# A step is (function, ctypes arguments, what keeps the arguments' memory alive, the call's name): running it is
+# `function(*arguments)`, no argument converted.  A launch program is a list of them.
+
+_RAW: dict = {}  # driver function name -> a function object of its own, no argtypes (the caller packs ctypes values)
+
+
+def raw_driver(name):
+    """libcuda's `name` as a function object of its own, returning the CUresult, converting nothing."""
+    fn = _RAW.get(name)
+    if fn is None:
+        import ctypes
+        fn = libcuda()[name]  # (indexing makes a new object: lib.name's argtypes are not touched)
+        fn.restype = ctypes.c_int
+        _RAW[name] = fn
+    return fn
+
+
+def zero_step(ptr, n, itemsize, stream_handle=0):
+    """zero_pointer as a step."""
+    import ctypes
+    name = "cuMemsetD32Async" if itemsize == 4 else "cuMemsetD16Async"
+    value = ctypes.c_uint(0) if itemsize == 4 else ctypes.c_ushort(0)
+    return (raw_driver(name), (ctypes.c_uint64(ptr), value, ctypes.c_size_t(n), ctypes.c_void_p(stream_handle)),
+            None, name)
+
+
+def run_step(step):
+    fn, args, _, what = step
+    check_driver(fn(*args), what)
+
+
 class _FastLaunch:
     """cuLaunchKernel through ctypes on the one compiled overload: what numba's _Kernel.launch does,
     minus argument typing, array wrapping and cuda.core's parameter packing.  A 1D C-contiguous
@@ -223,22 +255,34 @@ class _FastLaunch:
     def usable(self):
         return threading.get_ident() == self.thread
 
+    def step(self, ptr_sizes, itemsize, stream_handle, scalars=()):
+        """This launch as a driver step: the arguments (as __call__ takes them) packed once into a parameter block
+        of the step's own, so that steps of one kernel on other arrays do not overwrite each other.  The words are
+        the step's third item (a launch program rewrites a tensor map's address there)."""
+        import ctypes
+        words = (ctypes.c_int64 * len(self.words))()
+        i = 0
+        for entry in ptr_sizes:
+            ptr, n = entry[0], entry[1]
+            size = entry[2] if len(entry) > 2 else itemsize
+            words[i + 2: i + 7] = [n, size, ptr, n, size]
+            i += 7
+        for value in scalars:
+            words[i] = value
+            i += 1
+        base = ctypes.addressof(words)
+        params = (ctypes.c_void_p * len(words))(*[base + 8 * k for k in range(len(words))])
+        return self.raw_launch, (*self.fixed_args, ctypes.c_void_p(stream_handle), params, None), words, \
+            "cuLaunchKernel"
+
     def bound(self, ptr_sizes, itemsize, stream_handle):
         """A zero-argument launch with these arguments packed once into its own parameter block
         (kernelgen.bind): a call is the cuLaunchKernel and nothing else."""
-        import ctypes
-        words = (ctypes.c_int64 * len(self.words))()
-        for i, (ptr, n) in enumerate(ptr_sizes):
-            words[7 * i + 2: 7 * i + 7] = [n, itemsize, ptr, n, itemsize]
-        base = ctypes.addressof(words)
-        params = (ctypes.c_void_p * len(words))(*[base + 8 * i for i in range(len(words))])
-        launch, handle, (gx, gy, gz), threads, shared = self.launch, self.handle, self.grid, self.threads, self.shared
+        step = self.step(ptr_sizes, itemsize, stream_handle)
 
         def call():
-            err = launch(handle, gx, gy, gz, threads, 1, 1, shared, stream_handle, params, None)
-            if err:
-                raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
-        call.keep_alive = (words, params)
+            run_step(step)
+        call.keep_alive = step
         return call
 
     def launch_addresses(self, addresses, layout, stream_handle):

@@ -154,16 +154,20 @@ def _round_grid(n):
     return max(1, min(ROUND_GRID, -(-n // ROUND_THREADS)))
 
 
-def round_tf32_pointers(src, dst, n, stream_handle=0):
-    """round_tf32_device on raw device addresses of n float32 words, launched without numba's dispatcher (the
-    Launcher's fast route: this runs before every TMA kernel)."""
+def round_tf32_step(src, dst, n, stream_handle=0):
+    """round_tf32_device on raw device addresses of n float32 words as a driver step, launched without numba's
+    dispatcher (a launch program's: runtime/program.py; this runs before every TF32 TMA kernel)."""
+    return _round_launch().step([(src, n), (dst, n)], 4, stream_handle)
+
+
+def _round_launch():
     global _round_fast
     if _round_fast is None or not _round_fast.usable():
         from numba import cuda
         kernel, scratch = _round_dispatcher(), cuda.device_array(1, np.uint32)
         configure(kernel, 1, ROUND_THREADS)(scratch, scratch)  # compiles its one overload
         _round_fast = _FastLaunch(kernel, ROUND_GRID, ROUND_THREADS, 2)
-    _round_fast([(src, n), (dst, n)], 4, stream_handle)
+    return _round_fast
 
 
 def _flip_tiles(K, T, C):
@@ -193,8 +197,8 @@ def round_tf32_pair_device(a_src, a_dst, b_src, b_dst, flip_b=(), stream=None):
         *(flip_b or (0, 0, 0)), a_blocks)
 
 
-def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
-    """round_tf32_pair_device on raw device addresses, launched without numba's dispatcher."""
+def round_tf32_pair_step(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), stream_handle=0):
+    """round_tf32_pair_device on raw device addresses as a driver step, launched without numba's dispatcher."""
     a_blocks, grid = _pair_grid(n_a, n_b, flip_b)
     fast = _pair_fast.get(grid)
     if fast is None or not fast.usable():
@@ -203,17 +207,18 @@ def round_tf32_pair_pointers(a_src, a_dst, n_a, b_src, b_dst, n_b, flip_b=(), st
         kernel = _pair_dispatcher()
         configure(kernel, 1, ROUND_THREADS)(scratch, scratch, scratch, scratch, 0, 1, 0, 1)  # compiles its one overload
         fast = _pair_fast[grid] = _FastLaunch(kernel, grid, ROUND_THREADS, 4, scalars=4)
-    fast([(a_src, n_a), (a_dst, n_a), (b_src, n_b), (b_dst, n_b)], 4, stream_handle,
-         scalars=(*(flip_b or (0, 0, 0)), a_blocks))
+    return fast.step([(a_src, n_a), (a_dst, n_a), (b_src, n_b), (b_dst, n_b)], 4, stream_handle,
+                     scalars=(*(flip_b or (0, 0, 0)), a_blocks))
 
 
-def round_tf32_flipped_pointers(src, dst, flip, stream_handle=0):
-    """round_tf32_flipped_device on raw device addresses, launched without numba's dispatcher."""
-    _flip_pointers(_flip_fast, _flip_dispatcher, np.uint32, src, dst, flip, stream_handle)
+def round_tf32_flipped_step(src, dst, flip, stream_handle=0):
+    """round_tf32_flipped_device on raw device addresses as a driver step, launched without numba's dispatcher."""
+    return _flip_step(_flip_fast, _flip_dispatcher, np.uint32, src, dst, flip, stream_handle)
 
 
-def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
-    """A flip kernel (dispatcher()) on raw addresses of `word` elements, its launch cached per flip in `launches`."""
+def _flip_step(launches, dispatcher, word, src, dst, flip, stream_handle):
+    """A flip kernel (dispatcher()) on raw addresses of `word` elements as a driver step, its launch cached per flip
+    in `launches`."""
     fast = launches.get(flip)
     if fast is None or not fast.usable():
         from numba import cuda
@@ -221,7 +226,7 @@ def _flip_pointers(launches, dispatcher, word, src, dst, flip, stream_handle):
         configure(kernel, 1, ROUND_THREADS)(scratch, scratch, 0, 1, 0)  # compiles its one overload (nothing to do)
         fast = launches[flip] = _FastLaunch(kernel, _flip_tiles(*flip), ROUND_THREADS, 2, scalars=3)
     n = flip[0] * flip[1] * flip[2]
-    fast([(src, n), (dst, n)], np.dtype(word).itemsize, stream_handle, scalars=flip)
+    return fast.step([(src, n), (dst, n)], np.dtype(word).itemsize, stream_handle, scalars=flip)
 
 
 def flip16_device(src, dst, flip, stream=None):
@@ -231,9 +236,9 @@ def flip16_device(src, dst, flip, stream=None):
                                                                              dst.view(np.uint16), *flip)
 
 
-def flip16_pointers(src, dst, flip, stream_handle=0):
-    """flip16_device on raw device addresses, launched without numba's dispatcher."""
-    _flip_pointers(_flip16_fast, _flip16_dispatcher, np.uint16, src, dst, flip, stream_handle)
+def flip16_step(src, dst, flip, stream_handle=0):
+    """flip16_device on raw device addresses as a driver step, launched without numba's dispatcher."""
+    return _flip_step(_flip16_fast, _flip16_dispatcher, np.uint16, src, dst, flip, stream_handle)
 
 
 def flip_host(a, flip):

@@ -17,15 +17,16 @@ from kernelgen import compile_profile, numba_speedups, settings
 from kernelgen.arrays import cpu_kernel_arg, to_device_view
 from kernelgen.runtime.driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared,
                                       configure, fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle,
-                                      zero_pointer)
-from kernelgen.runtime.elementwise import (flip16_device, flip16_pointers, flip_host, round_tf32_device,
-                                           round_tf32_flipped_device, round_tf32_flipped_host,
-                                           round_tf32_flipped_pointers, round_tf32_host, round_tf32_pair_device,
-                                           round_tf32_pair_pointers, round_tf32_pointers)
+                                      zero_pointer, zero_step)
+from kernelgen.runtime.elementwise import (flip16_device, flip16_step, flip_host, round_tf32_device,
+                                           round_tf32_flipped_device, round_tf32_flipped_host, round_tf32_flipped_step,
+                                           round_tf32_host, round_tf32_pair_device, round_tf32_pair_step,
+                                           round_tf32_step)
 from kernelgen.runtime.capture import raw_handle, refuse_if_capturing
 from kernelgen.runtime.capture import state_for as capture_state
 from kernelgen.runtime.map_ring import ring_for
-from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_pointers
+from kernelgen.runtime.narrow import narrow_device, narrow_host, narrow_step
+from kernelgen.runtime.program import LaunchProgram, ProgramCache
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 from kernelgen.storage import WIDE_SUFFIX
 
@@ -85,6 +86,7 @@ class Launcher:
     _fast: object = field(default=None, repr=False, compare=False)
     _general_path: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
     _fewer: dict = field(default_factory=dict, repr=False, compare=False)  # on_images' answers by image count
+    _programs: ProgramCache = field(default_factory=ProgramCache, repr=False, compare=False)  # launch_pointers'
 
     @classmethod
     def from_module(cls, module, backend, label=""):
@@ -209,13 +211,17 @@ class Launcher:
                              else _NO_TENSOR_MAP)
         return args
 
-    def _derived_pointers(self, ptr_sizes, stream, capture=None):
+    def _derived_pointers(self, ptr_sizes, stream, capture=None, program=None):
         """launch_pointers' arguments for the caller's parameters, completed as _with_tensor_maps completes
         args: the copies made, the maps' addresses appended.  capture: the CaptureState of the capture under way
-        on the stream (runtime/capture.py), whose own copies and map slots a captured launch takes."""
+        on the stream (runtime/capture.py), whose own copies and map slots a captured launch takes.  program: the
+        LaunchProgram being built, which takes the copies as steps and each eager map's ring and key (a run looks
+        the map up again); without one the copies are made at once."""
         named = dict(zip(self.caller_params, ptr_sizes))
         sources = self._copied_sources
         handle = stream_handle(stream)
+        steps = program if program is not None else LaunchProgram(kept=False)
+        ring = None
         if capture is not None:  # (the capture's own buffers and map slots: nothing an eager call rewrites)
             copies = {source: capture.buffer((id(self), source, named[source][1]),
                                              named[source][1] * self._copy_itemsize) for source in sources}
@@ -229,26 +235,32 @@ class Launcher:
                 if len(self._derived) >= 16:
                     self._derived.clear()
                 self._derived[key] = copies
-            map_address = ring_for(handle).address  # (runtime/map_ring.py: uploaded where the ring lacks the map)
+            ring = ring_for(handle)  # (runtime/map_ring.py: uploaded where the ring lacks the map)
+            map_address = ring.address
         # (a map of the caller's own array follows its address; a copy's stays put: both a lookup)
-        maps = []
-        for spec in self.tensor_maps:
+        maps, first = [], len(self.caller_params)
+        for index, spec in enumerate(self.tensor_maps):
             ptr = copies.get(spec[1]) or named[spec[1]][0]
-            maps.append((map_address((spec, ptr), functools.partial(self._encoded, spec, ptr)), 16, 8))
+            map_key, encode = (spec, ptr), functools.partial(self._encoded, spec, ptr)
+            maps.append((map_address(map_key, encode), 16, 8))
+            if ring is not None and program is not None:
+                program.add_map(ring, map_key, encode, first + index)
         pair = self._rounding_pair
         if pair:  # both operands in one launch
             a, b = pair
-            round_tf32_pair_pointers(named[a][0], copies[a], named[a][1], named[b][0], copies[b], named[b][1],
-                                     sources[b], handle)
+            steps.add(round_tf32_pair_step(named[a][0], copies[a], named[a][1], named[b][0], copies[b], named[b][1],
+                                           sources[b], handle))
         else:
             for source, flip in sources.items():
                 ptr, n = named[source][:2]
                 if not self._rounds:
-                    flip16_pointers(ptr, copies[source], flip, handle)
+                    steps.add(flip16_step(ptr, copies[source], flip, handle))
                 elif flip:
-                    round_tf32_flipped_pointers(ptr, copies[source], flip, handle)
+                    steps.add(round_tf32_flipped_step(ptr, copies[source], flip, handle))
                 else:
-                    round_tf32_pointers(ptr, copies[source], n, handle)
+                    steps.add(round_tf32_step(ptr, copies[source], n, handle))
+        if program is None:
+            steps.run()
         for source in sources:
             named[source] = (copies[source], named[source][1])
         return [named[name] for name in self.caller_params] + maps
@@ -360,38 +372,49 @@ class Launcher:
 
     def launch_pointers(self, ptr_sizes, itemsize, stream=None):
         """Fast path (real GPU, after the first call compiled the kernel): `ptr_sizes` is one
-        (device pointer, element count) per caller parameter, in PARAMS order, all C-contiguous; a kernel that
-        accumulates into its outputs (split-K) gets them cleared first."""
-        if self.widened:
-            return self._launch_widened(ptr_sizes, itemsize, stream)
-        if self.zero_output:
-            self.zero_pointers(ptr_sizes, itemsize, stream)
-        if self.tensor_maps:
-            ptr_sizes = self._derived_pointers(ptr_sizes, stream, capture_state(stream_handle(stream)))
-        self._fast(ptr_sizes, itemsize, stream_handle(stream))
+        (device pointer, element count) tuple per caller parameter, in PARAMS order, all C-contiguous.  A kernel
+        with tensor maps, widened outputs or outputs to clear first is several driver calls: its launch program for
+        these arrays and stream, kept for the next call on them (runtime/program.py; not under a capture)."""
+        handle = stream_handle(stream)
+        if not (self.tensor_maps or self.widened or self.zero_output):
+            self._fast(ptr_sizes, itemsize, handle)
+            return
+        key = (handle, itemsize, *ptr_sizes)
+        program = self._programs.get(key) if capture_state(handle) is None else None
+        if program is None:
+            program = self.program(ptr_sizes, itemsize, stream)
+            if program.kept:
+                self._programs.keep(key, program)
+        program.run()
 
-    def _launch_widened(self, ptr_sizes, itemsize, stream=None):
-        """launch_pointers of a kernel that adds its widened outputs into float32 workspaces (one per name, size
-        and stream, as _call_widened's: the work on one stream runs in order): each workspace cleared, the kernel,
-        each workspace rounded into the caller's array - three launches by address, none through numba's
-        dispatcher (which costs more than a small backward-weight kernel itself); tensor maps derived as
-        launch_pointers derives them (16-bit backward-weight on TMA: a split one adds into a workspace)."""
-        handle, entries, rounded = stream_handle(stream), [], []
-        capture = capture_state(handle)  # (a captured launch takes the capture's own workspaces and maps)
-        for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
+    def program(self, ptr_sizes, itemsize, stream=None) -> LaunchProgram:
+        """launch_pointers' driver steps on these arrays: each widened output's float32 workspace cleared (one per
+        name, size and stream, as _call_widened's: the work on one stream runs in order), or the outputs cleared for a
+        split kernel that adds into them; the operands' copies made and the maps derived (_derived_pointers); the
+        kernel; each workspace rounded into the caller's array.  Under a capture, with the capture's own workspaces
+        and maps, and not kept."""
+        handle = stream_handle(stream)
+        capture = capture_state(handle)
+        program = LaunchProgram(kept=capture is None)
+        entries, rounded = [], []
+        for name, entry in zip(self.caller_params, ptr_sizes):
+            ptr, n = entry[0], entry[1]
             if name in self.widened:
                 wide = capture.buffer((id(self), name + WIDE_SUFFIX, n), 4 * n) if capture is not None else \
                     self._workspace(name, n, stream).device_ctypes_pointer.value
-                zero_pointer(wide, n, 4, handle)
+                program.add(zero_step(wide, n, 4, handle))
                 entries.append((wide, n, 4))
                 rounded.append((wide, ptr, n))
             else:
+                if self.zero_output and not self.widened and name in self.outputs:
+                    program.add(zero_step(ptr, n, itemsize, handle))
                 entries.append((ptr, n, itemsize))
         if self.tensor_maps:
-            entries = self._derived_pointers(entries, stream, capture)
-        self._fast(entries, itemsize, handle)
+            entries = self._derived_pointers(entries, stream, capture, program)
+        program.add_kernel(self._fast.step(entries, itemsize, handle))
         for wide, ptr, n in rounded:
-            narrow_pointers(wide, ptr, n, handle, self.bfloat16)
+            program.add(narrow_step(wide, ptr, n, handle, self.bfloat16))
+        return program
 
     @property
     def fast(self) -> bool:

@@ -14,7 +14,7 @@ NARROW_GRID = 1056  # as elementwise.ROUND_GRID: 8 blocks per SM of an H100, str
 
 _kernels = {}  # bfloat16? -> its dispatcher
 _kernel_lock = threading.Lock()
-_fast = {}  # bfloat16? -> narrow_pointers' launch (usable by the thread that made it)
+_fast = {}  # bfloat16? -> narrow_step's launch (usable by the thread that made it)
 
 
 def _narrow_body(src, dst):
@@ -56,9 +56,14 @@ def narrow_device(src, dst, stream=None, bfloat16=False):
     configure(_dispatcher(bfloat16), grid, NARROW_THREADS, stream or 0)(src, dst)
 
 
-def narrow_pointers(src, dst, n, stream_handle=0, bfloat16=False):
-    """narrow_device on raw device addresses of n elements (src float32, dst float16 or bfloat16), without numba's
-    dispatcher: the Launcher's fast route runs it after every split 16-bit backward-weight kernel."""
+def narrow_step(src, dst, n, stream_handle=0, bfloat16=False):
+    """narrow_device on raw device addresses of n elements (src float32, dst float16 or bfloat16) as a driver step,
+    launched without numba's dispatcher: a launch program runs it after every split 16-bit backward-weight kernel
+    (runtime/program.py)."""
+    return _narrow_launch(bfloat16).step([(src, n, 4), (dst, n, 2)], 4, stream_handle)
+
+
+def _narrow_launch(bfloat16):
     fast = _fast.get(bfloat16)
     if fast is None or not fast.usable():
         from numba import cuda
@@ -66,7 +71,7 @@ def narrow_pointers(src, dst, n, stream_handle=0, bfloat16=False):
         configure(kernel, 1, NARROW_THREADS)(cuda.device_array(1, np.float32),
                                              cuda.device_array(1, np.uint16 if bfloat16 else np.float16))
         fast = _fast[bfloat16] = _FastLaunch(kernel, NARROW_GRID, NARROW_THREADS, 2)  # (its one overload, compiled)
-    fast([(src, n, 4), (dst, n, 2)], 4, stream_handle)
+    return fast
 
 
 def narrow_host(src, dst, bfloat16=False):

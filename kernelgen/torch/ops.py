@@ -17,6 +17,7 @@ import torch
 
 from kernelgen import api
 from kernelgen.problem import conv_out_size
+from kernelgen.torch import direct
 
 
 def channels_last(t):
@@ -68,25 +69,49 @@ def _bias(bias):
     return None if bias is None else bias.detach().contiguous()
 
 
+def _is_channels_last(t) -> bool:
+    """Is channels_last(t) a view (no copy)?"""
+    return t.permute(0, *range(2, t.dim()), 1).is_contiguous()
+
+
+def _launch(op, tensors, names, extra, hyper, precision):
+    """op(*channels-last views of tensors, *extra, stride=, padding=, dilation=, groups=) on kernelgen, in torch's
+    layout: directly by address where a call with this key ran before (kernelgen/torch/direct.py), else through
+    kernelgen's op (whose route is then kept for the key, where the tensors were channels-last already)."""
+    stride, padding, dilation, groups = hyper
+    lead = tensors[0]
+    call_key = None
+    if lead.is_cuda:
+        call_key = direct.key(op.__name__, tensors, (*extra, tuple(stride), tuple(padding), tuple(dilation), groups),
+                              precision)
+        result = direct.run(call_key, tensors, lead.device, _current_stream(lead))
+        if result is not None:
+            return result
+    args = (*[None if t is None else channels_last(t) if t.dim() > 1 else t.detach().contiguous() for t in tensors],
+            *extra)
+    kwargs = dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+                  **_where(lead, precision))
+    result = op(*args, **kwargs)
+    if call_key is not None:
+        views = all(t is None or (_is_channels_last(t) if t.dim() > 1 else t.is_contiguous()) for t in tensors)
+        direct.keep(call_key, op, args, kwargs, tensors, names, views)
+    return channels_first(result)
+
+
 def conv_impl(x, w, bias, stride, padding, dilation, groups, precision):
-    y = api.conv(channels_last(x), channels_last(w), _bias(bias), stride=tuple(stride), padding=tuple(padding),
-                 dilation=tuple(dilation), groups=groups, **_where(x, precision))
-    return channels_first(y)
+    return _launch(api.conv, (x, w, bias), ("x", "w", "bias"), (), (stride, padding, dilation, groups), precision)
 
 
 def conv_backward_data_impl(dy, w, x_shape, stride, padding, dilation, groups, precision):
     shape = (x_shape[0], *x_shape[2:], x_shape[1])
-    dx = api.conv_backward_data(channels_last(dy), channels_last(w), shape, stride=tuple(stride),
-                                padding=tuple(padding), dilation=tuple(dilation), groups=groups, **_where(dy, precision))
-    return channels_first(dx)
+    return _launch(api.conv_backward_data, (dy, w), ("dy", "w"), (shape,), (stride, padding, dilation, groups),
+                   precision)
 
 
 def conv_backward_weight_impl(x, dy, w_shape, stride, padding, dilation, groups, precision):
     shape = (w_shape[0], *w_shape[2:], w_shape[1])
-    dw = api.conv_backward_weight(channels_last(x), channels_last(dy), shape, stride=tuple(stride),
-                                  padding=tuple(padding), dilation=tuple(dilation), groups=groups,
-                                  **_where(x, precision))
-    return channels_first(dw)
+    return _launch(api.conv_backward_weight, (x, dy), ("x", "dy"), (shape,), (stride, padding, dilation, groups),
+                   precision)
 
 
 def conv_transpose_impl(x, w, bias, stride, padding, output_padding, dilation, groups, precision):

@@ -127,3 +127,40 @@ def test_converted_resnet18_trains_like_torch():
     assert np.isfinite(got).all() and worst(got[:5], want[:5]) <= first, (got[:5], want[:5], noise[:5])
     assert rel <= max(1e-2, 10 * floor), f"loss curves differ by {rel:.2e} relative, torch's own noise " \
                                           f"{floor:.2e} (kernelgen {got[-5:]}, torch {want[-5:]})"
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 2e-2), ("float16", 4e-3)])
+def test_direct_launches_match_the_op(dtype, tol, monkeypatch):
+    """A converted convolution called again and again (kernelgen/torch/direct.py): from the third call on, forward,
+    backward-data and backward-weight launch by address without kernelgen's op, and each call's three results match
+    float64 on fresh data, in memory that torch's allocator held NaNs in just before."""
+    import functools
+
+    import kernelgen.torch as kt
+    from kernelgen import api
+    calls = []
+    for name in ("conv", "conv_backward_data", "conv_backward_weight"):
+        real = getattr(api, name)
+        monkeypatch.setattr(api, name, functools.wraps(real)(
+            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)))
+    tdtype = getattr(torch, dtype)
+    conv = kt.convert(torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)).cuda().to(tdtype)
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    for _ in range(4):
+        x64, dy64 = torch.randn(8, 16, 18, 18, generator=gen, dtype=torch.float64), \
+            torch.randn(8, 32, 9, 9, generator=gen, dtype=torch.float64)
+        x = x64.to(tdtype).cuda().contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        dy = dy64.to(tdtype).cuda().contiguous(memory_format=torch.channels_last)
+        conv.zero_grad(set_to_none=True)
+        torch.full((1 << 22,), float("nan"), dtype=tdtype, device="cuda")  # (freed at once: the outputs' blocks next)
+        y = conv(x)
+        y.backward(dy)
+        xr = x.detach().double().cpu().requires_grad_(True)
+        wr = conv.weight.detach().double().cpu().requires_grad_(True)
+        br = conv.bias.detach().double().cpu().requires_grad_(True)
+        yr = torch.nn.functional.conv2d(xr, wr, br, stride=2, padding=1)
+        yr.backward(dy.double().cpu())
+        for got, want in ((y, yr), (x.grad, xr.grad), (conv.weight.grad, wr.grad)):
+            err = (got.double().cpu() - want).abs().max() / want.abs().max()
+            assert torch.isfinite(got).all() and err <= tol, (dtype, err)
+    assert sorted(calls) == sorted(["conv", "conv_backward_data", "conv_backward_weight"] * 2), calls

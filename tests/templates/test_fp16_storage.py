@@ -391,7 +391,7 @@ def test_gpu_float16_split_backward_weight(rng):
     out = cuda.to_device(poisoned(48 * 9 * 32, np.float16).reshape(48, 3, 3, 32))
     kernelgen.conv_backward_weight(xd, dyd, (48, 3, 3, 32), precision="fp16", out=out, **kw)
     assert norm_err(out.copy_to_host(), want) <= HALF_TOL
-    # the repeated calls launch by address (Launcher._launch_widened: clear, kernel, round; no numba dispatcher), on
+    # the repeated calls launch by address (Launcher.program: clear, kernel, round, replayed; no numba dispatcher), on
     # fresh data, a new dw and the poisoned one again
     assert get_launcher(make_plan(p, "cuda", precision="fp16")).fast
     x, dy = half(rng, x.shape), half(rng, dy.shape)
