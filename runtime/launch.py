@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from dataclasses import MISSING, dataclass, field, fields, replace
 
@@ -30,7 +31,8 @@ from kernelgen.runtime.program import LaunchProgram, ProgramCache
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 from kernelgen.storage import WIDE_SUFFIX
 
-_NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
+_NO_TENSOR_MAP = np.zeros(16, np.uint64)
+_MAP_TOKENS = itertools.count()  # Launcher._map_tokens' source  # what CPU kernels get for a tensor map: they read the array itself
 
 
 def _flip_of(spec) -> tuple:
@@ -145,6 +147,12 @@ class Launcher:
             return ()
         return tuple(sorted(sources, key=lambda name: bool(sources[name])))
 
+    @functools.cached_property
+    def _map_tokens(self) -> tuple:
+        """One int per tensor map, unique in the process: a map's key in its stream's ring is (token, address), two
+        ints to hash on every launch where (spec, address) hashed the spec's nested tuples each time."""
+        return tuple(next(_MAP_TOKENS) for _ in self.tensor_maps)
+
     @staticmethod
     def _encoded(spec, ptr):
         """The 16 words of the map `spec` describes over the array at device address `ptr` (runtime/tensor_map.py)."""
@@ -158,11 +166,11 @@ class Launcher:
                 encode_im2col(ptr, dtype, dims, strides, lower, upper, box[0], box[1], swizzle=swz,
                               traversal=traversal))
 
-    def _tensor_map(self, spec, ptr, stream):
-        """The map `spec` over the array at `ptr` as a device array (numba's dispatcher takes arrays), from the
-        stream's ring (runtime/map_ring.py) as _derived_pointers' maps."""
-        ring = ring_for(stream_handle(stream))
-        return ring.device[ring.slot((spec, ptr), lambda: self._encoded(spec, ptr))]
+    def _tensor_map(self, index, ptr, stream):
+        """The map tensor_maps[index] over the array at `ptr` as a device array (numba's dispatcher takes arrays),
+        from the stream's ring (runtime/map_ring.py) as _derived_pointers' maps."""
+        ring, spec = ring_for(stream_handle(stream)), self.tensor_maps[index]
+        return ring.device[ring.slot((self._map_tokens[index], ptr), lambda: self._encoded(spec, ptr))]
 
     def _copy_of(self, source, size, stream):
         """The device buffer this launcher rounds or flips `source` into, one per (source, size, stream): its maps
@@ -206,8 +214,8 @@ class Launcher:
                 else:
                     round_tf32_device(args[source], copy, stream)
                 args[source] = copy
-        for spec in self.tensor_maps:
-            args[spec[0]] = (self._tensor_map(spec, _device_pointer(args[spec[1]]), stream) if self.backend == "cuda"
+        for index, spec in enumerate(self.tensor_maps):
+            args[spec[0]] = (self._tensor_map(index, _device_pointer(args[spec[1]]), stream) if self.backend == "cuda"
                              else _NO_TENSOR_MAP)
         return args
 
@@ -241,7 +249,7 @@ class Launcher:
         maps, first = [], len(self.caller_params)
         for index, spec in enumerate(self.tensor_maps):
             ptr = copies.get(spec[1]) or named[spec[1]][0]
-            map_key, encode = (spec, ptr), functools.partial(self._encoded, spec, ptr)
+            map_key, encode = (self._map_tokens[index], ptr), functools.partial(self._encoded, spec, ptr)
             maps.append((map_address(map_key, encode), 16, 8))
             if ring is not None and program is not None:
                 program.add_map(ring, map_key, encode, first + index)

@@ -30,23 +30,27 @@ _ROUTES: dict = {}  # torch-side key -> DirectRoute
 
 class DirectRoute:
     """One key's launch: `order` gives, per kernel parameter, the index of the call's tensor it reads (-1: the
-    output, made here as channels-last (N, *spatial, C) of `shape` and seen as (N, C, *spatial))."""
-    __slots__ = ("cuda", "order", "shape", "dtype")
+    output, made here as channels-last (N, *spatial, C) of `shape` - as the route makes a torch output, from an
+    expanded one-element `like` on the call's device - and seen as (N, C, *spatial))."""
+    __slots__ = ("cuda", "order", "make", "like", "perm")
 
-    def __init__(self, cuda, order, shape, dtype):
-        self.cuda, self.order, self.shape, self.dtype = cuda, order, shape, dtype
+    def __init__(self, cuda, order, shape, dtype, device):
+        self.cuda, self.order = cuda, order
+        self.make, self.like = (cuda.torch_empty, cuda.torch_like) if cuda.torch_like is not None and \
+            cuda.torch_like.device == device else (lambda _: torch.empty(shape, dtype=dtype, device=device), None)
+        self.perm = (0, len(shape) - 1, *range(1, len(shape) - 1))
 
-    def __call__(self, tensors, device, stream):
+    def __call__(self, tensors, stream):
         """The result, or None where this call cannot go directly (the caller runs the op)."""
         cuda = self.cuda
         fast = cuda.fast
         if fast is None or fast.thread != get_ident():
             return None
-        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        out = self.make(self.like)
         addresses = [out.data_ptr() if i < 0 else tensors[i].data_ptr() for i in self.order]
         if not cuda.launch(addresses, as_numba_stream(stream)):
             return None
-        return out.permute(0, out.dim() - 1, *range(1, out.dim() - 1))
+        return out.permute(self.perm)
 
 
 def key(op, tensors, hyper, precision):
@@ -56,12 +60,12 @@ def key(op, tensors, hyper, precision):
             *[None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors])
 
 
-def run(call_key, tensors, device, stream):
+def run(call_key, tensors, stream):
     """The direct launch of a call with this key, or None (no route kept for it, or it cannot go directly)."""
     if api.RECORDING.get() is not None:
         return None
     route = _ROUTES.get(call_key)
-    return None if route is None else route(tensors, device, stream)
+    return None if route is None else route(tensors, stream)
 
 
 def keep(call_key, op, args, kwargs, tensors, names, views_only):
@@ -81,7 +85,7 @@ def keep(call_key, op, args, kwargs, tensors, names, views_only):
     dtype = torch.bfloat16 if str(cuda.dtype) == "uint16" else getattr(torch, str(cuda.dtype))
     if len(_ROUTES) >= MAX_ROUTES:
         _ROUTES.clear()
-    _ROUTES[call_key] = DirectRoute(cuda, order, cuda.shape, dtype)
+    _ROUTES[call_key] = DirectRoute(cuda, order, cuda.shape, dtype, tensors[0].device)
 
 
 def clear():

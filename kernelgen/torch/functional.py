@@ -15,10 +15,26 @@ from kernelgen import api
 from kernelgen.torch import ops
 
 
+_TUPLES: dict = {}  # (value, nd) -> _tuple's answer, for hashable values: a module passes the same tuples every call
+
+
 def _tuple(value, nd, name):
-    values = (value,) * nd if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    """value (an int or nd ints) as a list of nd ints, for the operators' List[int] arguments (not to be changed:
+    the same list is returned for the same value)."""
+    try:
+        found = _TUPLES.get((type(value), value, nd))
+    except TypeError:  # (a list)
+        found = None
+    if found is not None and (type(value) is int or all(type(v) is int for v in value)):  # ((1, True) == (1, 1))
+        return found
+    try:
+        values = (value,) * nd if isinstance(value, int) and not isinstance(value, bool) else tuple(value)
+    except TypeError:  # (True, 2.0, None: not ints, not a sequence)
+        values = ()
     if len(values) != nd or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{name} must be an int or {nd} ints, got {value!r}")
+    if isinstance(value, (int, tuple)) and len(_TUPLES) < 4096:
+        _TUPLES[type(value), value, nd] = list(values)
     return list(values)
 
 

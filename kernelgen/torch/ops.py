@@ -84,7 +84,7 @@ def _launch(op, tensors, names, extra, hyper, precision):
     if lead.is_cuda:
         call_key = direct.key(op.__name__, tensors, (*extra, tuple(stride), tuple(padding), tuple(dilation), groups),
                               precision)
-        result = direct.run(call_key, tensors, lead.device, _current_stream(lead))
+        result = direct.run(call_key, tensors, _current_stream(lead))
         if result is not None:
             return result
     args = (*[None if t is None else channels_last(t) if t.dim() > 1 else t.detach().contiguous() for t in tensors],

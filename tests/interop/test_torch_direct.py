@@ -18,6 +18,7 @@ class StandInRoute:
 
     def __init__(self, params=("x", "w", "bias", "y"), shape=(2, 3, 3, 5), aligned=True):
         self.params, self.out_name, self.shape, self.dtype = params, "y", shape, "float32"
+        self.torch_like = None  # (a real route from torch inputs has torch_empty and torch_like)
         self.fast = type("Fast", (), {"thread": threading.get_ident()})()
         self.aligned, self.launched = aligned, []
 
@@ -42,13 +43,13 @@ def _channels_last(*shape):
 def test_a_kept_call_launches_by_address_in_the_kernels_order(route):
     x, w, b = _channels_last(2, 4, 3, 3), _channels_last(5, 4, 1, 1), torch.randn(5)
     key = direct.key("conv", (x, w, b), ((1, 1), (0, 0), (1, 1), 1), "fp32")
-    assert direct.run(key, (x, w, b), x.device, None) is None  # nothing kept yet
+    assert direct.run(key, (x, w, b), None) is None  # nothing kept yet
     direct.keep(key, api.conv, (), {}, (x, w, b), ("x", "w", "bias"), views_only=True)
-    y = direct.run(key, (x, w, b), x.device, None)
+    y = direct.run(key, (x, w, b), None)
     assert y.shape == (2, 5, 3, 3) and y.is_contiguous(memory_format=torch.channels_last)
     assert route.launched == [[x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr()]]
     other = _channels_last(2, 4, 3, 3)  # same key, other tensors: their addresses
-    direct.run(direct.key("conv", (other, w, b), ((1, 1), (0, 0), (1, 1), 1), "fp32"), (other, w, b), x.device, None)
+    direct.run(direct.key("conv", (other, w, b), ((1, 1), (0, 0), (1, 1), 1), "fp32"), (other, w, b), None)
     assert route.launched[-1][0] == other.data_ptr() and len(route.launched) == 2
 
 
@@ -68,13 +69,13 @@ def test_calls_that_copied_a_tensor_or_record_are_not_kept(route):
     x, w = torch.randn(2, 4, 3, 3), _channels_last(5, 4, 1, 1)  # x NCHW: kernelgen's op read a copy
     key = direct.key("conv", (x, w, None), ((1, 1), (0, 0), (1, 1), 1), "fp32")
     direct.keep(key, api.conv, (), {}, (x, w, None), ("x", "w", "bias"), views_only=False)
-    assert direct.run(key, (x, w, None), x.device, None) is None
+    assert direct.run(key, (x, w, None), None) is None
     token = api.RECORDING.set([])
     try:
         direct.keep(key, api.conv, (), {}, (x, w, None), ("x", "w", "bias"), views_only=True)
     finally:
         api.RECORDING.reset(token)
-    assert direct.run(key, (x, w, None), x.device, None) is None and route.launched == []
+    assert direct.run(key, (x, w, None), None) is None and route.launched == []
 
 
 def test_another_thread_an_unaligned_address_or_an_unknown_parameter_go_back_to_the_op(route):
@@ -83,13 +84,16 @@ def test_another_thread_an_unaligned_address_or_an_unknown_parameter_go_back_to_
     route.params = ("x", "w", "y")
     direct.keep(key, api.conv, (), {}, (x, w, None), ("x", "w", "bias"), views_only=True)
     seen = []
-    worker = threading.Thread(target=lambda: seen.append(direct.run(key, (x, w, None), x.device, None)))
+    worker = threading.Thread(target=lambda: seen.append(direct.run(key, (x, w, None), None)))
     worker.start()
     worker.join()
     assert seen == [None] and route.launched == []
     route.aligned = False
-    assert direct.run(key, (x, w, None), x.device, None) is None and len(route.launched) == 1
+    assert direct.run(key, (x, w, None), None) is None and len(route.launched) == 1
     route.params = ("x", "w", "bias", "y")  # a parameter the call does not give (bias None): never kept
     direct.clear()
     direct.keep(key, api.conv, (), {}, (x, w, None), ("x", "w", "bias"), views_only=True)
-    assert direct.run(key, (x, w, None), x.device, None) is None
+    assert direct.run(key, (x, w, None), None) is None
+    route.params = ("x", "w", "scale", "y")  # a parameter the call does not name: never kept
+    direct.keep(key, api.conv, (), {}, (x, w, None), ("x", "w", "bias"), views_only=True)
+    assert direct.run(key, (x, w, None), None) is None

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernelgen.torch as kt  # noqa: E402
-from kernelgen.torch import ops  # noqa: E402
+from kernelgen.torch import functional, ops  # noqa: E402
 
 F = torch.nn.functional
 # (x shape, w shape, conv arguments): every hyper-parameter at once, and the three spatial ranks
@@ -79,11 +79,20 @@ def test_fake_shapes_match_torch():
     assert yt.shape == F.conv_transpose2d(xt, w, output_padding=1, **kw).shape
 
 
+def test_a_remembered_stride_still_refuses_bools():
+    """functional._tuple keeps its answers per value, and (1, True) == (1, 1) as a dict key."""
+    assert functional._tuple((1, 1), 2, "stride") == [1, 1] == functional._tuple((1, 1), 2, "stride")
+    with pytest.raises(ValueError, match="stride must be an int or 2 ints"):
+        functional._tuple((1, True), 2, "stride")
+
+
 @pytest.mark.parametrize("call, exc, message", [
     (lambda: kt.conv2d(torch.ones(3, 4), torch.ones(4, 3, 3, 3)), ValueError, "input must have 4 dims"),
     (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 3, 3)), ValueError, "weight must have 4 dims"),
     (lambda: kt.conv2d(torch.ones(1, 3, 4, 4).numpy(), torch.ones(4, 3, 3, 3)), TypeError, "torch tensors"),
     (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 3, 3, 3), stride=(1, 2, 3)), ValueError, "stride"),
+    (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 3, 3, 3), stride=(1, True)), ValueError, "stride"),
+    (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 3, 3, 3), dilation=True), ValueError, "dilation"),
     (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 3, 3, 3), padding="same", stride=2), ValueError,
      "stride 1"),
     (lambda: kt.conv2d(torch.ones(1, 3, 4, 4), torch.ones(4, 2, 3, 3)), ValueError, "w"),

@@ -98,7 +98,7 @@ def test_a_replayed_program_asks_the_ring_for_its_maps_again(stand_ins):
     launcher = make()
     arrays = ((0x1000, 512), (0x2000, 256), (0x3000, 72))
     launcher.launch_pointers(arrays, 4, None)
-    ring.move((SPEC_X, 0x1000))
+    ring.move((launcher._map_tokens[0], 0x1000))
     launcher.launch_pointers(arrays, 4, None)
     assert ring.encoded == [0x1000, 0x1000]
     (_, _, first), (_, _, second) = [entry for entry in log if entry[0] == "kernel"]

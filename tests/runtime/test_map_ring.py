@@ -112,8 +112,8 @@ def test_stand_in_event_handles_are_written_through_byref():
 
 
 def test_an_eager_launch_takes_its_maps_from_its_streams_ring(monkeypatch):
-    """Launcher._derived_pointers outside a capture: the stream's ring asked once per launch, each map keyed by (map,
-    the array's address) and encoded for that address where the ring lacks it."""
+    """Launcher._derived_pointers outside a capture: the stream's ring asked once per launch, each map keyed by (the
+    map's token, the array's address) and encoded for that address where the ring lacks it."""
     from kernelgen.runtime import launch
 
     class StandInRing:
@@ -123,7 +123,7 @@ def test_an_eager_launch_takes_its_maps_from_its_streams_ring(monkeypatch):
         def address(self, key, encode):
             if key not in self.held:
                 self.held[key] = 0x9000 + 128 * len(self.held)
-                assert int(encode()[0]) == key[1] + len(key[0][0])
+                assert int(encode()[0]) == key[1] + len("x_map")  # (the stand-in encoding: address + name length)
             return self.held[key]
     rings, asked = {5: StandInRing()}, []
     monkeypatch.setattr(launch, "ring_for", lambda handle: asked.append(handle) or rings[handle])
