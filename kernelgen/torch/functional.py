@@ -66,7 +66,8 @@ def _precision(x):
 
 
 def _cast(t, dtype):
-    return t if t is None or dtype is None else t.to(dtype)
+    # (t.to of a tensor already of that dtype returns it, after ~8 µs of argument parsing on the H100 machine's host)
+    return t if t is None or dtype is None or t.dtype == dtype else t.to(dtype)
 
 
 def _same_padding(x, w, stride, dilation):
