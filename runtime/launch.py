@@ -31,8 +31,8 @@ from kernelgen.runtime.program import LaunchProgram, ProgramCache
 from kernelgen.runtime.tensor_map import encode_im2col, encode_tiled
 from kernelgen.storage import WIDE_SUFFIX
 
-_NO_TENSOR_MAP = np.zeros(16, np.uint64)
-_MAP_TOKENS = itertools.count()  # Launcher._map_tokens' source  # what CPU kernels get for a tensor map: they read the array itself
+_NO_TENSOR_MAP = np.zeros(16, np.uint64)  # what CPU kernels get for a tensor map: they read the array itself
+_MAP_TOKENS = itertools.count()  # Launcher._map_tokens' source
 
 
 def _flip_of(spec) -> tuple:
