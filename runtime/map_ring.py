@@ -53,6 +53,9 @@ class MapRing:
         self._key_at = [None] * self._slots
         self._next = 0
         self._lock = threading.Lock()
+        # maps uploaded so far: a slot is only ever reused by an upload, so where this has not moved since a map's
+        # address was read, the map is still there (runtime/program.py reads it instead of asking again)
+        self.uploads = 0
 
     def slot(self, key, encode) -> int:
         with self._lock:
@@ -82,6 +85,7 @@ class MapRing:
                                        MAP_BYTES, self.stream), "cuMemcpyHtoDAsync")
         _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
         self._key_at[slot], self._slot_of[key] = key, slot
+        self.uploads += 1
         return slot
 
 

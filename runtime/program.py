@@ -10,9 +10,10 @@ addresses step after step (torch's caching allocator hands the same blocks back)
 of each (stream, addresses) and a repeated call runs it: one call per step, each on arguments packed already.
 
 What may change between two runs of a program, and is looked at again on each: the tensor maps' slots.  A map lives
-in its stream's ring (runtime/map_ring.py) until the ring wraps and reuses the slot; each run asks the ring for the
-map's address (a dict lookup; encoded and uploaded again where the slot was reused) and writes it into the kernel's
-parameter words before the launch.  Everything else a program holds is fixed by its key: the caller's addresses and
+in its stream's ring (runtime/map_ring.py) until the ring wraps and reuses the slot, which only an upload does; where
+the ring has uploaded anything since the program last read its maps' addresses, a run asks the ring for each map
+again (a dict lookup; encoded and uploaded again where the slot was reused) and writes its address into the
+kernel's parameter words before the launch.  Everything else a program holds is fixed by its key: the caller's addresses and
 sizes, the stream, and the launcher's own copies and workspaces (one per stream and size, never freed while the
 launcher lives).  A program built under a CUDA graph capture takes the capture's buffers and maps and is not kept.
 """
@@ -27,13 +28,14 @@ ADDRESS_WORD = 4  # the data pointer's word among them
 class LaunchProgram:
     """Driver steps (runtime.driver's step tuples) run in order, and the tensor maps whose addresses the kernel step's
     words take on each run.  `kept`: may the launcher keep it for later calls (not under a capture)."""
-    __slots__ = ("steps", "maps", "kernel_words", "kept")
+    __slots__ = ("steps", "maps", "kernel_words", "kept", "seen")
 
     def __init__(self, kept=True):
         self.steps = []
         self.maps = []  # (ring, key, encode, word index in the kernel step's parameter words)
         self.kernel_words = None
         self.kept = kept
+        self.seen = None  # (ring, its upload count) when the maps' addresses were last read (one ring a program)
 
     def add(self, step):
         self.steps.append(step)
@@ -49,13 +51,25 @@ class LaunchProgram:
         self.steps.append(step)
 
     def run(self):
-        words = self.kernel_words
-        for ring, key, encode, at in self.maps:  # (a slot the ring reused since: the map uploaded again)
-            words[at] = ring.address(key, encode)
+        maps, seen = self.maps, self.seen
+        if maps and (seen is None or seen[0].uploads != seen[1]):  # (no upload since: every map where it was)
+            self.seen = self._read_maps()
         for fn, args, _, what in self.steps:
             err = fn(*args)
             if err:
                 check_driver(err, what)
+
+
+    def _read_maps(self):
+        """Write each map's address into the kernel's words, uploading the ones the ring no longer holds; again
+        while an upload of this very pass may have reused the slot of a map read before it.  (ring, upload count)."""
+        words, ring = self.kernel_words, self.maps[0][0]
+        while True:
+            before = ring.uploads
+            for ring_of_map, key, encode, at in self.maps:
+                words[at] = ring_of_map.address(key, encode)
+            if ring.uploads == before:
+                return ring, before
 
 
 class ProgramCache:

@@ -24,13 +24,13 @@ def channels_last(t):
     """(N, C, *spatial) as (N, *spatial, C), C-contiguous: a view when t is stored channels-last, else a copy.
     Detached: the autograd formulas below carry the gradients, and torch refuses __cuda_array_interface__ on a
     tensor that requires grad (the ops run under autograd's redispatch with the caller's tensors)."""
-    v = t.detach().permute(0, *range(2, t.dim()), 1)
+    v = t.detach().movedim(1, -1)
     return v if v.is_contiguous() else v.contiguous()
 
 
 def channels_first(t):
     """A channels-last (N, *spatial, C) tensor seen as (N, C, *spatial) (a view)."""
-    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+    return t.movedim(-1, 1)
 
 
 def _empty_like_kernelgen(ref, shape):
@@ -71,7 +71,7 @@ def _bias(bias):
 
 def _is_channels_last(t) -> bool:
     """Is channels_last(t) a view (no copy)?"""
-    return t.permute(0, *range(2, t.dim()), 1).is_contiguous()
+    return t.movedim(1, -1).is_contiguous()
 
 
 def _launch(op, tensors, names, extra, hyper, precision):

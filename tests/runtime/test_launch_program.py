@@ -17,16 +17,20 @@ class StandInRing:
     """address(key, encode): where the ring holds key's map; move(key) is a wrap that reused its slot."""
 
     def __init__(self):
-        self.held, self.encoded, self.next = {}, [], 0x9000
+        self.held, self.encoded, self.next, self.uploads, self.asked = {}, [], 0x9000, 0, 0
 
     def address(self, key, encode):
+        self.asked += 1
         if key not in self.held:
             self.encoded.append(int(encode()[0]))
             self.held[key], self.next = self.next, self.next + 128
+            self.uploads += 1
         return self.held[key]
 
     def move(self, key):
+        """Another map's upload reused key's slot."""
         del self.held[key]
+        self.uploads += 1
 
 
 class StandInFast:
@@ -87,6 +91,7 @@ def test_a_widened_launch_is_packed_once_and_replayed(stand_ins):
                                           [0, 0, 72, 0, 0x7000, 0, 0] + [0, 0, 16, 0, 0x9000, 0, 0]),
                 ("narrow", 0x7000, 0x3000, 72, True)]
     assert log == one_call * 3 and ring.encoded == [0x1000]
+    assert ring.asked == 2  # (built, and its first run; no upload since, so the later runs did not ask)
     launcher.launch_pointers(((0x4000, 512), (0x2000, 256), (0x3000, 72)), 2, Stream(5))  # x moved: a new program
     assert len(built) == 2 and log[-2][2][4] == 0x4000 and log[-2][2][25] == 0x9080
 
@@ -123,6 +128,26 @@ def test_a_program_under_capture_is_not_kept(stand_ins):
     assert len(launcher._programs) == 0 and ring.encoded == []
     kernels = [entry for entry in log if entry[0] == "kernel"]
     assert len(kernels) == 2 and all(k[2][18] == 0x5000 and k[2][25] == 0x6000 for k in kernels)
+
+
+def test_an_upload_during_a_run_has_its_maps_read_again():
+    """One map's upload may reuse the slot of a map read before it in the same pass: the pass is repeated until no
+    upload happened in it."""
+    class EvictingRing(StandInRing):
+        def address(self, key, encode):
+            new = key not in self.held
+            found = super().address(key, encode)
+            if key == "second" and new:  # its upload took the first map's slot
+                self.move("first")
+            return found
+    ring, words = EvictingRing(), [0] * 14
+    program = LaunchProgram()
+    program.add_map(ring, "first", lambda: [1], 0)
+    program.add_map(ring, "second", lambda: [2], 1)
+    program.add_kernel((lambda: 0, (), words, "cuLaunchKernel"))
+    program.run()
+    assert ring.held["first"] == words[4] == 0x9100 and ring.held["second"] == words[11] == 0x9080
+    assert ring.encoded == [1, 2, 1]
 
 
 def test_program_cache_starts_again_when_full():
