@@ -13,9 +13,10 @@ What may change between two runs of a program, and is looked at again on each: t
 in its stream's ring (runtime/map_ring.py) until the ring wraps and reuses the slot, which only an upload does; where
 the ring has uploaded anything since the program last read its maps' addresses, a run asks the ring for each map
 again (a dict lookup; encoded and uploaded again where the slot was reused) and writes its address into the
-kernel's parameter words before the launch.  Everything else a program holds is fixed by its key: the caller's addresses and
-sizes, the stream, and the launcher's own copies and workspaces (one per stream and size, never freed while the
-launcher lives).  A program built under a CUDA graph capture takes the capture's buffers and maps and is not kept.
+kernel's parameter words before the launch.  Everything else a program holds is fixed by its key: the caller's
+addresses and sizes, the stream, and the launcher's own copies and workspaces (one per stream and size, never freed
+while the launcher lives).  A program built under a CUDA graph capture takes the capture's buffers and maps and is
+not kept.
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def main(argv=None):
     for mode in args.modes.split(","):
         dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         for name, (c, k, h, s) in LAYERS.items():
-            ref = torch.nn.Conv2d(c, k, 3, s, 1, bias=False).to(args.device).to(memory_format=torch.channels_last).to(dtype)
+            ref = torch.nn.Conv2d(c, k, 3, s, 1, bias=False).to(args.device)
+            ref = ref.to(memory_format=torch.channels_last).to(dtype)
             mine = kt.convert(torch.nn.Sequential(torch.nn.Conv2d(c, k, 3, s, 1, bias=False))).to(args.device)
             mine[0].load_state_dict(ref.state_dict())
             mine = mine.to(memory_format=torch.channels_last).to(dtype)

@@ -1,10 +1,10 @@
 """Direct launches: a repeated convolution of torch CUDA tensors launched by address, past kernelgen's dispatch.
 
 A converted network calls each of its convolutions with the same shapes, layouts and dtypes step after step.
-Through kernelgen's public op, each such call costs the channels-last views of its tensors (detach, permute,
-a contiguity check: three torch calls a tensor), the dispatch signature (shape, dtype, strides and device of each
-view) and the route - about 110-160 µs of host time a call on the H100 machine against ~20-40 µs for cuDNN's (BENCHMARKS.md,
-2026-11-27, fourteenth session), and a converted ResNet-18 step is host-bound.  Here a call whose torch-side
+Through kernelgen's public op, each such call costs the channels-last views of its tensors (detach, permute, a
+contiguity check: three torch calls a tensor), the dispatch signature (shape, dtype, strides and device of each view)
+and the route - 110-160 µs of host time a call on the H100 machine, where a converted ResNet-18 step is host-bound
+(BENCHMARKS.md, 2026-11-27, fourteenth session).  Here a call whose torch-side
 key (the tensors' shapes, strides, dtypes and devices, the hyper-parameters, the precision and kernelgen's settings)
 was seen before goes to the same CUDA route (runtime.cuda_call.CudaRoute) that kernelgen's dispatch would
 give it: its output from torch's allocator, the tensors' addresses, the route's launch.

@@ -69,11 +69,6 @@ def _bias(bias):
     return None if bias is None else bias.detach().contiguous()
 
 
-def _is_channels_last(t) -> bool:
-    """Is channels_last(t) a view (no copy)?"""
-    return t.movedim(1, -1).is_contiguous()
-
-
 def _launch(op, tensors, names, extra, hyper, precision):
     """op(*channels-last views of tensors, *extra, stride=, padding=, dilation=, groups=) on kernelgen, in torch's
     layout: directly by address where a call with this key ran before (kernelgen/torch/direct.py), else through
@@ -87,13 +82,17 @@ def _launch(op, tensors, names, extra, hyper, precision):
         result = direct.run(call_key, tensors, _current_stream(lead))
         if result is not None:
             return result
-    args = (*[None if t is None else channels_last(t) if t.dim() > 1 else t.detach().contiguous() for t in tensors],
-            *extra)
+    views, args = True, []  # (views: no tensor needed a copy, so a direct launch may read the tensors themselves)
+    for t in tensors:
+        v = None if t is None else t.detach() if t.dim() == 1 else t.detach().movedim(1, -1)  # (a bias as it is)
+        if v is not None and not v.is_contiguous():
+            views, v = False, v.contiguous()
+        args.append(v)
+    args = (*args, *extra)
     kwargs = dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
                   **_where(lead, precision))
     result = op(*args, **kwargs)
     if call_key is not None:
-        views = all(t is None or (_is_channels_last(t) if t.dim() > 1 else t.is_contiguous()) for t in tensors)
         direct.keep(call_key, op, args, kwargs, tensors, names, views)
     return channels_first(result)
 
