@@ -193,8 +193,9 @@ def _torch_output_maker(template, shape, dtype):
 def bound_call(prep, inputs: dict, template, stream=None, out=None):
     """kernelgen.bind on the CUDA backend: run once (compiling, allocating the output unless `out`
     is given), then return a zero-argument callable that relaunches on the same buffers and returns
-    that output.  On a real GPU the relaunch is a prepacked cuLaunchKernel; in the simulator (no raw
-    launches) it is an ordinary call with out=."""
+    that output.  On a real GPU the relaunch is the launcher's program for those buffers (runtime/program.py: a
+    prepacked cuLaunchKernel, after a split-K output's clear); in the simulator (no raw launches) it is an ordinary
+    call with out=."""
     result = run_cuda(prep, inputs, template, stream, out)
     launcher, nstream = prep.launcher, as_numba_stream(stream)
     out_name = launcher.outputs[0]
@@ -205,12 +206,9 @@ def bound_call(prep, inputs: dict, template, stream=None, out=None):
         def call():
             return run_cuda(prep, inputs, template, stream, result)
         return call
-    itemsize = numpy_dtype(prep.problem.dtype).itemsize
-    launch = launcher._fast.bound(ptr_sizes, itemsize, stream_handle(nstream))
+    program = launcher.program(ptr_sizes, numpy_dtype(prep.problem.dtype).itemsize, nstream)  # (split-K: cleared)
 
     def call():
-        if launcher.zero_output:
-            launcher.zero_pointers(ptr_sizes, itemsize, nstream)
-        launch()
+        program.run()
         return result
     return call

@@ -175,9 +175,7 @@ def copy_pointer(dst, src, nbytes, stream_handle=0):
 def zero_pointer(ptr, n, itemsize, stream_handle=0):
     """Clear n elements of 4 or 2 bytes at a raw device address with the driver's memset (a split-K output
     before its kernel adds into it): no kernel of ours, no dispatcher."""
-    lib = libcuda()
-    name = "cuMemsetD32Async" if itemsize == 4 else "cuMemsetD16Async"  # (no string built per call: a hot path)
-    check_driver(getattr(lib, name)(ptr, 0, n, stream_handle), name)
+    run_step(zero_step(ptr, n, itemsize, stream_handle))
 
 
 # --- driver steps: one driver call with its arguments packed once, run again and again (runtime/program.py) ------
@@ -261,29 +259,11 @@ class _FastLaunch:
         the step's third item (a launch program rewrites a tensor map's address there)."""
         import ctypes
         words = (ctypes.c_int64 * len(self.words))()
-        i = 0
-        for entry in ptr_sizes:
-            ptr, n = entry[0], entry[1]
-            size = entry[2] if len(entry) > 2 else itemsize
-            words[i + 2: i + 7] = [n, size, ptr, n, size]
-            i += 7
-        for value in scalars:
-            words[i] = value
-            i += 1
+        _pack(words, ptr_sizes, itemsize, scalars)
         base = ctypes.addressof(words)
         params = (ctypes.c_void_p * len(words))(*[base + 8 * k for k in range(len(words))])
         return self.raw_launch, (*self.fixed_args, ctypes.c_void_p(stream_handle), params, None), words, \
             "cuLaunchKernel"
-
-    def bound(self, ptr_sizes, itemsize, stream_handle):
-        """A zero-argument launch with these arguments packed once into its own parameter block
-        (kernelgen.bind): a call is the cuLaunchKernel and nothing else."""
-        step = self.step(ptr_sizes, itemsize, stream_handle)
-
-        def call():
-            run_step(step)
-        call.keep_alive = step
-        return call
 
     def launch_addresses(self, addresses, layout, stream_handle):
         """The launch of a repeated call (runtime.cuda_call.CudaRoute): one device address per array parameter;
@@ -315,25 +295,30 @@ class _FastLaunch:
     def __call__(self, ptr_sizes, itemsize, stream_handle, scalars=()):
         """ptr_sizes: (pointer, elements) per array parameter, or (pointer, elements, itemsize) where it differs;
         scalars: the int64 parameters after them."""
-        words = self.words
         self.layout = None  # (rewritten here: launch_addresses writes its layout again)
-        i = 0
-        for entry in ptr_sizes:
-            ptr, n = entry[0], entry[1]
-            size = entry[2] if len(entry) > 2 else itemsize
-            words[i + 2] = n
-            words[i + 3] = size
-            words[i + 4] = ptr
-            words[i + 5] = n
-            words[i + 6] = size
-            i += 7
-        for value in scalars:
-            words[i] = value
-            i += 1
+        _pack(self.words, ptr_sizes, itemsize, scalars)
         gx, gy, gz = self.grid
         err = self.launch(self.handle, gx, gy, gz, self.threads, 1, 1, self.shared, stream_handle, self.params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
+
+
+def _pack(words, ptr_sizes, itemsize, scalars=()):
+    """A kernel's parameter words: seven a 1D array (meminfo, parent, size, itemsize, data, shape, stride) from its
+    (pointer, elements[, itemsize]), then the int64 scalars."""
+    i = 0
+    for entry in ptr_sizes:
+        ptr, n = entry[0], entry[1]
+        size = entry[2] if len(entry) > 2 else itemsize
+        words[i + 2] = n
+        words[i + 3] = size
+        words[i + 4] = ptr
+        words[i + 5] = n
+        words[i + 6] = size
+        i += 7
+    for value in scalars:
+        words[i] = value
+        i += 1
 
 
 def pointer_size(a, name):

@@ -18,7 +18,7 @@ from kernelgen import compile_profile, numba_speedups, settings
 from kernelgen.arrays import cpu_kernel_arg, to_device_view
 from kernelgen.runtime.driver import (_FastLaunch, _fast_launch_available, allow_deep_cfg_walks, allow_dynamic_shared,
                                       configure, fill_device, itemsize_of, needs_opt_in, pointer_size, stream_handle,
-                                      zero_pointer, zero_step)
+                                      zero_step)
 from kernelgen.runtime.elementwise import (flip16_device, flip16_step, flip_host, round_tf32_device,
                                            round_tf32_flipped_device, round_tf32_flipped_host, round_tf32_flipped_step,
                                            round_tf32_host, round_tf32_pair_device, round_tf32_pair_step,
@@ -356,12 +356,6 @@ class Launcher:
             launch(*ordered)
         if self._fast is None and _fast_launch_available():
             self._fast = _FastLaunch(self.kernel, self.grid, self.threads, len(self.params), self.shared_bytes)
-
-    def zero_pointers(self, ptr_sizes, itemsize, stream=None):
-        """Clear the outputs among `ptr_sizes` (one (pointer, elements) per caller parameter)."""
-        for name, (ptr, n) in zip(self.caller_params, ptr_sizes):
-            if name in self.outputs:
-                zero_pointer(ptr, n, itemsize, stream_handle(stream))
 
     def _zero_outputs(self, args, stream):
         for name in self.outputs:

@@ -15,7 +15,7 @@ from kernelgen import api
 from kernelgen.torch import ops
 
 
-_TUPLES: dict = {}  # (value, nd) -> _tuple's answer, for hashable values: a module passes the same tuples every call
+_TUPLES: dict = {}  # (type, value, nd) -> _tuple's answer, for hashable values: a module passes the same tuples every call
 
 
 def _tuple(value, nd, name):

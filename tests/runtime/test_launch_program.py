@@ -162,3 +162,28 @@ def test_a_failing_step_names_its_driver_call():
     program.add((lambda: 700, (), None, "cuMemsetD32Async"))
     with pytest.raises(RuntimeError, match="cuMemsetD32Async failed with CUDA error 700"):
         program.run()
+
+
+def test_bind_relaunches_the_launchers_program_for_its_buffers(monkeypatch):
+    """kernelgen.bind on a real GPU: after its first run, each call runs the launcher's program for the bound buffers
+    (a split-K output's clear included), packed once."""
+    from kernelgen.runtime import cuda_call
+    ran, built = [], []
+
+    class StandInLauncher:
+        outputs, caller_params, fast, tensor_maps, widened, zero_output = ("y",), ("x", "y"), True, (), (), True
+
+        def aligned(self, pointers):
+            return True
+
+        def program(self, ptr_sizes, itemsize, stream):
+            built.append((list(ptr_sizes), itemsize))
+            program = LaunchProgram()
+            program.add((lambda: ran.append("run") or 0, (), None, "cuLaunchKernel"))
+            return program
+    prep = type("Prep", (), {"launcher": StandInLauncher(), "problem": type("P", (), {"dtype": "float32"})()})()
+    monkeypatch.setattr(cuda_call, "run_cuda", lambda prep, inputs, template, stream, out: "y")
+    monkeypatch.setattr(cuda_call, "pointer_size", lambda a, name: ({"x": 0x1000, "y": 0x2000}[a], 8))
+    call = cuda_call.bound_call(prep, {"x": "x"}, "x")
+    assert call() == "y" and call() == "y"
+    assert built == [([(0x1000, 8), (0x2000, 8)], 4)] and ran == ["run", "run"]
