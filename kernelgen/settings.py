@@ -197,6 +197,10 @@ _ALL = (
             affects_calls=False),
     Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
             "launch compiled kernels through prepacked cuLaunchKernel calls (not numba's dispatcher)"),
+    Setting("torch_native", "KERNELGEN_TORCH_NATIVE", True, parse_bool,
+            "kernelgen.torch's modules call through a C++ autograd Function that replays launch programs "
+            "(kernelgen/torch/native.cpp, built once in the background with torch's C++ extension tools); off: the "
+            "Python path"),
     Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,
             "numba's CUDA simulator (numba reads it once, at its first CUDA import)"),
     # --- tests and benchmarks -----------------------------------------------------------------------

@@ -56,6 +56,8 @@ class MapRing:
         # maps uploaded so far: a slot is only ever reused by an upload, so where this has not moved since a map's
         # address was read, the map is still there (runtime/program.py reads it instead of asking again)
         self.uploads = 0
+        self._uploads_word = (ctypes.c_int64 * 1)()  # the same count where C++ reads it (kernelgen/torch/native.cpp)
+        self.uploads_at = ctypes.addressof(self._uploads_word)
 
     def slot(self, key, encode) -> int:
         with self._lock:
@@ -86,6 +88,7 @@ class MapRing:
         _check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
         self._key_at[slot], self._slot_of[key] = key, slot
         self.uploads += 1
+        self._uploads_word[0] = self.uploads
         return slot
 
 

@@ -60,6 +60,15 @@ class LaunchProgram:
             if err:
                 check_driver(err, what)
 
+    def prepare(self):
+        """Write the maps' addresses into the kernel's words now, for a replay outside Python
+        (kernelgen/torch/native.cpp) that checks, before each run, that the ring uploaded nothing since: (the
+        address of the ring's upload count, its value now), or (0, 0) for a program without maps."""
+        if not self.maps:
+            return 0, 0
+        self.seen = self._read_maps()
+        ring, count = self.seen
+        return ring.uploads_at, count
 
     def _read_maps(self):
         """Write each map's address into the kernel's words, uploading the ones the ring no longer holds; again

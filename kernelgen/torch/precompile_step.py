@@ -14,7 +14,10 @@ from __future__ import annotations
 import torch
 
 from kernelgen.precompile import PrecompileReport, compile_plans, recording
+from kernelgen.torch import native
 from kernelgen.tuning.compile_pool import pool_on_demand
+
+NATIVE_BUILD_WAIT = 600  # seconds precompile waits for the native entry point's first build (then: the Python path)
 
 
 def precompile(model, input_shape, dtype=torch.float32, device=None, workers=None) -> PrecompileReport:
@@ -33,10 +36,16 @@ def precompile(model, input_shape, dtype=torch.float32, device=None, workers=Non
     x = torch.zeros(tuple(input_shape), dtype=dtype, device=device)
     if x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
+    if x.is_cuda:
+        native.start_build()  # (its own background process, beside the kernels' compiles)
     if workers is not None:
-        return compile_plans(_trace(model, x), workers)
-    with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
-        return compile_plans(_trace(model, x, demand.see), pool=demand.pool)
+        report = compile_plans(_trace(model, x), workers)
+    else:
+        with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
+            report = compile_plans(_trace(model, x, demand.see), pool=demand.pool)
+    if x.is_cuda:
+        native.wait(NATIVE_BUILD_WAIT)  # (the steps after this one run through it)
+    return report
 
 
 def _trace(model, x, on_plan=None) -> list:

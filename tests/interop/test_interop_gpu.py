@@ -103,6 +103,8 @@ def test_converted_resnet18_trains_like_torch():
     """50 steps on 4 fixed batches: the curve runs down to ~2e-4, where float32 rounding differences grow step by
     step (training is chaotic), so "the same curve" is measured against torch's own noise: torch trained again from
     weights moved by one float32 rounding.  The first 5 steps, before differences grow, agree to 1e-3."""
+    from kernelgen.torch import native
+    assert native.wait(1200), native.status()  # (the converted model's calls through the native path)
     tf32 = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
@@ -129,15 +131,23 @@ def test_converted_resnet18_trains_like_torch():
                                           f"{floor:.2e} (kernelgen {got[-5:]}, torch {want[-5:]})"
 
 
+@pytest.mark.parametrize("native_path", [False, True], ids=["python", "native"])
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 2e-2), ("float16", 4e-3)])
-def test_direct_launches_match_the_op(dtype, tol, monkeypatch):
-    """A converted convolution called again and again (kernelgen/torch/direct.py): from the third call on, forward,
-    backward-data and backward-weight launch by address without kernelgen's op, and each call's three results match
-    float64 on fresh data, in memory that torch's allocator held NaNs in just before."""
+def test_direct_launches_match_the_op(dtype, tol, native_path, monkeypatch, request):
+    """A converted convolution called again and again: on the Python path (kernelgen/torch/direct.py) from the third
+    call on, forward, backward-data and backward-weight launch by address without kernelgen's op; on the native path
+    (kernelgen/torch/native.cpp) C++ replays the programs it kept for the addresses it saw.  Each call's three results
+    match float64 on fresh data, in memory that torch's allocator held NaNs in just before."""
     import functools
 
     import kernelgen.torch as kt
-    from kernelgen import api
+    from kernelgen import api, settings
+    from kernelgen.torch import native
+    if native_path:
+        assert native.wait(1200), native.status()
+    scope = settings.scope(torch_native=native_path)
+    scope.__enter__()
+    request.addfinalizer(lambda: scope.__exit__(None, None, None))
     calls = []
     for name in ("conv", "conv_backward_data", "conv_backward_weight"):
         real = getattr(api, name)
@@ -163,4 +173,9 @@ def test_direct_launches_match_the_op(dtype, tol, monkeypatch):
         for got, want in ((y, yr), (x.grad, xr.grad), (conv.weight.grad, wr.grad)):
             err = (got.double().cpu() - want).abs().max() / want.abs().max()
             assert torch.isfinite(got).all() and err <= tol, (dtype, err)
-    assert sorted(calls) == sorted(["conv", "conv_backward_data", "conv_backward_weight"] * 2), calls
+    if not native_path:
+        assert sorted(calls) == sorted(["conv", "conv_backward_data", "conv_backward_weight"] * 2), calls
+        return
+    plan = next(p for p in conv._kernelgen_plans.values() if isinstance(p, native.NativePlan))
+    assert all(native._EXT.programs(plan.id, slot) >= 1 for slot in (native.FWD, native.BWD_DATA, native.BWD_WEIGHT))
+    assert len(calls) < 3 * 4, calls  # (some calls replayed in C++, past kernelgen's op)
