@@ -41,8 +41,11 @@ def _close(got, want, tol, what):
     assert err <= tol * want.abs().max().item(), (what, err)
 
 
+@pytest.mark.parametrize("via", ["functional", "module"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
-def test_captured_conv_and_its_gradients_replay_right(precision, monkeypatch):
+def test_captured_conv_and_its_gradients_replay_right(precision, via, monkeypatch):
+    """module: a kernelgen.torch.Conv2d, whose calls go through the native entry point (kernelgen/torch/native.cpp):
+    its eager calls replay in C++, a capture takes the Python route."""
     from kernelgen.runtime import map_ring
     monkeypatch.setattr(map_ring, "SLOTS", 4)  # the eager rings wrap within a few calls
     monkeypatch.setattr(map_ring, "_RINGS", {})
@@ -52,9 +55,18 @@ def test_captured_conv_and_its_gradients_replay_right(precision, monkeypatch):
     static_x = _data(shape_x, dtype, gen).requires_grad_()
     w = _data(shape_w, dtype, gen).mul_(0.1).requires_grad_()
     static_dy = _data((8, 64, 14, 14), dtype, gen)
+    conv = None
+    if via == "module":
+        import kernelgen.torch as kt
+        from kernelgen.torch import native
+        assert native.wait(1200), native.status()
+        conv = kt.Conv2d(64, 64, 3, padding=1, bias=False).cuda().to(dtype)
+        with torch.no_grad():
+            conv.weight.copy_(w)
+        w = conv.weight
 
     def step():
-        y = KF.conv2d(static_x, w, padding=1)
+        y = KF.conv2d(static_x, w, padding=1) if conv is None else conv(static_x)
         y.backward(static_dy)
         return y
 
