@@ -26,7 +26,7 @@ from torch import nn
 
 import kernelgen
 import kernelgen.torch as kt
-from kernelgen.torch import convert
+from kernelgen.torch import convert, native
 
 
 class BasicBlock(nn.Module):
@@ -167,8 +167,11 @@ def compare(mode, batch, steps, warmup, precompile=True, rounds=3, graph=False):
     for r in range(rounds):
         for name, model in fresh.items():
             host = {"load_avg_1min": os.getloadavg()[0], "worker_processes": len(multiprocessing.active_children())}
+            handed_back = native.fallbacks()
             losses, times = run(model, data, steps + warmup if r == 0 else steps, mode,
                                 timed_from=warmup if r == 0 else 0)
+            if name == "kernelgen":  # (C++ calls handed back to Python, over the round's steps: 0 in a steady state)
+                host["native_fallbacks"] = native.fallbacks() - handed_back
             if r == 0:
                 row[f"{name}_losses"] = losses
             row["rounds"].append({"round": r, "model": name, "step_ms": 1e3 * statistics.median(times), **host})
@@ -219,7 +222,9 @@ def main(argv=None):
               f"({row['step_ratio_kernelgen_over_torch']:.3f}x), max relative loss difference "
               f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s; rounds (ms): "
               + ", ".join(f"{x['model']} {x['step_ms']:.2f} (load {x['load_avg_1min']:.1f}, "
-                          f"{x['worker_processes']} workers)" for x in row["rounds"]), flush=True)
+                          f"{x['worker_processes']} workers"
+                          + (f", {x['native_fallbacks']} native fallbacks" if "native_fallbacks" in x else "") + ")"
+                          for x in row["rounds"]) + f"; native entry point {native.status()}", flush=True)
         with open(args.out, "w") as f:  # after every mode: a run cut short keeps what it measured
             json.dump(result, f, indent=1)
 

@@ -42,6 +42,13 @@ _STATE = {"state": None, "detail": ""}  # None (not started), "building", "ready
 _LOCK = threading.Lock()
 _DONE = threading.Event()
 _EXT = None  # the loaded extension module
+_FALLBACKS = [0]  # calls C++ handed back to Python (counted without a lock: statistics, never control flow)
+
+
+def fallbacks() -> int:
+    """How many slot runs C++ has handed back to Python so far (no program for their addresses, a capture, a ring
+    upload): in a training step's steady state, none."""
+    return _FALLBACKS[0]
 
 
 def status() -> str:
@@ -205,6 +212,7 @@ class NativePlan:
     def fallback(self, slot, inputs, out, stream_handle):
         """C++ had no program for these addresses: kernelgen's op into `out`, and the program of these addresses
         kept in C++ where the op's CUDA route has one."""
+        _FALLBACKS[0] += 1
         op, names, extra = self.ops[slot]
         views = [_view(t) for t in inputs]
         args = (*views, *extra)
