@@ -170,8 +170,8 @@ def compare(mode, batch, steps, warmup, precompile=True, rounds=3, graph=False):
             handed_back = native.fallbacks()
             losses, times = run(model, data, steps + warmup if r == 0 else steps, mode,
                                 timed_from=warmup if r == 0 else 0)
-            if name == "kernelgen":  # (C++ calls handed back to Python, over the round's steps: 0 in a steady state)
-                host["native_fallbacks"] = native.fallbacks() - handed_back
+            if name == "kernelgen":  # (C++'s calls back into Python over the round's steps: none in a steady state)
+                host["native_calls_back"] = {k: v - handed_back[k] for k, v in native.fallbacks().items()}
             if r == 0:
                 row[f"{name}_losses"] = losses
             row["rounds"].append({"round": r, "model": name, "step_ms": 1e3 * statistics.median(times), **host})
@@ -223,8 +223,10 @@ def main(argv=None):
               f"{row['max_rel_loss_diff']:.2e}, kernelgen warm-up {row['kernelgen_warmup_s']:.1f} s; rounds (ms): "
               + ", ".join(f"{x['model']} {x['step_ms']:.2f} (load {x['load_avg_1min']:.1f}, "
                           f"{x['worker_processes']} workers"
-                          + (f", {x['native_fallbacks']} native fallbacks" if "native_fallbacks" in x else "") + ")"
-                          for x in row["rounds"]) + f"; native entry point {native.status()}", flush=True)
+                          + (f", native calls back {x['native_calls_back']}" if "native_calls_back" in x else "")
+                          + ")"
+                          for x in row["rounds"]) + f"; native entry point {native.status()}, calls back to Python "
+              f"{native.fallbacks()}", flush=True)
         with open(args.out, "w") as f:  # after every mode: a run cut short keeps what it measured
             json.dump(result, f, indent=1)
 

@@ -65,6 +65,8 @@ struct Plan {
   Slot slots[kSlots];
   at::ScalarType dtype;  // what the kernels read and write
   py::object fallback;   // fallback(slot, inputs, out, stream): Python runs the slot (and may keep its program)
+  py::object refresh;    // refresh(slot, key) -> the ring's upload count after the program's maps were read again,
+                         // or None (Python no longer holds that program)
 };
 
 // Plans live as long as the process (a module keeps the ids of its own); never destroyed, so that no Python object
@@ -81,28 +83,44 @@ Plan& plan_at(int64_t id) {
 
 uint64_t address(const at::Tensor& t) { return t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0; }
 
+// The kept program of `key`, run, where one is kept and its maps are where it read them (seen >= 0: they were
+// read again just now, when the ring's count was `seen`); false, running nothing, otherwise.  Under the plan's lock:
+// a keep() of another thread may rehash the table.
+bool replay(Plan& plan, int slot, const Key& key, int64_t seen) {
+  std::lock_guard<std::mutex> guard(plan.lock);
+  auto found = plan.slots[slot].programs.find(key);
+  if (found == plan.slots[slot].programs.end()) return false;
+  Program& program = found->second;
+  if (seen >= 0) program.seen = seen;
+  if (program.uploads != nullptr && *program.uploads != program.seen) return false;
+  for (const Step& s : program.steps) {
+    const auto& a = s.args;
+    int err = s.fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
+    if (err != 0) throw std::runtime_error("kernelgen native: a driver call failed with CUDA error " +
+                                           std::to_string(err));
+  }
+  return true;
+}
+
 // The slot's kernels on these tensors (torch layout, memory channels-last) into `out` (channels-last), on `stream`:
-// the kept program for these addresses where one is kept and its maps are where it read them, else Python's.
+// the kept program for these addresses where one is kept (its maps read again where the ring uploaded since), else
+// Python's.
 void run_slot(Plan& plan, int slot, const std::vector<at::Tensor>& inputs, const at::Tensor& out, uint64_t stream) {
   Key key{stream, 0, 0, 0, address(out)};
   for (size_t i = 0; i < inputs.size() && i < 3; ++i) key[i + 1] = address(inputs[i]);
   int capturing = 0;
   if (stream != 0 && g_is_capturing != nullptr && g_is_capturing(stream, &capturing) != 0) capturing = 1;
-  const Program* program = nullptr;
   if (!capturing) {  // (a graph capture gets its own buffers and maps: Python's route)
-    std::lock_guard<std::mutex> guard(plan.lock);
-    auto found = plan.slots[slot].programs.find(key);
-    if (found != plan.slots[slot].programs.end() &&
-        (found->second.uploads == nullptr || *found->second.uploads == found->second.seen))
-      program = &found->second;
-    if (program != nullptr) {  // (under the lock: a keep() of another thread may rehash the table)
-      for (const Step& s : program->steps) {
-        const auto& a = s.args;
-        int err = s.fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
-        if (err != 0) throw std::runtime_error("kernelgen native: a driver call failed with CUDA error " +
-                                               std::to_string(err));
-      }
-      return;
+    if (replay(plan, slot, key, -1)) return;
+    bool kept;
+    {
+      std::lock_guard<std::mutex> guard(plan.lock);
+      kept = plan.slots[slot].programs.count(key) != 0;
+    }
+    if (kept) {  // the ring uploaded since its maps were read: read them again (Python, no op), then replay
+      py::gil_scoped_acquire gil;  // (taken with no lock held: Python may call keep(), which takes the plan's lock)
+      py::object seen = plan.refresh(slot, py::make_tuple(key[0], key[1], key[2], key[3], key[4]));
+      if (!seen.is_none() && replay(plan, slot, key, seen.cast<int64_t>())) return;
     }
   }
   py::gil_scoped_acquire gil;
@@ -173,7 +191,8 @@ struct NativeConv : public torch::autograd::Function<NativeConv> {
 
 // --- what Python calls -------------------------------------------------------------------------------------------
 
-int64_t new_plan(const std::string& dtype, std::vector<std::vector<int64_t>> out_shapes, py::object fallback) {
+int64_t new_plan(const std::string& dtype, std::vector<std::vector<int64_t>> out_shapes, py::object fallback,
+                 py::object refresh) {
   auto plan = std::make_unique<Plan>();  // (released into g_plans below)
   plan->dtype = dtype == "bfloat16" ? at::kBFloat16 : dtype == "float16" ? at::kHalf
               : dtype == "float32" ? at::kFloat : dtype == "float64" ? at::kDouble
@@ -181,6 +200,7 @@ int64_t new_plan(const std::string& dtype, std::vector<std::vector<int64_t>> out
   if (out_shapes.size() != kSlots) throw std::invalid_argument("kernelgen native: one output shape a slot");
   for (int s = 0; s < kSlots; ++s) plan->slots[s].out_shape = out_shapes[s];
   plan->fallback = std::move(fallback);
+  plan->refresh = std::move(refresh);
   std::lock_guard<std::mutex> guard(g_plans_lock);
   g_plans->push_back(plan.release());
   return static_cast<int64_t>(g_plans->size()) - 1;

@@ -42,13 +42,15 @@ _STATE = {"state": None, "detail": ""}  # None (not started), "building", "ready
 _LOCK = threading.Lock()
 _DONE = threading.Event()
 _EXT = None  # the loaded extension module
-_FALLBACKS = [0]  # calls C++ handed back to Python (counted without a lock: statistics, never control flow)
+# C++'s calls back into Python, by kind (counted without a lock: statistics, never control flow): "new addresses"
+# (no program kept for them: the op runs), "kept" (a program kept, but the op runs: a capture, or Python's copy gone),
+# "maps read again" (the ring uploaded since: the program's maps looked up again, no op)
+_CALLS_BACK: dict = {"new addresses": 0, "kept": 0, "maps read again": 0}
 
 
-def fallbacks() -> int:
-    """How many slot runs C++ has handed back to Python so far (no program for their addresses, a capture, a ring
-    upload): in a training step's steady state, none."""
-    return _FALLBACKS[0]
+def fallbacks() -> dict:
+    """How many slot runs C++ has handed back to Python so far, by kind: in a training step's steady state, none."""
+    return dict(_CALLS_BACK)
 
 
 def status() -> str:
@@ -182,7 +184,7 @@ class NativePlan:
     def __init__(self, ext, dtype, ops, kwargs, out_shapes):
         self.ext, self.ops, self.kwargs = ext, ops, kwargs
         self.kept = ({}, {}, {})  # per slot, key -> the LaunchProgram whose memory C++'s copy points into
-        self.id = ext.new_plan(str(dtype).removeprefix("torch."), out_shapes, self.fallback)
+        self.id = ext.new_plan(str(dtype).removeprefix("torch."), out_shapes, self.fallback, self.refresh)
 
     @classmethod
     def for_call(cls, ext, module, x, w, bias):
@@ -212,7 +214,9 @@ class NativePlan:
     def fallback(self, slot, inputs, out, stream_handle):
         """C++ had no program for these addresses: kernelgen's op into `out`, and the program of these addresses
         kept in C++ where the op's CUDA route has one."""
-        _FALLBACKS[0] += 1
+        key = (stream_handle, *[0 if t is None else t.data_ptr() for t in inputs], *[0] * (3 - len(inputs)),
+               out.data_ptr())
+        _CALLS_BACK["kept" if key in self.kept[slot] else "new addresses"] += 1
         op, names, extra = self.ops[slot]
         views = [_view(t) for t in inputs]
         args = (*views, *extra)
@@ -222,9 +226,18 @@ class NativePlan:
             kwargs["stream"] = stream
         op(*args, **kwargs)
         if out.is_cuda:
-            self._keep(slot, op, args, kwargs, dict(zip(names, views)), inputs, out, stream_handle, stream)
+            self._keep(slot, op, args, kwargs, dict(zip(names, views)), key, out, stream)
 
-    def _keep(self, slot, op, args, kwargs, named, inputs, out, stream_handle, stream):
+    def refresh(self, slot, key):
+        """The ring uploaded since the program of `key` read its maps: read them again into its words (uploading the
+        ones the ring lost); the ring's upload count after, or None where that program is no longer kept here."""
+        program = self.kept[slot].get(key)
+        if program is None:
+            return None
+        _CALLS_BACK["maps read again"] += 1
+        return program.prepare()[1]
+
+    def _keep(self, slot, op, args, kwargs, named, key, out, stream):
         cuda = api.cuda_route_of(op, args, kwargs)
         if cuda is None or cuda.fast is None or cuda.fast.thread != get_ident():
             return
@@ -241,8 +254,6 @@ class NativePlan:
         uploads_at, seen = program.prepare()
         steps = [(ctypes.cast(fn, ctypes.c_void_p).value, [_word(a) for a in step_args])
                  for fn, step_args, _, _ in program.steps]
-        key = (stream_handle, *[0 if t is None else t.data_ptr() for t in inputs], *[0] * (3 - len(inputs)),
-               out.data_ptr())
         kept = self.kept[slot]
         if not self.ext.keep(self.id, slot, list(key), steps, uploads_at, seen):
             kept.clear()

@@ -51,8 +51,19 @@ class Fallbacks:
         self.calls.append((slot, [None if t is None else t.data_ptr() for t in inputs], out.data_ptr(), stream))
 
 
-def _plan(ext, fallback):
-    return ext.new_plan("float32", [[2, 3], [2, 3], [2, 3]], fallback)
+class Refreshes:
+    """NativePlan.refresh's stand-in: records (slot, key), answers `count` (None: the program is gone)."""
+
+    def __init__(self, count=None):
+        self.calls, self.count = [], count
+
+    def __call__(self, slot, key):
+        self.calls.append((slot, key))
+        return self.count
+
+
+def _plan(ext, fallback, refresh=None):
+    return ext.new_plan("float32", [[2, 3], [2, 3], [2, 3]], fallback, refresh or Refreshes())
 
 
 def test_kept_steps_replay_on_their_addresses_and_anything_else_falls_back(ext):
@@ -73,16 +84,30 @@ def test_kept_steps_replay_on_their_addresses_and_anything_else_falls_back(ext):
     assert ext.programs(plan, 1) == 1 and ext.programs(plan, 0) == 0
 
 
-def test_a_program_with_maps_replays_only_while_the_ring_uploaded_nothing(ext):
-    driver, fallback = StandInDriver(), Fallbacks()
-    plan = _plan(ext, fallback)
+def test_a_program_with_maps_reads_them_again_after_a_ring_upload(ext):
+    """Where the ring uploaded since the program read its maps, Python reads them again (refresh) and C++ replays
+    once the count refresh answers is the ring's; where refresh has no such program, the op runs (fallback)."""
+    driver, fallback, refresh = StandInDriver(), Fallbacks(), Refreshes(count=6)
+    plan = _plan(ext, fallback, refresh)
     uploads = (ctypes.c_int64 * 1)(5)
     a, out = torch.zeros(2), torch.zeros(2)
-    ext.keep(plan, 0, [0, a.data_ptr(), 0, 0, out.data_ptr()], [(driver.address, [9])], ctypes.addressof(uploads), 5)
+    key = [0, a.data_ptr(), 0, 0, out.data_ptr()]
+    ext.keep(plan, 0, key, [(driver.address, [9])], ctypes.addressof(uploads), 5)
     ext.run(plan, 0, [a], out, 0)
+    assert len(driver.calls) == 1 and not refresh.calls
     uploads[0] = 6  # a map uploaded since: the slot may hold another map now
     ext.run(plan, 0, [a], out, 0)
-    assert len(driver.calls) == 1 and len(fallback.calls) == 1
+    assert refresh.calls == [(0, tuple(key))] and len(driver.calls) == 2 and not fallback.calls
+    ext.run(plan, 0, [a], out, 0)  # read at 6: replays without asking again
+    assert len(refresh.calls) == 1 and len(driver.calls) == 3
+    uploads[0] = 7
+    refresh.count = None  # Python's copy gone: the op
+    ext.run(plan, 0, [a], out, 0)
+    assert len(driver.calls) == 3 and len(fallback.calls) == 1
+    refresh.count = 8  # read while the ring uploaded again (8, not 7): not replayed on a count it never read at
+    uploads[0] = 9
+    ext.run(plan, 0, [a], out, 0)
+    assert len(driver.calls) == 3 and len(fallback.calls) == 2
 
 
 def test_a_failed_driver_call_raises_and_a_full_slot_starts_again(ext):
