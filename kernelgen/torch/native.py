@@ -46,6 +46,7 @@ _EXT = None  # the loaded extension module
 # (no program kept for them: the op runs), "kept" (a program kept, but the op runs: a capture, or Python's copy gone),
 # "maps read again" (the ring uploaded since: the program's maps looked up again, no op)
 _CALLS_BACK: dict = {"new addresses": 0, "kept": 0, "maps read again": 0}
+TRACE = None  # a list to trace into: (plan id, slot, key) of each call back that ran the op (scripts/native_misses.py)
 
 
 def fallbacks() -> dict:
@@ -217,6 +218,8 @@ class NativePlan:
         key = (stream_handle, *[0 if t is None else t.data_ptr() for t in inputs], *[0] * (3 - len(inputs)),
                out.data_ptr())
         _CALLS_BACK["kept" if key in self.kept[slot] else "new addresses"] += 1
+        if TRACE is not None:
+            TRACE.append((self.id, slot, key))
         op, names, extra = self.ops[slot]
         views = [_view(t) for t in inputs]
         args = (*views, *extra)
