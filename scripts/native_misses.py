@@ -31,7 +31,7 @@ def main(argv=None):
     trace, native.TRACE = native.TRACE, None
     names = {}
     for name, module in ours.named_modules():
-        for plan in getattr(module, "_kernelgen_plans", {}).values():
+        for plan in native.plans_of(module).values():
             if isinstance(plan, native.NativePlan):
                 names[plan.id] = name
     by_slot = collections.defaultdict(list)

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from threading import get_ident
 
 import torch
@@ -42,6 +43,9 @@ _STATE = {"state": None, "detail": ""}  # None (not started), "building", "ready
 _LOCK = threading.Lock()
 _DONE = threading.Event()
 _EXT = None  # the loaded extension module
+# module -> {call key: its NativePlan, or False where the native path does not take it}: beside the module, not in
+# it, so that copy.deepcopy, pickling and torch.save of a module see nothing of the extension's
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # C++'s calls back into Python, by kind (counted without a lock: statistics, never control flow): "new addresses"
 # (no program kept for them: the op runs), "kept" (a program kept, but the op runs: a capture, or Python's copy gone),
 # "maps read again" (the ring uploaded since: the program's maps looked up again, no op)
@@ -143,7 +147,7 @@ def forward(module, x, w, bias):
     key = (x.shape, x.stride(), x.dtype, device, w.shape, w.stride(), w.dtype,
            None if bias is None else (bias.dtype, bias.stride()), autocast, module.stride, module.padding,
            module.dilation, module.groups, settings.dispatch_token())
-    plans = module.__dict__.setdefault("_kernelgen_plans", {})
+    plans = plans_of(module)
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = NativePlan.for_call(ext, module, x, w, bias)
@@ -153,6 +157,12 @@ def forward(module, x, w, bias):
         return None
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     return ext.conv(x, w, bias, plan.id, stream)
+
+
+def plans_of(module) -> dict:
+    """The native plans of a module's calls (call key -> NativePlan, or False)."""
+    plans = _PLANS.get(module)
+    return _PLANS.setdefault(module, {}) if plans is None else plans
 
 
 class _RawStream:

@@ -185,6 +185,6 @@ def test_direct_launches_match_the_op(dtype, tol, native_path, monkeypatch, requ
     if not native_path:
         assert per_call == [3, 3, 0, 0, 0], per_call
         return
-    plan = next(p for p in conv._kernelgen_plans.values() if isinstance(p, native.NativePlan))
+    plan = next(p for p in native.plans_of(conv).values() if isinstance(p, native.NativePlan))
     assert all(native._EXT.programs(plan.id, slot) >= 1 for slot in (native.FWD, native.BWD_DATA, native.BWD_WEIGHT))
     assert 0 in per_call[2:], per_call  # (a call replayed in C++ entirely, its results checked above)

@@ -146,7 +146,7 @@ def test_a_module_trains_through_the_native_function(on_cpu, channels_last, bias
         x = x.contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
     y = conv(x)
-    assert any(isinstance(p, native.NativePlan) for p in conv._kernelgen_plans.values())
+    assert any(isinstance(p, native.NativePlan) for p in native.plans_of(conv).values())
     dy = torch.from_numpy(rng.standard_normal(tuple(y.shape)))
     y.backward(dy)
     ref_y, ref_dx, ref_dw, ref_db = _reference(x, conv.weight, conv.bias, stride, 1, 1, groups, dy)
@@ -176,7 +176,27 @@ def test_the_setting_off_and_recordings_take_the_python_path(on_cpu):
     x = torch.randn(1, 3, 4, 4, dtype=torch.float64)
     with kernelgen.settings.scope(torch_native=False):
         y = conv(x)
-    assert not any(isinstance(p, native.NativePlan) for p in conv._kernelgen_plans.values())
+    assert not any(isinstance(p, native.NativePlan) for p in native.plans_of(conv).values())
     np.testing.assert_allclose(y.detach().numpy(), torch.nn.functional.conv2d(x, conv.weight, conv.bias).detach()
                                .numpy(), rtol=1e-10)
     assert native.forward(conv, x.unsqueeze(0)[0], conv.weight, conv.bias) is not None  # (back on)
+
+
+def test_a_module_that_ran_natively_still_copies_and_pickles(on_cpu):
+    """The plans live beside the module (native.plans_of), not in it: deepcopy, pickle and torch.save see torch's
+    module only, and the copy gets plans of its own."""
+    import copy
+    import io
+    import pickle
+    conv = kt.Conv2d(3, 4, 3, padding=1).double()
+    x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
+    y = conv(x)
+    assert native.plans_of(conv)
+    twin = copy.deepcopy(conv)
+    again = pickle.loads(pickle.dumps(conv))
+    torch.save(conv, io.BytesIO())
+    for other in (twin, again):
+        assert not native.plans_of(other)
+        np.testing.assert_allclose(other(x).detach().numpy(), y.detach().numpy(), rtol=1e-12)
+        assert native.plans_of(other)
+
