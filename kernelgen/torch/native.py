@@ -32,7 +32,8 @@ import torch
 
 from kernelgen import api, settings
 from kernelgen.problem import conv_out_size
-from kernelgen.runtime.driver import as_numba_stream
+from kernelgen.runtime.cache import cache_dir
+from kernelgen.runtime.driver import as_numba_stream, libcuda
 from kernelgen.torch.functional import _precision
 
 SOURCE = os.path.join(os.path.dirname(__file__), "native.cpp")
@@ -93,7 +94,6 @@ def _tag():
 def _build_and_load():
     global _EXT
     try:
-        from kernelgen.runtime.cache import cache_dir
         name = _tag()
         build_dir = os.path.join(cache_dir(), "torch_native", name)
         os.makedirs(build_dir, exist_ok=True)
@@ -104,7 +104,6 @@ def _build_and_load():
         ext = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(ext)
         if torch.cuda.is_available():
-            from kernelgen.runtime.driver import libcuda
             ext.set_is_capturing(ctypes.cast(libcuda().cuStreamIsCapturing, ctypes.c_void_p).value)
         _EXT = ext
         _STATE["state"] = "ready"
