@@ -200,3 +200,16 @@ def test_a_module_that_ran_natively_still_copies_and_pickles(on_cpu):
         np.testing.assert_allclose(other(x).detach().numpy(), y.detach().numpy(), rtol=1e-12)
         assert native.plans_of(other)
 
+
+
+def test_inference_and_no_grad_calls(on_cpu):
+    conv = kt.Conv2d(3, 4, 3, padding=1).double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, conv.weight.detach(), conv.bias.detach(), padding=1)
+    with torch.inference_mode():
+        got = conv(x)
+    with torch.no_grad():
+        again = conv(x)
+    assert native.plans_of(conv) and not got.requires_grad and not again.requires_grad
+    for y in (got, again):
+        np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
