@@ -17,8 +17,6 @@ from kernelgen.precompile import PrecompileReport, compile_plans, recording
 from kernelgen.torch import native
 from kernelgen.tuning.compile_pool import pool_on_demand
 
-NATIVE_BUILD_WAIT = 600  # seconds precompile waits for the native entry point's first build (then: the Python path)
-
 
 def precompile(model, input_shape, dtype=torch.float32, device=None, workers=None) -> PrecompileReport:
     """Compile the kernels of `model`'s training step on an input of `input_shape` (torch's (N, C, *spatial)) and
@@ -37,14 +35,14 @@ def precompile(model, input_shape, dtype=torch.float32, device=None, workers=Non
     if x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     if x.is_cuda:
-        native.start_build()  # (its own background process, beside the kernels' compiles)
+        # the native entry point's build, in its own background process beside the kernels' compiles; not waited
+        # for: the first steps take the Python path until it is loaded, rather than wait ~45 s for it
+        native.start_build()
     if workers is not None:
         report = compile_plans(_trace(model, x), workers)
     else:
         with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
             report = compile_plans(_trace(model, x, demand.see), pool=demand.pool)
-    if x.is_cuda:
-        native.wait(NATIVE_BUILD_WAIT)  # (the steps after this one run through it)
     return report
 
 
