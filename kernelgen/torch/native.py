@@ -79,7 +79,7 @@ def start_build():
 
 
 def wait(timeout=None) -> bool:
-    """Start the build if needed and wait for it (kernelgen.torch.precompile does); True where it is loaded."""
+    """Start the build if needed and wait for it (the torch bench and the GPU tests do); True where it is loaded."""
     start_build()
     _DONE.wait(timeout)
     return _EXT is not None

@@ -39,11 +39,9 @@ def precompile(model, input_shape, dtype=torch.float32, device=None, workers=Non
         # for: the first steps take the Python path until it is loaded, rather than wait ~45 s for it
         native.start_build()
     if workers is not None:
-        report = compile_plans(_trace(model, x), workers)
-    else:
-        with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
-            report = compile_plans(_trace(model, x, demand.see), pool=demand.pool)
-    return report
+        return compile_plans(_trace(model, x), workers)
+    with pool_on_demand() as demand:  # (workers start at the first traced kernel not on disk, while tracing)
+        return compile_plans(_trace(model, x, demand.see), pool=demand.pool)
 
 
 def _trace(model, x, on_plan=None) -> list:
