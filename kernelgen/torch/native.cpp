@@ -83,23 +83,25 @@ Plan& plan_at(int64_t id) {
 
 uint64_t address(const at::Tensor& t) { return t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0; }
 
+enum class Replayed { yes, stale, none };  // run; kept, but the ring uploaded since its maps were read; not kept
+
 // The kept program of `key`, run, where one is kept and its maps are where it read them (seen >= 0: they were
-// read again just now, when the ring's count was `seen`); false, running nothing, otherwise.  Under the plan's lock:
-// a keep() of another thread may rehash the table.
-bool replay(Plan& plan, int slot, const Key& key, int64_t seen) {
+// read again just now, when the ring's count was `seen`).  Under the plan's lock: a keep() of another thread may
+// rehash the table.
+Replayed replay(Plan& plan, int slot, const Key& key, int64_t seen) {
   std::lock_guard<std::mutex> guard(plan.lock);
   auto found = plan.slots[slot].programs.find(key);
-  if (found == plan.slots[slot].programs.end()) return false;
+  if (found == plan.slots[slot].programs.end()) return Replayed::none;
   Program& program = found->second;
   if (seen >= 0) program.seen = seen;
-  if (program.uploads != nullptr && *program.uploads != program.seen) return false;
+  if (program.uploads != nullptr && *program.uploads != program.seen) return Replayed::stale;
   for (const Step& s : program.steps) {
     const auto& a = s.args;
     int err = s.fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
     if (err != 0) throw std::runtime_error("kernelgen native: a driver call failed with CUDA error " +
                                            std::to_string(err));
   }
-  return true;
+  return Replayed::yes;
 }
 
 // The slot's kernels on these tensors (torch layout, memory channels-last) into `out` (channels-last), on `stream`:
@@ -111,16 +113,12 @@ void run_slot(Plan& plan, int slot, const std::vector<at::Tensor>& inputs, const
   int capturing = 0;
   if (stream != 0 && g_is_capturing != nullptr && g_is_capturing(stream, &capturing) != 0) capturing = 1;
   if (!capturing) {  // (a graph capture gets its own buffers and maps: Python's route)
-    if (replay(plan, slot, key, -1)) return;
-    bool kept;
-    {
-      std::lock_guard<std::mutex> guard(plan.lock);
-      kept = plan.slots[slot].programs.count(key) != 0;
-    }
-    if (kept) {  // the ring uploaded since its maps were read: read them again (Python, no op), then replay
+    Replayed replayed = replay(plan, slot, key, -1);
+    if (replayed == Replayed::yes) return;
+    if (replayed == Replayed::stale) {  // read the maps again (Python, no op), then replay
       py::gil_scoped_acquire gil;  // (taken with no lock held: Python may call keep(), which takes the plan's lock)
       py::object seen = plan.refresh(slot, py::make_tuple(key[0], key[1], key[2], key[3], key[4]));
-      if (!seen.is_none() && replay(plan, slot, key, seen.cast<int64_t>())) return;
+      if (!seen.is_none() && replay(plan, slot, key, seen.cast<int64_t>()) == Replayed::yes) return;
     }
   }
   py::gil_scoped_acquire gil;
@@ -143,10 +141,6 @@ at::Tensor as(const at::Tensor& t, at::ScalarType dtype) {
 at::Tensor channels_last(const at::Tensor& t) {
   at::Tensor v = t.movedim(1, -1);
   return v.is_contiguous() ? t : v.contiguous().movedim(-1, 1);
-}
-
-at::Tensor empty_channels_last(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
-  return at::empty(shape, options).movedim(-1, 1);  // the kernel's layout, seen as torch's
 }
 
 struct NativeConv : public torch::autograd::Function<NativeConv> {
