@@ -64,7 +64,7 @@ struct Plan {
   std::mutex lock;
   Slot slots[kSlots];
   at::ScalarType dtype;  // what the kernels read and write
-  py::object fallback;   // fallback(slot, inputs, out, stream): Python runs the slot (and may keep its program)
+  py::object fallback;   // fallback(slot, key, inputs, out): Python runs the slot (and may keep its program)
   py::object refresh;    // refresh(slot, key) -> the ring's upload count after the program's maps were read again,
                          // or None (Python no longer holds that program)
 };
@@ -124,7 +124,7 @@ void run_slot(Plan& plan, int slot, const std::vector<at::Tensor>& inputs, const
   py::gil_scoped_acquire gil;
   py::list py_inputs;
   for (const auto& t : inputs) py_inputs.append(t.defined() ? py::cast(t) : py::none());
-  plan.fallback(slot, py_inputs, out, stream);
+  plan.fallback(slot, py::make_tuple(key[0], key[1], key[2], key[3], key[4]), py_inputs, out);
 }
 
 std::vector<int64_t> channels_first_dims(int64_t dim) {  // sum over every dim but the channel one (bias gradient)

@@ -221,11 +221,11 @@ class NativePlan:
                (api.conv_backward_weight, ("x", "dy"), (w_shape,)))
         return cls(ext, dtype, ops, kwargs, [[n, *out, k], list(x_shape), list(w_shape)])
 
-    def fallback(self, slot, inputs, out, stream_handle):
-        """C++ had no program for these addresses: kernelgen's op into `out`, and the program of these addresses
-        kept in C++ where the op's CUDA route has one."""
-        key = (stream_handle, *[0 if t is None else t.data_ptr() for t in inputs], *[0] * (3 - len(inputs)),
-               out.data_ptr())
+    def fallback(self, slot, key, inputs, out):
+        """C++ had no program for `key` - (stream, up to three inputs' addresses, 0 where absent, the output's),
+        C++'s own key, kept with the program: kernelgen's op into `out`, and the program of these addresses kept in
+        C++ where the op's CUDA route has one."""
+        stream_handle = key[0]
         _CALLS_BACK["kept" if key in self.kept[slot] else "new addresses"] += 1
         if TRACE is not None:
             TRACE.append((self.id, slot, key))

@@ -47,8 +47,8 @@ class Fallbacks:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, slot, inputs, out, stream):
-        self.calls.append((slot, [None if t is None else t.data_ptr() for t in inputs], out.data_ptr(), stream))
+    def __call__(self, slot, key, inputs, out):
+        self.calls.append((slot, [None if t is None else t.data_ptr() for t in inputs], out.data_ptr(), key[0]))
 
 
 class Refreshes:
