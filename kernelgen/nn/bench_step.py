@@ -90,6 +90,8 @@ def bench_kernelgen(x, labels, args):
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
     _, times = median_step(step, 0, args.steps, cuda.synchronize)
+    if getattr(args, "kernels", 0):
+        compiled["kernels"] = kernel_profile(step, cuda.synchronize, args.kernels)
     if getattr(args, "new_batch", None):  # then a batch size this process has not run
         n = args.new_batch
         xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
@@ -103,6 +105,30 @@ def bench_kernelgen(x, labels, args):
             "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
             "loss_first": float(losses[0].copy_to_host()),
             "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
+
+
+def kernel_profile(step, sync, steps):
+    """torch.profiler (CUPTI: every kernel of the process, numba's launches too) over `steps` more steps: each
+    kernel name's ms a step and launches a step, the largest first, and their sum (the step's kernel time)."""
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if us and e.key and not e.key.startswith(("aten::", "autograd", "Optimizer", "cuda", "Memcpy", "Memset")):
+            rows.append([e.key[:100], e.count / steps, us / steps / 1e3])
+    rows.sort(key=lambda r: -r[2])
+    return {"kernels_ms": sum(r[2] for r in rows), "rows": rows}
+
+
+def _print_kernels(name, prof, top=18):
+    print(f"== {name}: kernels {prof['kernels_ms']:.2f} ms a step")
+    for key, count, ms in prof["rows"][:top]:
+        print(f"  {ms:7.3f} ms  x{count:<5g} {key}")
 
 
 def _new_batch_steps(step, n, seconds, sync, profile=False, control_seconds=0.0):
@@ -209,7 +235,9 @@ def bench_torch(x, labels, args):
     losses.clear()
     torch.cuda.reset_peak_memory_stats()
     _, times = median_step(step, 0, args.steps, torch.cuda.synchronize)
-    return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times), "warmup_s": warm,
+    extra = {"kernels": kernel_profile(step, torch.cuda.synchronize, args.kernels)} if getattr(args, "kernels", 0) \
+        else {}
+    return {**extra, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times), "warmup_s": warm,
             "peak_bytes": torch.cuda.max_memory_allocated(), "between_steps_bytes": torch.cuda.memory_allocated(),
             "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version()}
@@ -266,6 +294,9 @@ def main(argv=None):
     ap.add_argument("--amp", action="store_true",
                     help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
                     "torch.autocast fp16 with torch.amp.GradScaler")
+    ap.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                    help="then torch.profiler over this many more steps of each side: kernel time a step, by kernel "
+                    "(needs torch)")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.steps < 1 or args.warmup < 1 or (args.new_batch is not None and args.new_batch < 1):
@@ -312,6 +343,9 @@ def main(argv=None):
         print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "
               f"{k['precompile_compiled']} compiled in {k['precompile_workers']} processes) in {k['precompile_s']:.1f} s"
               f"{'; errors: ' + '; '.join(k['precompile_errors']) if k['precompile_errors'] else ''}")
+    for name, r in rows:
+        if "kernels" in r:
+            _print_kernels(name, r["kernels"])
     if "torch" in result:
         k, t = result["kernelgen"], result["torch"]
         result["ratio"] = {"step_time": k["step_ms"] / t["step_ms"], "peak_memory": k["peak_bytes"] / t["peak_bytes"]}
