@@ -153,21 +153,37 @@ def _stats_partial_k(x, rows, c, part_s, part_q):
 
 
 @cuda.jit(device=True)
-def _channel_partials(part_a, part_b, n_part, c, ch):
-    """Channel ch's sums over the n_part per-block partials of two quantities, in a fixed order."""
+def _channel_partials(part_a, part_b, n_part, c, ch, tx, ty):
+    """Channel ch's sums over the n_part per-block partials of two quantities, complete in thread row 0: each of
+    the block's TR thread rows adds every TR-th partial, then row 0 adds the rows' sums - a fixed order (the same
+    result every run), and TR times fewer dependent loads a thread than one thread a channel (those final kernels
+    took ~22 us each on the H100, 0.85 ms of a ResNet-18 step)."""
     a = float64(0.0)
     b = float64(0.0)
-    for p in range(n_part):
-        a += part_a[p * c + ch]
-        b += part_b[p * c + ch]
+    if ch < c:
+        p = ty
+        while p < n_part:
+            a += part_a[p * c + ch]
+            b += part_b[p * c + ch]
+            p += TR
+    sh_a = cuda.shared.array((TR, TC), float64)
+    sh_b = cuda.shared.array((TR, TC), float64)
+    sh_a[ty, tx] = a
+    sh_b[ty, tx] = b
+    cuda.syncthreads()
+    if ty == 0:
+        for k in range(1, TR):
+            a += sh_a[k, tx]
+            b += sh_b[k, tx]
     return a, b
 
 
 @kernel
 def _stats_final_k(x, part_s, part_q, n_part, rows, c, momentum, eps, rmean, rvar, mean, inv_std):
-    ch = cuda.grid(1)
-    if ch < c:
-        s, q = _channel_partials(part_s, part_q, n_part, c, ch)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    ch = cuda.blockIdx.x * TC + tx
+    s, q = _channel_partials(part_s, part_q, n_part, c, ch, tx, ty)
+    if ty == 0 and ch < c:
         md = s / rows
         var = max(q / rows - md * md, 0.0)
         mu = float64(x[ch]) + md
@@ -220,9 +236,10 @@ def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
 
 @kernel
 def _grad_final_k(part_a, part_b, n_part, c, out_a, out_b):
-    ch = cuda.grid(1)
-    if ch < c:
-        a, b = _channel_partials(part_a, part_b, n_part, c, ch)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    ch = cuda.blockIdx.x * TC + tx
+    a, b = _channel_partials(part_a, part_b, n_part, c, ch, tx, ty)
+    if ty == 0 and ch < c:
         out_a[ch] = a
         out_b[ch] = b
 
@@ -259,7 +276,7 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
         n_part, grid, block = _channel_grid(rows, c)
         part_s, part_q = empty(n_part * c, np.float64), empty(n_part * c, np.float64)
         _stats_partial_k(grid, block, x, rows, c, part_s, part_q)
-        _stats_final_k(_grid(c), BLOCK, x, part_s, part_q, n_part, rows, c, float(momentum), float(eps),
+        _stats_final_k(grid[0], block, x, part_s, part_q, n_part, rows, c, float(momentum), float(eps),
                        running_mean, running_var, mean, inv_std)
     else:
         mean = running_mean
@@ -283,7 +300,7 @@ def channel_sums(g, x=None, y=None, mean=None, inv_std=None):
     _grad_partial_k(grid, block, g, x, g if y is None else y, int(y is not None), mean, inv_std, rows, c,
                     part_a, part_b)
     out_a, out_b = empty(c), empty(c)
-    _grad_final_k(_grid(c), BLOCK, part_a, part_b, n_part, c, out_a, out_b)
+    _grad_final_k(grid[0], block, part_a, part_b, n_part, c, out_a, out_b)
     return out_a, out_b
 
 
