@@ -197,6 +197,10 @@ _ALL = (
             affects_calls=False),
     Setting("fast_launch", "KERNELGEN_FAST_LAUNCH", True, parse_bool,
             "launch compiled kernels through prepacked cuLaunchKernel calls (not numba's dispatcher)"),
+    Setting("nn_recompute", "KERNELGEN_NN_RECOMPUTE", True, parse_bool,
+            "kernelgen.nn in training on the GPU: a batch norm's output (with its ReLU and residual) is kept only until "
+            "the forward pass has read it, and computed again from the batch norm's input when the backward reads it "
+            "(one elementwise pass each; ResNet-18 keeps about half the activations)", affects_calls=False),
     Setting("torch_native", "KERNELGEN_TORCH_NATIVE", True, parse_bool,
             "kernelgen.torch's modules call through a C++ autograd Function that replays launch programs "
             "(kernelgen/torch/native.cpp, built once in the background with torch's C++ extension tools); off: the "

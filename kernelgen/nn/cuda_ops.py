@@ -281,10 +281,17 @@ def batch_norm_forward(x, w, b, running_mean, running_var, training, momentum, e
     else:
         mean = running_mean
         _inv_std_k(_grid(c), BLOCK, running_var, float(eps), inv_std, c)
+    return batch_norm_apply(x, w, b, mean, inv_std, relu, residual, out), mean, inv_std
+
+
+def batch_norm_apply(x, w, b, mean, inv_std, relu, residual=None, out=None):
+    """[relu](batch_norm(x) [+ residual]) on the given statistics, into `out` when given: batch_norm_forward's
+    output, and the same bits when computed again (kernelgen.nn's recomputed activations)."""
+    c = int(tuple(x.shape)[-1])
     y = empty(x.shape) if out is None else out
     _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
                 int(residual is not None), y, x.size, c, int(relu))
-    return y, mean, inv_std
+    return y
 
 
 def channel_sums(g, x=None, y=None, mean=None, inv_std=None):

@@ -8,14 +8,17 @@ Each op's backward closure maps the output gradient to one gradient per parent (
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 import kernelgen
+from kernelgen import settings
 from kernelgen.api import _zero_extend, resolve_precision
 from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
 from kernelgen.nn.arithmetic import add, div, mul, neg, pow, sub  # noqa: F401 (part of F.*)
 from kernelgen.nn.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # noqa: F401 (part of F.*)
-from kernelgen.nn.tensor import Tensor, reshape  # noqa: F401 (reshape is part of F.*)
+from kernelgen.nn.tensor import Recomputed, Tensor, reshape  # noqa: F401 (reshape is part of F.*)
 from kernelgen.nn.tensor import as_tensor as _as_tensor
 from kernelgen.nn.tensor import device_ops as _dev
 from kernelgen.problem import make_problem
@@ -72,12 +75,36 @@ def add_relu(a, b, inplace=False):
     a, b = _as_tensor(a), _as_tensor(b)
     if ops := _dev(a, b):
         y = ops.add(a.data, b.data, relu=True, out=a.data if inplace else None)
+        recompute = None
+        if _recomputing(True) and not (inplace and not isinstance(a, Recomputed)):
+            def recompute():
+                return ops.add(a.data, b.data, relu=True)
+        out = Tensor.from_op(y, (a, b), None, recompute)
+        if out.requires_grad:
+            output = _output_of(out, y)
 
-        def backward(g):
-            dx = ops.relu_backward(g, y)
-            return dx, dx
-        return Tensor.from_op(y, (a, b), backward)
+            def backward(g):
+                dx = ops.relu_backward(g, output())
+                return dx, dx
+            out._backward = backward
+        if inplace:
+            a.release()  # its buffer holds the sum now: read again, a is computed anew (where it can be)
+        return out
     return relu(add(a, b))
+
+
+def _recomputing(training):
+    """Whether a device op's output is made a Recomputed tensor (settings.nn_recompute, in training)."""
+    return training and settings.get("nn_recompute")
+
+
+def _output_of(out, data):
+    """A backward's reader of its op's output: the array itself, or for a Recomputed output (whose data may be
+    released and computed again) through a weak reference - a closure on the tensor would keep it alive."""
+    if isinstance(out, Recomputed):
+        ref = weakref.ref(out)
+        return lambda: ref().data
+    return lambda: data
 
 
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu",
@@ -294,15 +321,26 @@ def _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training
     y, mean, inv_std = ops.batch_norm_forward(x.data, weight.data, bias.data, running_mean, running_var,
                                               training, momentum, eps, fuse_relu, None if residual is None else
                                               residual.data, residual.data if inplace else None)
-    mask = y if fuse_relu else None  # without the ReLU the backward needs only x, so y may be overwritten
-    if residual is None:
-        return Tensor.from_op(y, (x, weight, bias), lambda g: ops.batch_norm_backward(
-            g, x.data, mask, fuse_relu, weight.data, mean, inv_std, training))
-
-    def backward(g):
-        g = ops.relu_backward(g, y)  # the gradient of the sum, to both of its terms
-        return ops.batch_norm_backward(g, x.data, None, False, weight.data, mean, inv_std, training) + (g,)
-    return Tensor.from_op(y, (x, weight, bias, residual), backward)
+    recompute = None  # the same pass on the same statistics: the same bits as y
+    if _recomputing(training) and not (inplace and not isinstance(residual, Recomputed)):
+        def recompute():
+            return ops.batch_norm_apply(x.data, weight.data, bias.data, mean, inv_std, fuse_relu,
+                                        None if residual is None else residual.data)
+    parents = (x, weight, bias) if residual is None else (x, weight, bias, residual)
+    out = Tensor.from_op(y, parents, None, recompute)
+    if out.requires_grad:
+        output = _output_of(out, y)  # read for the ReLU mask only: without it the backward needs only x
+        if residual is None:
+            out._backward = lambda g: ops.batch_norm_backward(g, x.data, output() if fuse_relu else None, fuse_relu,
+                                                              weight.data, mean, inv_std, training)
+        else:
+            def backward(g):
+                g = ops.relu_backward(g, output())  # the gradient of the sum, to both of its terms
+                return ops.batch_norm_backward(g, x.data, None, False, weight.data, mean, inv_std, training) + (g,)
+            out._backward = backward
+    if inplace:
+        residual.release()  # its buffer holds the sum now: read again, it is computed anew (where it can be)
+    return out
 
 
 def _check_labels(labels, n, classes, ignore_index, on_device):

@@ -404,13 +404,15 @@ class Sequential(Module):
         self.layers = list(layers)
 
     def forward(self, x):
-        i = 0
+        i, first = 0, x
         while i < len(self.layers):  # BatchNorm2d then ReLU: one fused op (one pass on the device)
-            layer = self.layers[i]
+            layer, prev = self.layers[i], x
             if type(layer) is BatchNorm2d and i + 1 < len(self.layers) and type(self.layers[i + 1]) is ReLU:
                 x, i = layer.forward_relu(x), i + 2
             else:
                 x, i = layer(x), i + 1
+            if prev is not first:  # an output of ours that the next layer has read: a backward that reads it again
+                prev.release()     # computes it again where it can (Tensor.release, settings.nn_recompute)
         return x
 
 
@@ -429,15 +431,25 @@ class BasicBlock(Module):
 
     def forward(self, x):
         out = self.bn1.forward_relu(self.conv1(x))
-        out = self.bn2(self.conv2(out))
-        # in place: bn2's output is read by no backward (batch norm keeps its input), so the sum can reuse it
-        if self.shortcut is None:
-            return F.add_relu(out, x, inplace=True)
-        conv, bn = self.shortcut.layers  # the projection's batch norm, the sum and the ReLU in one pass
-        if type(bn) is not BatchNorm2d:  # a subclass (SyncBatchNorm) normalises its own way: its forward, then the sum
-            return F.add_relu(bn(conv(x)), out)
-        return F.batch_norm_add_relu(conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, out,
-                                     training=bn.training, momentum=bn.momentum, eps=bn.eps, inplace=True)
+        y = self.conv2(out)
+        out.release()  # read again by conv2's weight gradient only: computed again there (settings.nn_recompute)
+        bn2, shortcut = self.bn2, self.shortcut
+        if shortcut is None:
+            if type(bn2) is not BatchNorm2d:  # a subclass (SyncBatchNorm) normalises its own way: its forward, then
+                out = F.add_relu(bn2(y), x, inplace=True)  # the sum, into its output (read by no backward)
+            else:  # the batch norm, the sum and the ReLU in one pass
+                out = F.batch_norm_add_relu(y, bn2.weight, bn2.bias, bn2.running_mean, bn2.running_var, x,
+                                            training=bn2.training, momentum=bn2.momentum, eps=bn2.eps)
+        else:
+            conv, bn = shortcut.layers
+            out = bn2(y)
+            if type(bn) is not BatchNorm2d:  # (SyncBatchNorm, as above)
+                out = F.add_relu(bn(conv(x)), out)
+            else:  # the projection's batch norm, the sum and the ReLU in one pass, into bn2's output
+                out = F.batch_norm_add_relu(conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, out,
+                                            training=bn.training, momentum=bn.momentum, eps=bn.eps, inplace=True)
+        x.release()  # the block's input: read again only by conv1's (and the projection's) weight gradients
+        return out
 
 
 class SmallResNet(Module):

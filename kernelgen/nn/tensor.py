@@ -96,10 +96,16 @@ class Tensor:
         self._backward = _backward
 
     @classmethod
-    def from_op(cls, data, parents, backward):
-        """The result of an op: part of the graph only if some input needs a gradient."""
+    def from_op(cls, data, parents, backward, recompute=None):
+        """The result of an op: part of the graph only if some input needs a gradient.  recompute: a function
+        that computes `data` again from the parents (then a Recomputed tensor, whose data release() may drop)."""
         track = _grad_enabled and any(p.requires_grad for p in parents)
+        if track and recompute is not None:
+            return Recomputed(data, parents, backward, recompute)
         return cls(data, track, parents if track else (), backward if track else None)
+
+    def release(self):
+        """Drop the data if it can be computed again (a Recomputed tensor); else nothing."""
 
     shape = property(lambda self: tuple(self.data.shape))
     dtype = property(lambda self: np.dtype(self.data.dtype))
@@ -220,6 +226,38 @@ class Tensor:
 
     def reshape(self, *shape):
         return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+
+
+class Recomputed(Tensor):
+    """An op's result whose data can be dropped once the forward pass has read it, and is computed again from the
+    op's inputs the next time it is read (activation recomputation: a backward that reads it, e.g. the next
+    convolution's weight gradient).  The recomputed data stays until release() or until the tensor is freed with
+    the graph.  The recomputation reads the inputs and parameters as they are when it runs, as
+    torch.utils.checkpoint does: an optimizer step between a forward and its backward changes them for both."""
+
+    def __init__(self, data, parents, backward, recompute):
+        super().__init__(data, True, parents, backward)
+        self._recompute = recompute
+        # what a released tensor still answers without computing its data again
+        self._meta = (tuple(data.shape), np.dtype(data.dtype), not isinstance(data, np.ndarray))
+
+    shape = property(lambda self: self._meta[0])
+    dtype = property(lambda self: self._meta[1])
+    is_cuda = property(lambda self: self._meta[2])
+
+    @property
+    def data(self):
+        d = self._data
+        if d is None:
+            d = self._data = self._recompute()
+        return d
+
+    @data.setter
+    def data(self, value):
+        self._data = value
+
+    def release(self):
+        self._data = None
 
 
 def _freed(g):
