@@ -86,37 +86,42 @@ _LIB = None
 class _Kernel:
     """A numba kernel whose later calls skip the dispatcher.  Arguments are device arrays (passed flat,
     1D: numba's seven-word array struct, packed here) or Python ints / floats (int64 / float64).  The
-    fast route is used only on the thread that compiled it and for the argument types it compiled."""
+    fast route is kept per argument signature (Python types and array dtypes: a float16 array needs its own
+    compiled overload) and used only on the thread that compiled it."""
 
     def __init__(self, fn):
         # cached on disk (numba's __pycache__ beside this package): a new process skips the compiles
         self.jit = cuda.jit(fn) if SIM else cuda.jit(fn, cache=True)
-        self.fast = None
+        self.fast = {}
 
     def __call__(self, grid, block, *args):
-        fast = self.fast
-        if fast is not None and fast[0] == tuple(map(type, args)) and fast[1] == threading.get_ident():
+        key = (tuple(map(type, args)), tuple(getattr(a, "dtype", None) for a in args))
+        fast = self.fast.get(key)
+        if fast is not None and fast[0] == threading.get_ident():
             return self._launch(fast, grid, block, args)
         args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)  # numpy scalars: Python's
-        configure(self.jit, grid, block)(*[a if isinstance(a, (int, float)) else _flat(a) for a in args])
-        if not SIM and fast is None and settings.get("fast_launch") \
-                and len(self.jit.overloads) == 1:
-            self._prepare(args)
+        flat = [a if isinstance(a, (int, float)) else _flat(a) for a in args]
+        configure(self.jit, grid, block)(*flat)
+        if not SIM and fast is None and settings.get("fast_launch") and key[0] == tuple(map(type, args)):
+            self._prepare(key, args, flat)
 
-    def _prepare(self, args):
+    def _prepare(self, key, args, flat):
         global _LIB
         if _LIB is None:
             _LIB = _libcuda()
+        overload = self.jit.overloads.get(tuple(self.jit.typeof_pyval(a) for a in flat))
+        if overload is None:  # (not the signature numba keyed it by: this signature keeps the dispatcher)
+            return
         n_words = sum(1 if isinstance(a, (int, float)) else 7 for a in args)
         words = (ctypes.c_int64 * n_words)()
         base = ctypes.addressof(words)
         params = (ctypes.c_void_p * n_words)(*[base + 8 * i for i in range(n_words)])
-        handle = int(next(iter(self.jit.overloads.values()))._codelibrary.get_cufunc().handle)
-        self.fast = (tuple(map(type, args)), threading.get_ident(), words, params, handle)
+        handle = int(overload._codelibrary.get_cufunc().handle)
+        self.fast = {**self.fast, key: (threading.get_ident(), words, params, handle)}  # (replaced, not mutated)
 
     @staticmethod
     def _launch(fast, grid, block, args):
-        words, params, handle = fast[2], fast[3], fast[4]
+        words, params, handle = fast[1], fast[2], fast[3]
         i = 0
         for a in args:
             if isinstance(a, int):

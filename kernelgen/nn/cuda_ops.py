@@ -1,7 +1,9 @@
 """The device half of kernelgen.nn: numba.cuda kernels for everything but the convolutions (those are
-kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, channels) buffers.  The ops a
-ResNet trains with are here; the other element-wise ops (cuda_elementwise.py) and the pools (cuda_pool.py) are
-re-exported, so the ops modules reach every kernel through this one module (tensor.device_kernels).
+kernelgen's), on C-contiguous channels-last float32 arrays seen as flat (rows, channels) buffers - or float16
+ones, the activations of fp16 training: the elementwise and batch-norm ops write their input's dtype (the
+statistics, parameters and their gradients stay float32).  The ops a ResNet trains with are here; the other
+element-wise ops (cuda_elementwise.py) and the pools (cuda_pool.py) are re-exported, so the ops modules reach
+every kernel through this one module (tensor.device_kernels).
 
 Memory comes from kernelgen's arena (runtime/arena.py), so its `peak` is the training step's peak.
 A numba launch from Python costs tens of microseconds, mostly argument typing and packing: after a
@@ -98,6 +100,20 @@ def _relu_bwd_k(g, y, dx, n):
         dx[i] = g[i] if y[i] > 0 else np.float32(0)
 
 
+@kernel
+def _cast_k(a, out, n):
+    i = cuda.grid(1)
+    if i < n:
+        out[i] = a[i]
+
+
+def cast(a, dtype):
+    """a's values in a new array of `dtype` (float32 <-> float16: the 16-bit activations of fp16 training)."""
+    out = empty(a.shape, dtype)
+    _cast_k(_grid(a.size), BLOCK, a, out, a.size)
+    return out
+
+
 def fill(a, value):
     _fill_k(_grid(a.size), BLOCK, a, float(value), a.size)
     return a
@@ -110,19 +126,19 @@ def zeros(shape, dtype=np.float32):
 def add(a, b, relu=False, out=None):
     if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
-    out = empty(a.shape) if out is None else out
+    out = empty(a.shape, a.dtype) if out is None else out
     _add_k(_grid(a.size), BLOCK, a, b, out, a.size, int(relu))
     return out
 
 
 def relu(x):
-    y = empty(x.shape)
+    y = empty(x.shape, x.dtype)
     _relu_k(_grid(x.size), BLOCK, x, y, x.size)
     return y
 
 
 def relu_backward(g, y):
-    dx = empty(g.shape)
+    dx = empty(g.shape, g.dtype)
     _relu_bwd_k(_grid(g.size), BLOCK, g, y, dx, g.size)
     return dx
 
@@ -288,7 +304,7 @@ def batch_norm_apply(x, w, b, mean, inv_std, relu, residual=None, out=None):
     """[relu](batch_norm(x) [+ residual]) on the given statistics, into `out` when given: batch_norm_forward's
     output, and the same bits when computed again (kernelgen.nn's recomputed activations)."""
     c = int(tuple(x.shape)[-1])
-    y = empty(x.shape) if out is None else out
+    y = empty(x.shape, x.dtype) if out is None else out
     _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
                 int(residual is not None), y, x.size, c, int(relu))
     return y
@@ -315,7 +331,7 @@ def batch_norm_backward(g, x, y, relu, w, mean, inv_std, training):
     """(dx, dweight, dbias); y (the output) is read only for the ReLU mask."""
     c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
     db, dw = channel_sums(g, x, y if relu else None, mean, inv_std)
-    dx = empty(x.shape)
+    dx = empty(x.shape, x.dtype)
     _bn_dx_k(_grid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db,
              1.0 / (x.size // c), int(training), dx, x.size, c)
     return dx, dw, db

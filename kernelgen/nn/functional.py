@@ -108,12 +108,13 @@ def _output_of(out, data):
 
 
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu",
-         precision=None):
+         precision=None, _half=True):
     """x (N, *spatial, C), w (K, *filter, C // groups), bias (K,) -> (N, *out, K); 1, 2 or 3 spatial dims.
     activation="relu": relu(conv + bias), fused into the convolution's epilogue on the device (the
     backward masks the gradient with the output, as F.relu does).
     precision: "fp32" / "tf32" / "fp16" / "bf16", None: the global setting now (mixed_precision.py); the
-    backward uses the precision the forward ran in."""
+    backward uses the precision the forward ran in.  At "fp16" on the device the output is float16
+    (settings.nn_half_activations; _half=False: float32, for linear's logits)."""
     x, w = _as_tensor(x), _as_tensor(w)
     bias = None if bias is None else _as_tensor(bias)
     # resolved now, so the backward (which reuses kw) cannot pick up a setting changed in between
@@ -121,21 +122,48 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activati
               precision=resolve_precision(precision))
     if ops := _dev(x, w, bias):
         kw["backend"] = "cuda"
-        y = kernelgen.conv(x.data, w.data, None if bias is None else bias.data, activation=activation,
-                           **kw)  # bias and activation in the epilogue
-    else:
-        kw["backend"] = backend
-        y = kernelgen.conv(x.data, w.data, activation=activation if bias is None else None, **kw)
-        if bias is not None:
-            y = y + bias.data
-            y = np.maximum(y, 0) if activation == "relu" else y
+        half = _half and kw["precision"] == "fp16" and settings.get("nn_half_activations")
+        return _conv_device(ops, x, w, bias, activation, kw, np.dtype(np.float16) if half else w.dtype)
+    kw["backend"] = backend
+    y = kernelgen.conv(x.data, w.data, activation=activation if bias is None else None, **kw)
+    if bias is not None:
+        y = y + bias.data
+        y = np.maximum(y, 0) if activation == "relu" else y
 
     def backward(g):
         if activation == "relu":
-            g = ops.relu_backward(g, y) if ops else g * (y > 0)
-        g = g if ops else np.ascontiguousarray(g, dtype=x.data.dtype)
+            g = g * (y > 0)
+        g = np.ascontiguousarray(g, dtype=x.data.dtype)
         dx = kernelgen.conv_backward_data(g, w.data, x.shape, **kw) if x.requires_grad else None
         dw = kernelgen.conv_backward_weight(x.data, g, w.shape, **kw) if w.requires_grad else None
+        return (dx, dw) if bias is None else (dx, dw, _bias_grad(None, g))
+    return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
+
+
+def _conv_device(ops, x, w, bias, activation, kw, dtype):
+    """The convolution on device arrays of `dtype`, bias and activation in its epilogue.  float16 at fp16 precision
+    (settings.nn_half_activations), as torch.autocast runs it: the output (the activation the next op reads and a
+    batch norm keeps) and the gradients flowing back are float16 - half the memory, and the tensor-core kernels
+    stream half the bytes - while the parameters stay float32, cast for the call (the weight's copy kept for the
+    backward), and so do their gradients.  An input of another dtype (the image) is cast, and cast again in the
+    backward rather than kept; its gradient is cast back."""
+    def as_dtype(a):
+        return a if a.dtype == dtype else ops.cast(a, dtype)
+    wd = as_dtype(w.data)
+    y = kernelgen.conv(as_dtype(x.data), wd, None if bias is None else as_dtype(bias.data), activation=activation,
+                       **kw)
+
+    def backward(g):
+        g = as_dtype(g)
+        if activation == "relu":
+            g = ops.relu_backward(g, y)
+        dx = dw = None
+        if x.requires_grad:
+            dx = kernelgen.conv_backward_data(g, wd, x.shape, **kw)
+            dx = dx if dx.dtype == x.dtype else ops.cast(dx, x.dtype)
+        if w.requires_grad:
+            dw = kernelgen.conv_backward_weight(as_dtype(x.data), g, w.shape, **kw)
+            dw = dw if dw.dtype == w.dtype else ops.cast(dw, w.dtype)
         return (dx, dw) if bias is None else (dx, dw, _bias_grad(ops, g))
     return Tensor.from_op(y, (x, w) if bias is None else (x, w, bias), backward)
 
@@ -207,7 +235,8 @@ def linear(x, w, bias=None):
     lead, (f_out, f_in) = x.shape[:-1], w.shape
     if _dev(x, w, bias, names=("x", "w", "bias")):
         rows = int(np.prod(lead, dtype=np.int64))
-        y = conv2d(reshape(x, (rows, 1, 1, f_in)), reshape(w, (f_out, 1, 1, f_in)), bias)
+        y = conv2d(reshape(x, (rows, 1, 1, f_in)), reshape(w, (f_out, 1, 1, f_in)), bias,
+                   _half=False)  # (float32 logits: the loss reads them)
         return reshape(y, lead + (f_out,))
     y = x.data @ w.data.T
 

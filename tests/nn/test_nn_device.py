@@ -4,6 +4,8 @@ moving models; one training step of a small ResNet against the CPU path.  Shapes
 runs one Python thread per CUDA thread.  Host references that convolve use backend="cuda" on host data
 (the same simulated kernels): compiling kernelgen's CPU kernels would take minutes, and the convolution
 kernels themselves are checked in test_conv_sim.py - here it is everything around them."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -244,12 +246,38 @@ def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
     n_words = 7 + 1 + 1 + 7
     words = (ctypes.c_int64 * n_words)()
     params = (ctypes.c_void_p * n_words)(*[ctypes.addressof(words) + 8 * i for i in range(n_words)])
-    fast = (tuple(map(type, args)), None, words, params, 1234)
+    fast = (None, words, params, 1234)
     k._launch(fast, (3, 2), 32, args)
     handle, grid, block, packed = calls[0]
     assert handle == 1234 and grid == (3, 2, 1) and block == (32, 1, 1)
     assert packed == [0, 0, 7, 4, 0x1000, 7, 4, 5, struct.unpack("q", struct.pack("d", 0.25))[0],
                       0, 0, 3, 8, 0x2000, 3, 8]
+
+
+def test_fast_launch_keeps_one_route_per_array_dtype(monkeypatch):
+    """A float16 array needs its own compiled overload: the route a float32 call prepared is not taken by a
+    float16 call with the same Python types (which goes to numba's dispatcher, then gets a route of its own)."""
+    from kernelgen.nn import cuda_launch
+
+    k = cuda_launch.kernel(lambda a, n: None)
+    dispatched, prepared = [], []
+    monkeypatch.setattr(cuda_launch, "SIM", False)
+    monkeypatch.setattr(cuda_launch, "configure", lambda jit, grid, block: lambda *a: dispatched.append(a))
+    monkeypatch.setattr(k, "_prepare", lambda key, args, flat: prepared.append(key) or k.fast.update(
+        {key: (threading.get_ident(), None, None, 0)}))
+    monkeypatch.setattr(k, "_launch", staticmethod(lambda fast, grid, block, args: ("fast", args[0].dtype)))
+
+    class Flat:
+        ndim, size = 1, 4
+
+        def __init__(self, dtype):
+            self.dtype = np.dtype(dtype)
+    f32, f16 = Flat("float32"), Flat("float16")
+    assert k(1, 32, f32, 4) is None and len(dispatched) == 1          # compiled, route prepared
+    assert k(1, 32, f32, 4) == ("fast", np.float32)                   # the float32 route
+    assert k(1, 32, f16, 4) is None and len(dispatched) == 2          # not the float32 route: dispatched
+    assert k(1, 32, f16, 4) == ("fast", np.float16)
+    assert len(prepared) == 2 and prepared[0] != prepared[1]
 
 
 def test_bench_step_reports_ratios(monkeypatch, tmp_path, capsys):
@@ -364,3 +392,59 @@ def test_recomputed_activations_give_the_same_step_holding_less(rng):
     for i, (a, b) in enumerate(zip(grads_on, grads_off)):
         assert np.array_equal(a, b), f"gradient of parameter {i}"
     assert held_off - held_on == 4 * (3 * 2 * 4 * 4 * 2 + 2 * 2 * 2 * 4), (held_on, held_off)
+
+
+def _reference_convs(monkeypatch):
+    """kernelgen's three convolution calls replaced by the float64 reference on the host, the result in the
+    inputs' dtype on the device: the simulator has no tensor-core stand-in (the kernels' fp16 paths are checked
+    on the GPU and in tests/templates); here it is everything around them."""
+    import kernelgen
+    from kernelgen import reference as ref
+    from kernelgen.nn import cuda_ops
+    from kernelgen.runtime import arena
+
+    def call(fn, a, b, *rest, kw, bias=None, activation=None):
+        geometry = {k: kw[k] for k in ("stride", "padding", "dilation", "groups")}
+        host = [cuda_ops.to_host(a).astype(np.float64), cuda_ops.to_host(b).astype(np.float64)]
+        out = fn(*host, *rest, **geometry) if bias is None else fn(*host, cuda_ops.to_host(bias), **geometry)
+        out = np.maximum(out, 0) if activation == "relu" else out
+        return arena.to_device_staged(np.ascontiguousarray(out.astype(a.dtype)))
+    monkeypatch.setattr(kernelgen, "conv", lambda x, w, bias=None, activation=None, **kw: call(
+        ref.conv_forward, x, w, kw=kw, bias=bias, activation=activation))
+    monkeypatch.setattr(kernelgen, "conv_backward_data", lambda g, w, shape, **kw: call(
+        ref.conv_backward_data, g, w, shape, kw=kw))
+    monkeypatch.setattr(kernelgen, "conv_backward_weight", lambda x, g, shape, **kw: call(
+        ref.conv_backward_weight, x, g, shape, kw=kw))
+
+
+def test_fp16_training_keeps_float16_activations_and_float32_gradients(rng, monkeypatch):
+    """At fp16 precision (amp.autocast) the convolutions read and write float16 arrays (settings.nn_half_activations):
+    every conv and batch-norm output of TinyResNet is float16 (the batch norms and sums run on float16 arrays), the
+    logits and every parameter's gradient float32, and the loss and gradients agree with the same step on float32
+    arrays (fp16 rounding of the activations apart: 10 bits).  The convolutions are the float64 reference here."""
+    from kernelgen import settings
+    from kernelgen.nn import amp
+    _reference_convs(monkeypatch)
+    x = rng.random((2, 4, 4, 1)).astype(np.float32)
+    labels = rng.integers(0, 3, 2)
+    runs = {}
+    for half in (False, True):
+        with settings.scope(nn_half_activations=half), amp.autocast("fp16"):
+            model = TinyResNet(seed=1).to("cuda")
+            stem = model.stem(Tensor(x).to("cuda"))
+            block = model.block(stem)
+            logits = model.head(F.global_avg_pool(model.down(block)))
+            loss = F.cross_entropy(logits, labels)
+            loss.backward()
+            runs[half] = (loss.item(), [p.grad.copy_to_host() for p in model.parameters()],
+                          (stem.dtype, block.dtype, logits.dtype))
+    assert runs[False][2] == (np.float32,) * 3
+    assert runs[True][2] == (np.float16, np.float16, np.float32)
+    assert abs(runs[True][0] - runs[False][0]) <= 1e-2 * abs(runs[False][0])
+    assert all(g.dtype == np.float32 for g in runs[True][1])
+    # against the largest gradient of all: a weight gradient just before a batch norm is a sum of terms that cancel
+    # (its batch norm's backward makes it orthogonal to that weight), on 8 pixels a few of them: rounding the
+    # activations and their gradients to 10 bits leaves up to ~20 % of such a small gradient (a wrong kernel
+    # moves the large ones by O(1))
+    got, want = (np.concatenate([g.ravel() for g in runs[h][1]]) for h in (True, False))
+    assert rel_err(got, want.astype(np.float64)) <= 1e-2, rel_err(got, want)

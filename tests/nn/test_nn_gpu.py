@@ -167,9 +167,9 @@ def ordered_layers(model):
     return out + [model.fc]
 
 
-def test_resnet_training_step_matches_pytorch(torch, rng):
-    """A whole ResNet (one block per stage) on the device, PyTorch's twin given the same weights: the loss,
-    every parameter's gradient and the parameters after an SGD step agree."""
+def _resnet_pair(torch, rng):
+    """A whole ResNet (one block per stage) on the device and PyTorch's twin given the same weights; with the
+    (ours, theirs, is_conv) parameter pairs."""
     from kernelgen.nn.bench_step import torch_resnet18
     model = ResNet((1, 1, 1, 1), 10, width=8, stem="cifar", seed=int(rng.integers(1000))).to("cuda")
     twin = torch_resnet18(torch, 10, 8, blocks=(1, 1, 1, 1)).cuda()
@@ -185,6 +185,17 @@ def test_resnet_training_step_matches_pytorch(torch, rng):
             if getattr(t, "bias", None) is not None:
                 t.bias.copy_(torch.tensor(o.bias.numpy(), device="cuda"))
                 pairs.append((o.bias, t.bias, False))
+    return model, twin, pairs
+
+
+def _as_ours(t, conv):
+    return (t.permute(0, 2, 3, 1) if conv else t).detach().cpu().numpy()
+
+
+def test_resnet_training_step_matches_pytorch(torch, rng):
+    """A whole ResNet (one block per stage) on the device, PyTorch's twin given the same weights: the loss,
+    every parameter's gradient and the parameters after an SGD step agree."""
+    model, twin, pairs = _resnet_pair(torch, rng)
     x = rng.standard_normal((8, 16, 16, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8)
     opt, topt = SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
@@ -193,14 +204,40 @@ def test_resnet_training_step_matches_pytorch(torch, rng):
     tloss = torch.nn.functional.cross_entropy(twin(nchw(torch.tensor(x, device="cuda"))), torch.tensor(labels).cuda())
     tloss.backward()
     assert abs(loss.item() - tloss.item()) <= 1e-4 * abs(tloss.item())
-    as_ours = lambda t, conv: (t.permute(0, 2, 3, 1) if conv else t).detach().cpu().numpy()
     for i, (o, t, conv) in enumerate(pairs):
-        err = rel_err(o.grad.copy_to_host(), as_ours(t.grad, conv))
+        err = rel_err(o.grad.copy_to_host(), _as_ours(t.grad, conv))
         assert err <= 1e-3, f"parameter {i} {tuple(o.shape)}: gradient relative error {err:.3g}"
     opt.step()
     topt.step()
     for i, (o, t, conv) in enumerate(pairs):
-        assert rel_err(o.numpy(), as_ours(t, conv)) <= 1e-4, f"parameter {i} after the step"
+        assert rel_err(o.numpy(), _as_ours(t, conv)) <= 1e-4, f"parameter {i} after the step"
+
+
+def test_fp16_training_step_on_float16_activations_matches_pytorch_autocast(torch, rng):
+    """kernelgen.nn.amp.autocast("fp16") against torch.autocast(float16), the same weights and data: the
+    convolutions read and write float16 arrays (settings.nn_half_activations), the batch norms and sums run on
+    them, the parameters' gradients are float32 - the loss within 1e-2 and all gradients within 2e-2 of the
+    largest (both sides round activations to 10 bits, in different places)."""
+    from kernelgen.nn import amp
+    model, twin, pairs = _resnet_pair(torch, rng)
+    x = rng.standard_normal((16, 16, 16, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 16)
+    with amp.autocast("fp16"):
+        hidden = model.layer1(model.stem(Tensor(x).cuda()))
+        loss = F.cross_entropy(model.fc(F.global_avg_pool(model.layer4(model.layer3(model.layer2(hidden))))),
+                               labels)
+    assert hidden.dtype == np.float16
+    loss.backward()
+    with torch.autocast("cuda", dtype=torch.float16):
+        tloss = torch.nn.functional.cross_entropy(twin(nchw(torch.tensor(x, device="cuda"))),
+                                                  torch.tensor(labels).cuda())
+    tloss.backward()
+    assert abs(loss.item() - tloss.item()) <= 1e-2 * abs(tloss.item())
+    grads = [o.grad.copy_to_host() for o, _, _ in pairs]
+    assert all(g.dtype == np.float32 for g in grads)
+    got = np.concatenate([g.ravel() for g in grads])
+    want = np.concatenate([_as_ours(t.grad.float(), conv).ravel() for _, t, conv in pairs])
+    assert rel_err(got, want) <= 2e-2, rel_err(got, want)
 
 
 def _last_to_second(t):   # (N, *spatial, C) -> (N, C, *spatial)
