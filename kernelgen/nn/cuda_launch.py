@@ -81,6 +81,7 @@ def _flat(a):
 # ---- launching ----------------------------------------------------------------------------------------
 
 _LIB = None
+_HALF = np.dtype(np.float16)
 
 
 class _Kernel:
@@ -92,6 +93,9 @@ class _Kernel:
     def __init__(self, fn):
         # cached on disk (numba's __pycache__ beside this package): a new process skips the compiles
         self.jit = cuda.jit(fn) if SIM else cuda.jit(fn, cache=True)
+        # float16 arrays: numba links its fp16 library into such a kernel, and cannot cache a kernel with linked
+        # files ("Cannot pickle CUDACodeLibrary with linking files"): compiled in each process, not cached
+        self.jit_half = cuda.jit(fn)
         self.fast = {}
 
     def __call__(self, grid, block, *args):
@@ -101,15 +105,16 @@ class _Kernel:
             return self._launch(fast, grid, block, args)
         args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)  # numpy scalars: Python's
         flat = [a if isinstance(a, (int, float)) else _flat(a) for a in args]
-        configure(self.jit, grid, block)(*flat)
+        jit = self.jit_half if _HALF in key[1] else self.jit
+        configure(jit, grid, block)(*flat)
         if not SIM and fast is None and settings.get("fast_launch") and key[0] == tuple(map(type, args)):
-            self._prepare(key, args, flat)
+            self._prepare(jit, key, args, flat)
 
-    def _prepare(self, key, args, flat):
+    def _prepare(self, jit, key, args, flat):
         global _LIB
         if _LIB is None:
             _LIB = _libcuda()
-        overload = self.jit.overloads.get(tuple(self.jit.typeof_pyval(a) for a in flat))
+        overload = jit.overloads.get(tuple(jit.typeof_pyval(a) for a in flat))
         if overload is None:  # (not the signature numba keyed it by: this signature keeps the dispatcher)
             return
         n_words = sum(1 if isinstance(a, (int, float)) else 7 for a in args)
