@@ -4,8 +4,9 @@ kernelgen.nn, against the same network in PyTorch fp32 eager (channels_last, TF3
 Synthetic 32x32x3 batches already on the device, SGD with momentum.  Per framework: `--warmup` steps
 (kernelgen compiles its kernels in the first), then the median of `--steps` steps, each timed between
 two device synchronisations; peak memory over the timed steps (kernelgen: the arena's peak bytes in use;
-PyTorch: torch.cuda.max_memory_allocated), both after a reset at the first timed step.  Prints a table
-and writes JSON (--out).  torch is optional: without it only kernelgen's numbers are reported.
+PyTorch: torch.cuda.max_memory_allocated), both after a reset at the first timed step.  --rounds N: both
+prepared and warmed first, then N rounds in which they alternate, each side's best round reported (the same
+minutes of a noisy host for both).  Prints a table and writes JSON (--out).  torch is optional: without it only kernelgen's numbers are reported.
 """
 from __future__ import annotations
 
@@ -58,7 +59,37 @@ def describe(args):
     return f"ResNet-18 (CIFAR stem, width {args.width})"
 
 
+class Side:
+    """One framework's prepared, warmed-up training step: step() and sync() to time it, finish(times) for its
+    result row (what it measures after the timed steps: peak memory, losses, --kernels, --new-batch)."""
+
+    def __init__(self, step, sync, warm_s, finish):
+        self.step, self.sync, self.warm_s, self.finish = step, sync, warm_s, finish
+
+
+def timed_alone(side, args):
+    """`side`'s result over one run of --steps steps."""
+    _, times = median_step(side.step, 0, args.steps, side.sync)
+    return side.finish(times)
+
+
+def timed_in_rounds(sides, args):
+    """Every side's result over --rounds rounds of --steps steps, the sides alternating within each round, each
+    keeping its best round (the lowest median): the same minutes of the host for all of them."""
+    best = [None] * len(sides)
+    for _ in range(args.rounds):
+        for i, side in enumerate(sides):
+            _, times = median_step(side.step, 0, args.steps, side.sync)
+            if best[i] is None or statistics.median(times) < statistics.median(best[i]):
+                best[i] = times
+    return [side.finish(times) | {"rounds": args.rounds} for side, times in zip(sides, best)]
+
+
 def bench_kernelgen(x, labels, args):
+    return timed_alone(prepare_kernelgen(x, labels, args), args)
+
+
+def prepare_kernelgen(x, labels, args):
     from numba import cuda  # here, not at the top: numba.cuda is slow to import, and absent without numba-cuda
     model = build_model(args).to("cuda")
     compiled = {}
@@ -89,22 +120,24 @@ def bench_kernelgen(x, labels, args):
     warm, _ = median_step(step, args.warmup, 0, cuda.synchronize)
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
-    _, times = median_step(step, 0, args.steps, cuda.synchronize)
-    if getattr(args, "kernels", 0):
-        compiled["kernels"] = kernel_profile(step, cuda.synchronize, args.kernels)
-    if getattr(args, "new_batch", None):  # then a batch size this process has not run
-        n = args.new_batch
-        xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
-            Tensor(np.resize(labels, n)).to("cuda").data
-        compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize,
-                                         profile=getattr(args, "profile", False),
-                                         control_seconds=getattr(args, "new_batch_control_seconds", 0.0)))
-    free, total = cuda.current_context().get_memory_info()
-    return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
-            "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
-            "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
-            "loss_first": float(losses[0].copy_to_host()),
-            "loss_last": float(losses[len(times) - 1].copy_to_host()), **compiled}  # (not the new batch's)
+
+    def finish(times):
+        first, last = float(losses[0].copy_to_host()), float(losses[-1].copy_to_host())  # (not the new batch's)
+        if getattr(args, "kernels", 0):
+            compiled["kernels"] = kernel_profile(step, cuda.synchronize, args.kernels)
+        if getattr(args, "new_batch", None):  # then a batch size this process has not run
+            n = args.new_batch
+            xn, yn = Tensor(x[:n] if n <= len(x) else np.resize(x, (n,) + x.shape[1:])).to("cuda"), \
+                Tensor(np.resize(labels, n)).to("cuda").data
+            compiled.update(_new_batch_steps(lambda: step(xn, yn), n, args.new_batch_seconds, cuda.synchronize,
+                                             profile=getattr(args, "profile", False),
+                                             control_seconds=getattr(args, "new_batch_control_seconds", 0.0)))
+        free, total = cuda.current_context().get_memory_info()
+        return {"step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+                "warmup_s": warm, "peak_bytes": pool.peak, "between_steps_bytes": pool.in_use,
+                "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
+                "loss_first": first, "loss_last": last, **compiled}
+    return Side(step, cuda.synchronize, warm, finish)
 
 
 def kernel_profile(step, sync, steps):
@@ -206,6 +239,10 @@ def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
 
 
 def bench_torch(x, labels, args):
+    return timed_alone(prepare_torch(x, labels, args), args)
+
+
+def prepare_torch(x, labels, args):
     import torch
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -234,13 +271,16 @@ def bench_torch(x, labels, args):
     warm, _ = median_step(step, args.warmup, 0, torch.cuda.synchronize)
     losses.clear()
     torch.cuda.reset_peak_memory_stats()
-    _, times = median_step(step, 0, args.steps, torch.cuda.synchronize)
-    extra = {"kernels": kernel_profile(step, torch.cuda.synchronize, args.kernels)} if getattr(args, "kernels", 0) \
-        else {}
-    return {**extra, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times), "warmup_s": warm,
-            "peak_bytes": torch.cuda.max_memory_allocated(), "between_steps_bytes": torch.cuda.memory_allocated(),
-            "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version()}
+
+    def finish(times):
+        first, last = float(losses[0]), float(losses[-1])
+        peak, between = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+        extra = {"kernels": kernel_profile(step, torch.cuda.synchronize, args.kernels)} \
+            if getattr(args, "kernels", 0) else {}
+        return {**extra, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
+                "warmup_s": warm, "peak_bytes": peak, "between_steps_bytes": between, "loss_first": first,
+                "loss_last": last, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version()}
+    return Side(step, torch.cuda.synchronize, warm, finish)
 
 
 @contextlib.contextmanager
@@ -257,6 +297,15 @@ def _cold(args):
     with tempfile.TemporaryDirectory(prefix="kernelgen_cold_") as directory, \
             settings.scope(cache_dir=directory), profile_compile() as profile:
         yield profile
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("torch is not installed: PyTorch comparison skipped")
+        return False
+    return True
 
 
 def main(argv=None):
@@ -294,11 +343,16 @@ def main(argv=None):
     ap.add_argument("--amp", action="store_true",
                     help="mixed precision on both sides: kernelgen.nn.amp (fp16 convolutions, GradScaler) against "
                     "torch.autocast fp16 with torch.amp.GradScaler")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with torch: both sides prepared, then this many rounds of --steps steps, the sides "
+                    "alternating, each keeping its best round (not with --cold or --profile)")
     ap.add_argument("--kernels", type=int, default=0, metavar="STEPS",
                     help="then torch.profiler over this many more steps of each side: kernel time a step, by kernel "
                     "(needs torch)")
     ap.add_argument("--out", default=None, help="JSON results path")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or (args.rounds > 1 and (args.cold or args.profile)):
+        raise ValueError(f"--rounds must be >= 1, and 1 with --cold or --profile, got {args.rounds}")
     if args.batch < 1 or args.steps < 1 or args.warmup < 1 or (args.new_batch is not None and args.new_batch < 1):
         raise ValueError(f"--batch, --steps, --warmup and --new-batch must be >= 1, got {args.batch}, {args.steps}, "
                          f"{args.warmup}, {args.new_batch}")
@@ -308,24 +362,25 @@ def main(argv=None):
     from numba import cuda
     name = getattr(cuda.get_current_device(), "name", "simulator")
     result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup, "amp": args.amp,
-              "steps": args.steps, "device": name.decode() if isinstance(name, bytes) else str(name)}
-    with _cold(args) as profile:
-        result["kernelgen"] = bench_kernelgen(x, labels, args)
-    if profile is not None:
-        result["kernelgen"]["compile_profile"] = profile.as_dict()
-        print(profile.table())
-    if not args.no_torch:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            print("torch is not installed: PyTorch comparison skipped")
-        else:
+              "steps": args.steps, "rounds": args.rounds, "device": name.decode() if isinstance(name, bytes) else str(name)}
+    torch_on = not args.no_torch and _has_torch()
+    if args.rounds > 1 and torch_on:  # both prepared, then timed in alternating rounds
+        sides = [prepare_kernelgen(x, labels, args), prepare_torch(x, labels, args)]
+        result["kernelgen"], result["torch"] = timed_in_rounds(sides, args)
+    else:
+        with _cold(args) as profile:
+            result["kernelgen"] = bench_kernelgen(x, labels, args)
+        if profile is not None:
+            result["kernelgen"]["compile_profile"] = profile.as_dict()
+            print(profile.table())
+        if torch_on:
             result["torch"] = bench_torch(x, labels, args)
     mode = "amp" if args.amp else "fp32"
     rows = [(f"kernelgen {mode}", result["kernelgen"])] + ([(f"torch {mode}", result["torch"])] if "torch" in result
                                                            else [])
     print(f"{describe(args)}, batch {args.batch}, {args.image}x{args.image}x3, SGD momentum, "
-          f"median of {args.steps} steps after {args.warmup} warm-up, {result['device']}")
+          f"median of {args.steps} steps after {args.warmup} warm-up"
+          f"{f', best of {args.rounds} alternating rounds' if args.rounds > 1 else ''}, {result['device']}")
     print(f"{'':14}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
     for name, r in rows:
         print(f"{name:14}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"

@@ -302,6 +302,40 @@ def test_bench_step_reports_ratios(monkeypatch, tmp_path, capsys):
         bench_step.main(["--steps", "0"])
 
 
+def test_bench_step_rounds_alternate_the_sides_and_keep_each_one_s_best_round(monkeypatch, tmp_path):
+    """--rounds: both sides prepared, then timed in turn each round (kernelgen, torch, kernelgen, torch, ...), and
+    each reports its round with the lowest median, not its last; --rounds with --cold is refused."""
+    import json
+    import sys
+    import types
+
+    from kernelgen.nn import bench_step
+    order, clock = [], {"kernelgen": iter([3.0, 1.0, 2.0]), "torch": iter([2.0, 2.5, 1.5])}
+
+    def side(name):
+        def step():
+            order.append(name)
+        return bench_step.Side(step, lambda: None, 0.5, lambda times: dict(
+            step_ms=1e3 * sorted(times)[len(times) // 2], step_ms_min=1e3 * min(times), warmup_s=0.5,
+            peak_bytes=1, between_steps_bytes=1, pool_cached_bytes=1, driver_used_bytes=1, loss_first=1.0,
+            loss_last=1.0))
+    monkeypatch.setattr(bench_step, "prepare_kernelgen", lambda x, labels, args: side("kernelgen"))
+    monkeypatch.setattr(bench_step, "prepare_torch", lambda x, labels, args: side("torch"))
+
+    def median_step(step, warmup, steps, sync):  # each round's steps all take that round's time for the side
+        step()
+        return 0.0, [next(clock[order[-1]])] * steps
+    monkeypatch.setattr(bench_step, "median_step", median_step)
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    bench_step.main(["--out", str(tmp_path / "r.json"), "--steps", "2", "--rounds", "3"])
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert order == ["kernelgen", "torch"] * 3
+    assert result["kernelgen"]["step_ms"] == 1000.0 and result["torch"]["step_ms"] == 1500.0
+    assert result["kernelgen"]["rounds"] == 3 and result["rounds"] == 3
+    with pytest.raises(ValueError, match="rounds"):
+        bench_step.main(["--rounds", "2", "--cold"])
+
+
 def test_bench_step_cold_profiles_kernelgen_on_an_empty_cache(monkeypatch, tmp_path, capsys, rng):
     """--cold: kernelgen's run in a fresh cache directory (gone afterwards) under profile_compile, whose report is
     printed and recorded; the stubbed run compiles one CPU convolution there."""
