@@ -27,7 +27,7 @@ from kernelgen.nn.mobilenet import as_torch
 from kernelgen.nn.models import mobilenet_v2, resnet18
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.tensor import Tensor
-from kernelgen.runtime import arena
+from kernelgen.runtime import arena, map_ring
 
 
 def median_step(step, warmup, steps, sync):
@@ -120,9 +120,12 @@ def prepare_kernelgen(x, labels, args):
     warm, _ = median_step(step, args.warmup, 0, cuda.synchronize)
     losses.clear()
     pool.peak = pool.in_use  # peak over the timed steps, from what lives between steps (model, optimiser)
+    uploads = _map_uploads()
 
     def finish(times):
         first, last = float(losses[0].copy_to_host()), float(losses[-1].copy_to_host())  # (not the new batch's)
+        # TMA tensor maps encoded and uploaded a step: arrays at addresses the ring has not seen (host work)
+        compiled["map_uploads_per_step"] = (_map_uploads() - uploads) / len(losses)
         if getattr(args, "kernels", 0):
             compiled["kernels"] = kernel_profile(step, cuda.synchronize, args.kernels)
         if getattr(args, "new_batch", None):  # then a batch size this process has not run
@@ -138,6 +141,11 @@ def prepare_kernelgen(x, labels, args):
                 "pool_cached_bytes": pool.cached, "driver_used_bytes": total - free,
                 "loss_first": first, "loss_last": last, **compiled}
     return Side(step, cuda.synchronize, warm, finish)
+
+
+def _map_uploads():
+    """TMA tensor maps uploaded so far in this process, over every stream's ring (runtime/map_ring.py)."""
+    return sum(ring.uploads for ring in list(map_ring._RINGS.values()))
 
 
 def kernel_profile(step, sync, steps):
@@ -398,14 +406,18 @@ def main(argv=None):
         print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "
               f"{k['precompile_compiled']} compiled in {k['precompile_workers']} processes) in {k['precompile_s']:.1f} s"
               f"{'; errors: ' + '; '.join(k['precompile_errors']) if k['precompile_errors'] else ''}")
+    if "map_uploads_per_step" in result["kernelgen"]:
+        print(f"kernelgen: {result['kernelgen']['map_uploads_per_step']:.1f} TMA tensor maps encoded and uploaded a "
+              f"step (arrays at addresses the map ring has not seen)")
     for name, r in rows:
         if "kernels" in r:
             _print_kernels(name, r["kernels"])
     if "torch" in result:
         k, t = result["kernelgen"], result["torch"]
         result["ratio"] = {"step_time": k["step_ms"] / t["step_ms"], "peak_memory": k["peak_bytes"] / t["peak_bytes"]}
-        print(f"kernelgen / torch: step time {result['ratio']['step_time']:.2f}x (target <= 1.5x), "
-              f"peak memory {result['ratio']['peak_memory']:.2f}x (target <= 1.0x)")
+        step_bar, memory_bar = (1.0, 0.8) if args.amp else (0.9 if args.batch >= 128 else 1.0, 0.6)
+        print(f"kernelgen / torch: step time {result['ratio']['step_time']:.2f}x (issue 30's bar <= {step_bar}x), "
+              f"peak memory {result['ratio']['peak_memory']:.2f}x (<= {memory_bar}x)")
     print(f"kernelgen driver-level device memory in use after its run: "
           f"{result['kernelgen']['driver_used_bytes'] / 2**20:.0f} MiB (context, modules, arena pool)")
     if args.out:
