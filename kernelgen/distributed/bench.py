@@ -26,7 +26,8 @@ from kernelgen import settings
 from kernelgen.distributed.process_group import get_default, init_process_group
 from kernelgen import nn
 from kernelgen.nn import functional as F
-from kernelgen.nn.bench_step import median_step, torch_resnet18
+from kernelgen.nn.bench_step import median_step
+from kernelgen.nn.torch_twins import torch_resnet18
 from kernelgen.nn.models import resnet18
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.parallel import DistributedDataParallel

@@ -24,9 +24,10 @@ from kernelgen.compile_profile import profile_compile
 from kernelgen.nn import amp
 from kernelgen.nn import functional as F
 from kernelgen.nn.mobilenet import as_torch
-from kernelgen.nn.models import mobilenet_v2, resnet18
+from kernelgen.nn.models import mobilenet_v2, resnet18, resnet50
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.tensor import Tensor
+from kernelgen.nn.torch_twins import torch_resnet18, torch_resnet50
 from kernelgen.runtime import arena, map_ring
 
 
@@ -48,14 +49,20 @@ def median_step(step, warmup, steps, sync):
 def build_model(args):
     """--model's network in kernelgen.nn, seeded: ResNet-18 (CIFAR stem, --width) or MobileNetV2 (width 1.0; the
     CIFAR stem for --image 64 or less, torchvision's ImageNet stem above)."""
-    if getattr(args, "model", "resnet18") == "mobilenet_v2":
-        return mobilenet_v2(args.classes, stem="cifar" if args.image <= 64 else "imagenet", seed=0)
+    model, stem = getattr(args, "model", "resnet18"), "cifar" if args.image <= 64 else "imagenet"
+    if model == "mobilenet_v2":
+        return mobilenet_v2(args.classes, stem=stem, seed=0)
+    if model == "resnet50":
+        return resnet50(args.classes, width=args.width, stem=stem, seed=0)
     return resnet18(args.classes, width=args.width, stem="cifar", seed=0)
 
 
 def describe(args):
+    stem = "CIFAR" if args.image <= 64 else "ImageNet"
     if getattr(args, "model", "resnet18") == "mobilenet_v2":
-        return f"MobileNetV2 (width 1.0, {'CIFAR' if args.image <= 64 else 'ImageNet'} stem)"
+        return f"MobileNetV2 (width 1.0, {stem} stem)"
+    if getattr(args, "model", "resnet18") == "resnet50":
+        return f"ResNet-50 ({stem} stem, width {args.width})"
     return f"ResNet-18 (CIFAR stem, width {args.width})"
 
 
@@ -214,38 +221,6 @@ def _steps_for(step, seconds, sync) -> list:
     return times
 
 
-def torch_resnet18(torch, classes, width, blocks=(2, 2, 2, 2)):
-    """kernelgen.nn's ResNet (CIFAR stem) in PyTorch, its layers registered in the same order."""
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, c_in, c_out, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(c_out)
-            self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(c_out)
-            self.relu = nn.ReLU(inplace=True)
-            self.shortcut = None
-            if stride != 1 or c_in != c_out:
-                self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
-
-        def forward(self, x):  # torchvision's BasicBlock: in-place ReLUs and residual add
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            out += x if self.shortcut is None else self.shortcut(x)
-            return self.relu(out)
-
-    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
-    c_in = width
-    for i, n in enumerate(blocks):
-        c_out = width * 2 ** i
-        layers += [Block(c_in if b == 0 else c_out, c_out, 2 if i and b == 0 else 1) for b in range(n)]
-        c_in = c_out
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
-    return nn.Sequential(*layers)
-
-
 def bench_torch(x, labels, args):
     return timed_alone(prepare_torch(x, labels, args), args)
 
@@ -256,8 +231,11 @@ def prepare_torch(x, labels, args):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
-    model = (as_torch(torch, build_model(args)) if getattr(args, "model", "resnet18") == "mobilenet_v2" else
-             torch_resnet18(torch, args.classes, args.width)).cuda().to(memory_format=torch.channels_last)
+    name = getattr(args, "model", "resnet18")
+    model = (as_torch(torch, build_model(args)) if name == "mobilenet_v2" else
+             torch_resnet50(torch, args.classes, args.width, stem="cifar" if args.image <= 64 else "imagenet")
+             if name == "resnet50" else torch_resnet18(torch, args.classes, args.width))
+    model = model.cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2)  # NHWC memory seen as NCHW: channels_last
     yt = torch.from_numpy(labels).cuda()
@@ -326,8 +304,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--wd", type=float, default=5e-4)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
-    ap.add_argument("--model", default="resnet18", choices=["resnet18", "mobilenet_v2"],
-                    help="the network (mobilenet_v2: width 1.0, its depthwise layers on the depthwise template)")
+    ap.add_argument("--model", default="resnet18", choices=["resnet18", "resnet50", "mobilenet_v2"],
+                    help="the network (resnet50: bottlenecks, e.g. --image 224 --batch 64; mobilenet_v2: width 1.0, "
+                    "its depthwise layers on the depthwise template)")
     ap.add_argument("--image", type=int, default=32, help="input height and width (mobilenet_v2: 224 for the "
                     "ImageNet stem)")
     ap.add_argument("--cold", action="store_true", help="kernelgen's run from an empty kernel cache, with "

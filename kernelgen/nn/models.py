@@ -1,4 +1,4 @@
-"""Standard image models, channels-last: ResNet-18/34 (basic blocks) and VGG-16 with batch norm; MobileNetV2 and
+"""Standard image models, channels-last: ResNet-18/34 (basic blocks), ResNet-50 (bottlenecks) and VGG-16 with batch norm; MobileNetV2 and
 EfficientNet-B0's MBConv block live in mobilenet.py and are re-exported here.
 
 Layer names follow torchvision (conv1, layer1..layer4, fc; features, classifier), but the weights are
@@ -12,15 +12,17 @@ import numpy as np
 
 from kernelgen.nn import functional as F
 from kernelgen.nn.mobilenet import MBConv, MobileNetV2, mobilenet_v2  # noqa: F401 (re-exported: the image models)
-from kernelgen.nn.modules import (AdaptiveAvgPool2d, BasicBlock, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d,
-                                  Module, ReLU, Sequential)
+from kernelgen.nn.blocks import BasicBlock, Bottleneck
+from kernelgen.nn.modules import (AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Dropout, Linear, MaxPool2d, Module, ReLU,
+                                  Sequential)
 
 
 class ResNet(Module):
     """stem="imagenet": 7x7/2 convolution then 3x3/2 max-pool (input downsampled 4x before layer1);
     stem="cifar": one 3x3/1 convolution, no pooling, for 32x32 (or smaller) images."""
 
-    def __init__(self, blocks, classes=1000, *, in_channels=3, width=64, stem="imagenet", seed=0, backend="cpu"):
+    def __init__(self, blocks, classes=1000, *, in_channels=3, width=64, stem="imagenet", seed=0, backend="cpu",
+                 block=BasicBlock):
         rng = np.random.default_rng(seed)
         if stem == "imagenet":
             self.stem = Sequential(Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False, rng=rng,
@@ -31,11 +33,11 @@ class ResNet(Module):
         else:
             raise ValueError(f"stem must be 'imagenet' or 'cifar', got {stem!r}")
         c_in, stages = width, []
-        for i, n in enumerate(blocks):
-            c_out = width * 2 ** i
-            stages.append(Sequential(*[BasicBlock(c_in if b == 0 else c_out, c_out, 2 if i and b == 0 else 1, rng,
-                                                  backend) for b in range(n)]))
-            c_in = c_out
+        for i, n in enumerate(blocks):  # a block of width c makes c * block.expansion channels
+            c = width * 2 ** i
+            stages.append(Sequential(*[block(c_in if b == 0 else c * block.expansion, c, 2 if i and b == 0 else 1,
+                                             rng, backend) for b in range(n)]))
+            c_in = c * block.expansion
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.fc = Linear(c_in, classes, rng=rng)
 
@@ -52,6 +54,10 @@ def resnet18(classes=1000, **kw):
 
 def resnet34(classes=1000, **kw):
     return ResNet((3, 4, 6, 3), classes, **kw)
+
+
+def resnet50(classes=1000, **kw):
+    return ResNet((3, 4, 6, 3), classes, block=Bottleneck, **kw)
 
 
 VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")

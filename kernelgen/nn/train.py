@@ -29,7 +29,7 @@ from kernelgen.distributed.process_group import destroy_process_group, init_proc
 from kernelgen.nn.data import DistributedSampler, Loader, load_digits_split, save_digits
 from kernelgen.nn.amp import GradScaler, amp_precision
 from kernelgen.nn.mixed_precision import precision as conv_precision
-from kernelgen.nn.modules import SmallResNet
+from kernelgen.nn.blocks import SmallResNet
 from kernelgen.nn.optim import Adam
 from kernelgen.nn.parallel import DistributedDataParallel, save_on_rank0
 from kernelgen.nn.tensor import Tensor, no_grad

@@ -405,6 +405,41 @@ def _held_bytes(loss):
     return sum(buffers.values())
 
 
+class TinyBottleneckNet(Module):
+    """Stem, two bottlenecks (one projected, strided), pool, linear: ResNet-50's block at width 1-2."""
+
+    def __init__(self, classes=3, seed=0):
+        from kernelgen.nn import Bottleneck
+        rng = np.random.default_rng(seed)
+        self.stem = Sequential(Conv2d(1, 4, 3, padding=1, bias=False, rng=rng, backend="cuda"), BatchNorm2d(4), ReLU())
+        self.block = Bottleneck(4, 1, 1, rng, "cuda")
+        self.down = Bottleneck(4, 2, 2, rng, "cuda")
+        self.head = Linear(8, classes, rng=rng)
+
+    def forward(self, x):
+        return self.head(F.global_avg_pool(self.down(self.block(self.stem(x)))))
+
+
+def test_recomputed_bottlenecks_give_the_same_step(rng):
+    """ResNet-50's block releases its batch norms' outputs and its input as the basic block does: the loss and every
+    gradient are the same bits with and without settings.nn_recompute, and less is held between the passes."""
+    from kernelgen import settings
+    x = rng.random((2, 4, 4, 1)).astype(np.float32)
+    labels = rng.integers(0, 3, 2)
+    runs = {}
+    for recompute in (False, True):
+        with settings.scope(nn_recompute=recompute):
+            model = TinyBottleneckNet(seed=2).to("cuda")
+            loss = F.cross_entropy(model(Tensor(x).to("cuda")), labels)
+            held = _held_bytes(loss)
+            loss.backward()
+            runs[recompute] = (loss.item(), [p.grad.copy_to_host() for p in model.parameters()], held)
+    assert runs[True][0] == runs[False][0]
+    for i, (a, b) in enumerate(zip(runs[True][1], runs[False][1])):
+        assert np.array_equal(a, b), f"gradient of parameter {i}"
+    assert runs[True][2] < runs[False][2], (runs[True][2], runs[False][2])
+
+
 def test_recomputed_activations_give_the_same_step_holding_less(rng):
     """settings.nn_recompute: a batch norm's output (its ReLU, its residual sum) is dropped once the forward pass
     has read it and computed again when the backward reads it - the same bits (the same pass on the same

@@ -170,7 +170,7 @@ def ordered_layers(model):
 def _resnet_pair(torch, rng):
     """A whole ResNet (one block per stage) on the device and PyTorch's twin given the same weights; with the
     (ours, theirs, is_conv) parameter pairs."""
-    from kernelgen.nn.bench_step import torch_resnet18
+    from kernelgen.nn.torch_twins import torch_resnet18
     model = ResNet((1, 1, 1, 1), 10, width=8, stem="cifar", seed=int(rng.integers(1000))).to("cuda")
     twin = torch_resnet18(torch, 10, 8, blocks=(1, 1, 1, 1)).cuda()
     theirs = [m for m in twin.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear))]

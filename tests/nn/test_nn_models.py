@@ -219,3 +219,20 @@ def test_model_state_round_trip_through_npz(tmp_path, rng):
         np.testing.assert_array_equal(a.eval()(x).data, b.eval()(x).data)
     with pytest.raises(ValueError, match="keys"):
         resnet34(10, width=4, stem="cifar").load(tmp_path / "resnet18.npz")
+
+
+def test_resnet50_has_torchvision_s_parameters_in_the_torch_twin_s_order():
+    """kernelgen.nn.resnet50 and its PyTorch twin (kernelgen.nn.torch_twins, the bench's comparator): 25,557,032
+    parameters at 1000 classes (torchvision's ResNet-50), layer by layer the same shapes (filters channels-last)."""
+    torch = pytest.importorskip("torch")
+    from kernelgen.nn import resnet50
+    from kernelgen.nn.torch_twins import torch_resnet50
+    ours = resnet50(1000)
+    twin = torch_resnet50(torch, 1000)
+    theirs = [tuple(p.shape) for p in twin.parameters()]
+    assert sum(int(np.prod(s)) for s in theirs) == 25_557_032
+    mine = [p.shape for p in ours.parameters()]
+    assert len(mine) == len(theirs)
+    as_nhwc = [(s[0],) + s[2:] + (s[1],) if len(s) == 4 else s for s in theirs]
+    assert mine[:-2] == as_nhwc[:-2]  # (the final Linear lists its bias first)
+    assert sorted(mine[-2:]) == sorted(as_nhwc[-2:])
