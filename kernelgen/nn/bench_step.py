@@ -27,7 +27,7 @@ from kernelgen.nn.mobilenet import as_torch
 from kernelgen.nn.models import mobilenet_v2, resnet18, resnet50
 from kernelgen.nn.optim import SGD
 from kernelgen.nn.tensor import Tensor
-from kernelgen.nn.torch_twins import torch_resnet18, torch_resnet50
+from kernelgen.nn.torch_twins import copy_weights, torch_resnet18, torch_resnet50
 from kernelgen.runtime import arena, map_ring
 
 
@@ -269,6 +269,61 @@ def prepare_torch(x, labels, args):
     return Side(step, torch.cuda.synchronize, warm, finish)
 
 
+def loss_curves(args, batches=8):
+    """--curve N: N steps of kernelgen.nn and of its PyTorch twin given the same weights, on the same `batches`
+    batches of random images and labels (cycled), and a second PyTorch run from the same start: the per-step losses,
+    and how far kernelgen's curve is from PyTorch's beside how far PyTorch's two runs are from each other (cuDNN's
+    own run-to-run noise: its algorithms and atomics)."""
+    import torch
+    from numba import cuda
+    rng = np.random.default_rng(1)
+    data = [(rng.standard_normal((args.batch, args.image, args.image, 3)).astype(np.float32),
+             rng.integers(0, args.classes, args.batch).astype(np.int64)) for _ in range(batches)]
+    model = build_model(args).to("cuda")
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    amp_on = getattr(args, "amp", False)
+    curves = {}
+    for name in ("torch", "torch again"):
+        twin = (torch_resnet50(torch, args.classes, args.width, stem="cifar" if args.image <= 64 else "imagenet")
+                if args.model == "resnet50" else torch_resnet18(torch, args.classes, args.width)).cuda()
+        copy_weights(torch, model, twin)
+        twin = twin.to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(twin.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
+        scaler, losses = torch.amp.GradScaler("cuda", enabled=amp_on), []
+        for i in range(args.curve):
+            xb, yb = data[i % batches]
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp_on):
+                loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(xb).cuda().permute(0, 3, 1, 2)),
+                                                         torch.from_numpy(yb).cuda())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.detach())
+        curves[name] = [float(v) for v in losses]
+    opt, scaler, losses = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd), \
+        amp.GradScaler(enabled=amp_on), []
+    device_data = [(Tensor(xb).to("cuda"), Tensor(yb).to("cuda").data) for xb, yb in data]
+    for i in range(args.curve):
+        xd, yd = device_data[i % batches]
+        opt.zero_grad()
+        with amp.autocast("fp16") if amp_on else contextlib.nullcontext():
+            loss = F.cross_entropy(model(xd), yd)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.data)
+    cuda.synchronize()
+    curves["kernelgen"] = [float(v.copy_to_host()) for v in losses]
+
+    def apart(a, b):  # the largest relative difference of two curves, step by step
+        return max(abs(p - q) / max(abs(q), 1e-12) for p, q in zip(a, b))
+    return {"steps": args.curve, "batches": batches, "losses": curves,
+            "kernelgen_vs_torch": apart(curves["kernelgen"], curves["torch"]),
+            "torch_vs_torch": apart(curves["torch again"], curves["torch"])}
+
+
 @contextlib.contextmanager
 def _cold(args):
     """--cold: kernelgen's run on an empty kernel cache (a fresh directory, numba's cache inside it), under
@@ -333,6 +388,9 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="with torch: both sides prepared, then this many rounds of --steps steps, the sides "
                     "alternating, each keeping its best round (not with --cold or --profile)")
+    ap.add_argument("--curve", type=int, default=0, metavar="STEPS",
+                    help="then the loss curves of this many steps: kernelgen and PyTorch from the same weights on the "
+                    "same batches, beside PyTorch run twice (needs torch)")
     ap.add_argument("--kernels", type=int, default=0, metavar="STEPS",
                     help="then torch.profiler over this many more steps of each side: kernel time a step, by kernel "
                     "(needs torch)")
@@ -391,6 +449,11 @@ def main(argv=None):
     for name, r in rows:
         if "kernels" in r:
             _print_kernels(name, r["kernels"])
+    if args.curve and torch_on:
+        result["curve"] = c = loss_curves(args)
+        print(f"loss curves over {c['steps']} steps ({c['batches']} batches cycled): kernelgen vs torch at most "
+              f"{c['kernelgen_vs_torch']:.3g} relative, torch vs torch {c['torch_vs_torch']:.3g}; first steps "
+              f"{c['losses']['kernelgen'][:3]} / {c['losses']['torch'][:3]}")
     if "torch" in result:
         k, t = result["kernelgen"], result["torch"]
         result["ratio"] = {"step_time": k["step_ms"] / t["step_ms"], "peak_memory": k["peak_bytes"] / t["peak_bytes"]}

@@ -2,6 +2,10 @@
 in kernelgen.nn's order, so a test can copy weights layer by layer and a benchmark compares like with like."""
 from __future__ import annotations
 
+import numpy as np
+
+from kernelgen.nn.modules import BatchNorm2d, Conv2d, Linear
+
 
 def _stem(nn, width, stem):
     if stem == "cifar":
@@ -74,3 +78,32 @@ def torch_resnet50(torch, classes, width=64, blocks=(3, 4, 6, 3), stem="imagenet
             out += x if self.shortcut is None else self.shortcut(x)
             return self.relu(out)
     return _resnet(nn, Bottleneck, blocks, classes, width, stem)
+
+
+def weighted_layers(module, kinds) -> list:
+    """module's layers of the given kinds, depth first in registration order (the twins register theirs alike)."""
+    found = [module] if isinstance(module, kinds) else []
+    for child in module.children():
+        found += weighted_layers(child, kinds)
+    return found
+
+
+def copy_weights(torch, model, twin):
+    """Give `twin` (torch) `model`'s (kernelgen.nn) weights, layer by layer: convolution filters from channels-last
+    (K, R, S, C) to (K, C, R, S), batch norms' weights, biases and running statistics, linear layers'."""
+    ours = weighted_layers(model, (Conv2d, BatchNorm2d, Linear))
+    theirs = [m for m in twin.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear))]
+    if [type(m).__name__ for m in ours] != [type(m).__name__ for m in theirs]:
+        raise ValueError("model and twin have different layers")
+
+    def tensor(a, like):
+        return torch.as_tensor(np.asarray(a.copy_to_host() if hasattr(a, "copy_to_host") else a), device=like.device)
+    with torch.no_grad():
+        for o, t in zip(ours, theirs):
+            w = tensor(o.weight.numpy(), t.weight)
+            t.weight.copy_(w.permute(0, 3, 1, 2) if isinstance(t, torch.nn.Conv2d) else w)
+            if getattr(t, "bias", None) is not None:
+                t.bias.copy_(tensor(o.bias.numpy(), t.bias))
+            if isinstance(t, torch.nn.BatchNorm2d):
+                t.running_mean.copy_(tensor(o.running_mean, t.running_mean))
+                t.running_var.copy_(tensor(o.running_var, t.running_var))

@@ -236,3 +236,24 @@ def test_resnet50_has_torchvision_s_parameters_in_the_torch_twin_s_order():
     as_nhwc = [(s[0],) + s[2:] + (s[1],) if len(s) == 4 else s for s in theirs]
     assert mine[:-2] == as_nhwc[:-2]  # (the final Linear lists its bias first)
     assert sorted(mine[-2:]) == sorted(as_nhwc[-2:])
+
+
+def test_copy_weights_gives_the_torch_twin_our_filters_and_statistics(rng):
+    """torch_twins.copy_weights: each convolution's filter (channels-last -> PyTorch's (K, C, R, S)), each batch
+    norm's weight, bias and running statistics, the linear layer's weight and bias - layer by layer."""
+    torch = pytest.importorskip("torch")
+    from kernelgen.nn import resnet18
+    from kernelgen.nn.torch_twins import copy_weights, torch_resnet18
+    model = resnet18(10, width=4, stem="cifar", seed=int(rng.integers(1000)))
+    model.layer1.layers[0].bn1.running_mean[:] = rng.standard_normal(4)
+    twin = torch_resnet18(torch, 10, 4)
+    copy_weights(torch, model, twin)
+    block, tblock = model.layer2.layers[0], twin[5]  # (the stem is 3 layers, then layer1's 2 blocks)
+    np.testing.assert_array_equal(tblock.conv1.weight.detach().numpy(), block.conv1.weight.data.transpose(0, 3, 1, 2))
+    np.testing.assert_array_equal(tblock.shortcut[0].weight.detach().numpy(),
+                                  block.shortcut.layers[0].weight.data.transpose(0, 3, 1, 2))
+    np.testing.assert_array_equal(twin[3].bn1.running_mean.numpy(), model.layer1.layers[0].bn1.running_mean)
+    np.testing.assert_array_equal(twin[-1].weight.detach().numpy(), model.fc.weight.data)
+    np.testing.assert_array_equal(twin[-1].bias.detach().numpy(), model.fc.bias.data)
+    with pytest.raises(ValueError, match="different layers"):
+        copy_weights(torch, resnet18(10, width=4, stem="imagenet"), torch_resnet18(torch, 10, 4, blocks=(1, 1, 1, 1)))
