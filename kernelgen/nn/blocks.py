@@ -27,6 +27,13 @@ def _residual_end(bn, y, shortcut, x):
                                  inplace=True)  # (into bn's output)
 
 
+def _projection(c_in, c_out, stride, rng, backend):
+    """The shortcut's 1x1 convolution and batch norm where the block changes the shape, else None (the identity)."""
+    if stride == 1 and c_in == c_out:
+        return None
+    return Sequential(Conv2d(c_in, c_out, 1, stride=stride, bias=False, rng=rng, backend=backend), BatchNorm2d(c_out))
+
+
 class BasicBlock(Module):
     """ResNet basic block: conv-bn-relu-conv-bn, plus the (projected) input, then relu."""
     expansion = 1
@@ -36,10 +43,7 @@ class BasicBlock(Module):
         self.bn1 = BatchNorm2d(c_out)
         self.conv2 = Conv2d(c_out, c_out, 3, padding=1, bias=False, rng=rng, backend=backend)
         self.bn2 = BatchNorm2d(c_out)
-        self.shortcut = None
-        if stride != 1 or c_in != c_out:
-            self.shortcut = Sequential(Conv2d(c_in, c_out, 1, stride=stride, bias=False, rng=rng, backend=backend),
-                                       BatchNorm2d(c_out))
+        self.shortcut = _projection(c_in, c_out, stride, rng, backend)
 
     def forward(self, x):
         out = self.bn1.forward_relu(self.conv1(x))
@@ -64,20 +68,17 @@ class Bottleneck(Module):
         self.bn2 = BatchNorm2d(mid)
         self.conv3 = Conv2d(mid, c_out, 1, bias=False, rng=rng, backend=backend)
         self.bn3 = BatchNorm2d(c_out)
-        self.shortcut = None
-        if stride != 1 or c_in != c_out:
-            self.shortcut = Sequential(Conv2d(c_in, c_out, 1, stride=stride, bias=False, rng=rng, backend=backend),
-                                       BatchNorm2d(c_out))
+        self.shortcut = _projection(c_in, c_out, stride, rng, backend)
 
     def forward(self, x):
         out = self.bn1.forward_relu(self.conv1(x))
         y = self.conv2(out)
-        out.release()
+        out.release()  # (as in BasicBlock)
         out = self.bn2.forward_relu(y)
         y = self.conv3(out)
         out.release()
         out = _residual_end(self.bn3, y, self.shortcut, x)
-        x.release()  # the block's input: read again only by conv1's (and the projection's) weight gradients
+        x.release()
         return out
 
 

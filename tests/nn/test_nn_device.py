@@ -405,6 +405,23 @@ def _held_bytes(loss):
     return sum(buffers.values())
 
 
+def _steps_with_and_without_recompute(make_model, rng):
+    """{nn_recompute: (loss, parameter gradients, bytes the graph holds after the forward pass)} for one step of a
+    fresh make_model() on one fresh batch of 2 4x4 images."""
+    from kernelgen import settings
+    x = rng.random((2, 4, 4, 1)).astype(np.float32)
+    labels = rng.integers(0, 3, 2)
+    runs = {}
+    for recompute in (False, True):
+        with settings.scope(nn_recompute=recompute):
+            model = make_model().to("cuda")
+            loss = F.cross_entropy(model(Tensor(x).to("cuda")), labels)
+            held = _held_bytes(loss)
+            loss.backward()
+            runs[recompute] = (loss.item(), [p.grad.copy_to_host() for p in model.parameters()], held)
+    return runs
+
+
 class TinyBottleneckNet(Module):
     """Stem, two bottlenecks (one projected, strided), pool, linear: ResNet-50's block at width 1-2."""
 
@@ -423,17 +440,7 @@ class TinyBottleneckNet(Module):
 def test_recomputed_bottlenecks_give_the_same_step(rng):
     """ResNet-50's block releases its batch norms' outputs and its input as the basic block does: the loss and every
     gradient are the same bits with and without settings.nn_recompute, and less is held between the passes."""
-    from kernelgen import settings
-    x = rng.random((2, 4, 4, 1)).astype(np.float32)
-    labels = rng.integers(0, 3, 2)
-    runs = {}
-    for recompute in (False, True):
-        with settings.scope(nn_recompute=recompute):
-            model = TinyBottleneckNet(seed=2).to("cuda")
-            loss = F.cross_entropy(model(Tensor(x).to("cuda")), labels)
-            held = _held_bytes(loss)
-            loss.backward()
-            runs[recompute] = (loss.item(), [p.grad.copy_to_host() for p in model.parameters()], held)
+    runs = _steps_with_and_without_recompute(lambda: TinyBottleneckNet(seed=2), rng)
     assert runs[True][0] == runs[False][0]
     for i, (a, b) in enumerate(zip(runs[True][1], runs[False][1])):
         assert np.array_equal(a, b), f"gradient of parameter {i}"
@@ -446,17 +453,7 @@ def test_recomputed_activations_give_the_same_step_holding_less(rng):
     statistics), so the loss and every gradient are identical; between forward and backward the graph holds
     less (TinyResNet at width 2 on 4x4 images: the stem's output, the blocks' bn1 outputs, the first block's
     sum)."""
-    from kernelgen import settings
-    x = rng.random((2, 4, 4, 1)).astype(np.float32)
-    labels = rng.integers(0, 3, 2)
-    runs = {}
-    for recompute in (False, True):
-        with settings.scope(nn_recompute=recompute):
-            model = TinyResNet(seed=1).to("cuda")
-            loss = F.cross_entropy(model(Tensor(x).to("cuda")), labels)
-            held = _held_bytes(loss)
-            loss.backward()
-            runs[recompute] = (loss.item(), [p.grad.copy_to_host() for p in model.parameters()], held)
+    runs = _steps_with_and_without_recompute(lambda: TinyResNet(seed=1), rng)
     (loss_off, grads_off, held_off), (loss_on, grads_on, held_on) = runs[False], runs[True]
     assert loss_on == loss_off
     for i, (a, b) in enumerate(zip(grads_on, grads_off)):
