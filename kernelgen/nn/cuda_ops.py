@@ -49,18 +49,27 @@ from kernelgen.nn.cuda_pool import (adaptive_avg_pool2d, adaptive_avg_pool2d_bac
 
 
 @cuda.jit(device=True)
-def _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty):
-    """Add a pair of per-thread float64 sums over the block's TR thread rows (one column per channel)
-    and store them in the block's slot of the partial-sum arrays."""
+def _sum_over_thread_rows(a, b, tx, ty):
+    """A pair of per-thread float64 sums added over the block's TR thread rows (one column per channel), in a
+    fixed order: complete in thread row 0."""
     sh_a = cuda.shared.array((TR, TC), float64)
     sh_b = cuda.shared.array((TR, TC), float64)
     sh_a[ty, tx] = a
     sh_b[ty, tx] = b
     cuda.syncthreads()
-    if ty == 0 and ch < c:
+    if ty == 0:
         for k in range(1, TR):
             a += sh_a[k, tx]
             b += sh_b[k, tx]
+    return a, b
+
+
+@cuda.jit(device=True)
+def _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty):
+    """A pair of per-thread float64 sums added over the block's TR thread rows and stored in the block's slot of
+    the partial-sum arrays."""
+    a, b = _sum_over_thread_rows(a, b, tx, ty)
+    if ty == 0 and ch < c:
         part_a[cuda.blockIdx.y * c + ch] = a
         part_b[cuda.blockIdx.y * c + ch] = b
 
@@ -182,16 +191,7 @@ def _channel_partials(part_a, part_b, n_part, c, ch, tx, ty):
             a += part_a[p * c + ch]
             b += part_b[p * c + ch]
             p += TR
-    sh_a = cuda.shared.array((TR, TC), float64)
-    sh_b = cuda.shared.array((TR, TC), float64)
-    sh_a[ty, tx] = a
-    sh_b[ty, tx] = b
-    cuda.syncthreads()
-    if ty == 0:
-        for k in range(1, TR):
-            a += sh_a[k, tx]
-            b += sh_b[k, tx]
-    return a, b
+    return _sum_over_thread_rows(a, b, tx, ty)
 
 
 @kernel

@@ -76,7 +76,7 @@ def add_relu(a, b, inplace=False):
     if ops := _dev(a, b):
         y = ops.add(a.data, b.data, relu=True, out=a.data if inplace else None)
         recompute = None
-        if _recomputing(True) and not (inplace and not isinstance(a, Recomputed)):
+        if _recomputing(True, a if inplace else None):
             def recompute():
                 return ops.add(a.data, b.data, relu=True)
         out = Tensor.from_op(y, (a, b), None, recompute)
@@ -93,9 +93,11 @@ def add_relu(a, b, inplace=False):
     return relu(add(a, b))
 
 
-def _recomputing(training):
-    """Whether a device op's output is made a Recomputed tensor (settings.nn_recompute, in training)."""
-    return training and settings.get("nn_recompute")
+def _recomputing(training, overwritten=None):
+    """Whether a device op's output is made a Recomputed tensor (settings.nn_recompute, in training).  Not where
+    the op wrote into `overwritten`'s buffer and that one cannot be computed again itself: computing the output
+    again would read the buffer, which holds the output."""
+    return training and settings.get("nn_recompute") and (overwritten is None or isinstance(overwritten, Recomputed))
 
 
 def _output_of(out, data):
@@ -351,7 +353,7 @@ def _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training
                                               training, momentum, eps, fuse_relu, None if residual is None else
                                               residual.data, residual.data if inplace else None)
     recompute = None  # the same pass on the same statistics: the same bits as y
-    if _recomputing(training) and not (inplace and not isinstance(residual, Recomputed)):
+    if _recomputing(training, residual if inplace else None):
         def recompute():
             return ops.batch_norm_apply(x.data, weight.data, bias.data, mean, inv_std, fuse_relu,
                                         None if residual is None else residual.data)
