@@ -405,10 +405,13 @@ def _held_bytes(loss):
     return sum(buffers.values())
 
 
-def _steps_with_and_without_recompute(make_model, rng):
+def _steps_with_and_without_recompute(make_model, rng, monkeypatch):
     """{nn_recompute: (loss, parameter gradients, bytes the graph holds after the forward pass)} for one step of a
-    fresh make_model() on one fresh batch of 2 4x4 images."""
+    fresh make_model() on one fresh batch of 2 4x4 images (the convolutions the float64 reference: what is
+    recomputed is the batch norms' and sums' work; test_resnet_training_step_matches_the_host runs the simulated
+    convolution kernels with it)."""
     from kernelgen import settings
+    _reference_convs(monkeypatch)
     x = rng.random((2, 4, 4, 1)).astype(np.float32)
     labels = rng.integers(0, 3, 2)
     runs = {}
@@ -437,23 +440,23 @@ class TinyBottleneckNet(Module):
         return self.head(F.global_avg_pool(self.down(self.block(self.stem(x)))))
 
 
-def test_recomputed_bottlenecks_give_the_same_step(rng):
+def test_recomputed_bottlenecks_give_the_same_step(rng, monkeypatch):
     """ResNet-50's block releases its batch norms' outputs and its input as the basic block does: the loss and every
     gradient are the same bits with and without settings.nn_recompute, and less is held between the passes."""
-    runs = _steps_with_and_without_recompute(lambda: TinyBottleneckNet(seed=2), rng)
+    runs = _steps_with_and_without_recompute(lambda: TinyBottleneckNet(seed=2), rng, monkeypatch)
     assert runs[True][0] == runs[False][0]
     for i, (a, b) in enumerate(zip(runs[True][1], runs[False][1])):
         assert np.array_equal(a, b), f"gradient of parameter {i}"
     assert runs[True][2] < runs[False][2], (runs[True][2], runs[False][2])
 
 
-def test_recomputed_activations_give_the_same_step_holding_less(rng):
+def test_recomputed_activations_give_the_same_step_holding_less(rng, monkeypatch):
     """settings.nn_recompute: a batch norm's output (its ReLU, its residual sum) is dropped once the forward pass
     has read it and computed again when the backward reads it - the same bits (the same pass on the same
     statistics), so the loss and every gradient are identical; between forward and backward the graph holds
     less (TinyResNet at width 2 on 4x4 images: the stem's output, the blocks' bn1 outputs, the first block's
     sum)."""
-    runs = _steps_with_and_without_recompute(lambda: TinyResNet(seed=1), rng)
+    runs = _steps_with_and_without_recompute(lambda: TinyResNet(seed=1), rng, monkeypatch)
     (loss_off, grads_off, held_off), (loss_on, grads_on, held_on) = runs[False], runs[True]
     assert loss_on == loss_off
     for i, (a, b) in enumerate(zip(grads_on, grads_off)):
