@@ -170,11 +170,24 @@ def kernel_profile(step, sync, steps):
         if us and e.key and not e.key.startswith(("aten::", "autograd", "Optimizer", "cuda", "Memcpy", "Memset")):
             rows.append([e.key[:100], e.count / steps, us / steps / 1e3])
     rows.sort(key=lambda r: -r[2])
-    return {"kernels_ms": sum(r[2] for r in rows), "rows": rows}
+    kinds = {}
+    for key, _, ms in rows:
+        kind = _kernel_kind(key)
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+    return {"kernels_ms": sum(r[2] for r in rows), "by_kind_ms": kinds, "rows": rows}
+
+
+def _kernel_kind(name):
+    """kernelgen's kernels by what they do: its convolutions by direction (their cache names), nn's other ops;
+    everything else (PyTorch's) "other"."""
+    if "kernelgen_cache::" in name:
+        return "conv bwd_weight" if "bwd_weight" in name else "conv bwd_data" if "bwd_data" in name else "conv fwd"
+    return "nn ops" if "kernelgen::nn::" in name else "other"
 
 
 def _print_kernels(name, prof, top=18):
-    print(f"== {name}: kernels {prof['kernels_ms']:.2f} ms a step")
+    kinds = ", ".join(f"{k} {ms:.2f}" for k, ms in sorted(prof["by_kind_ms"].items(), key=lambda kv: -kv[1]))
+    print(f"== {name}: kernels {prof['kernels_ms']:.2f} ms a step ({kinds})")
     for key, count, ms in prof["rows"][:top]:
         print(f"  {ms:7.3f} ms  x{count:<5g} {key}")
 

@@ -336,6 +336,15 @@ def test_bench_step_rounds_alternate_the_sides_and_keep_each_one_s_best_round(mo
         bench_step.main(["--rounds", "2", "--cold"])
 
 
+def test_bench_step_kernel_kinds_name_kernelgen_s_convolutions_by_direction():
+    from kernelgen.nn.bench_step import _kernel_kind
+    assert _kernel_kind("kernelgen_cache::kg_0::conv_bwd_weight_fp16[abi:v1]") == "conv bwd_weight"
+    assert _kernel_kind("kernelgen_cache::kg_1::winograd_bwd_data_a8_s3[abi:v1]") == "conv bwd_data"
+    assert _kernel_kind("kernelgen_cache::kg_2::winograd_fwd_a4_s3[abi:v1]") == "conv fwd"
+    assert _kernel_kind("kernelgen::nn::cuda_ops::_bn_dx_k[abi:v14]") == "nn ops"
+    assert _kernel_kind("sm90_xmma_wgrad_indexed_implicit_gemm_f16f16") == "other"
+
+
 def test_bench_step_cold_profiles_kernelgen_on_an_empty_cache(monkeypatch, tmp_path, capsys, rng):
     """--cold: kernelgen's run in a fresh cache directory (gone afterwards) under profile_compile, whose report is
     printed and recorded; the stubbed run compiles one CPU convolution there."""
