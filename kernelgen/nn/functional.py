@@ -8,8 +8,6 @@ Each op's backward closure maps the output gradient to one gradient per parent (
 Reductions whose rounding matters (batch-norm statistics, the loss mean) use kahan_sum."""
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 import kernelgen
@@ -21,6 +19,7 @@ from kernelgen.nn.pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d  # 
 from kernelgen.nn.tensor import Recomputed, Tensor, reshape  # noqa: F401 (reshape is part of F.*)
 from kernelgen.nn.tensor import as_tensor as _as_tensor
 from kernelgen.nn.tensor import device_ops as _dev
+from kernelgen.nn.tensor import output_reader as _output_reader
 from kernelgen.problem import make_problem
 
 
@@ -81,7 +80,7 @@ def add_relu(a, b, inplace=False):
                 return ops.add(a.data, b.data, relu=True)
         out = Tensor.from_op(y, (a, b), None, recompute)
         if out.requires_grad:
-            output = _output_of(out, y)
+            output = _output_reader(out, y)
 
             def backward(g):
                 dx = ops.relu_backward(g, output())
@@ -98,15 +97,6 @@ def _recomputing(training, overwritten=None):
     the op wrote into `overwritten`'s buffer and that one cannot be computed again itself: computing the output
     again would read the buffer, which holds the output."""
     return training and settings.get("nn_recompute") and (overwritten is None or isinstance(overwritten, Recomputed))
-
-
-def _output_of(out, data):
-    """A backward's reader of its op's output: the array itself, or for a Recomputed output (whose data may be
-    released and computed again) through a weak reference - a closure on the tensor would keep it alive."""
-    if isinstance(out, Recomputed):
-        ref = weakref.ref(out)
-        return lambda: ref().data
-    return lambda: data
 
 
 def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None, backend="cpu",
@@ -360,7 +350,7 @@ def _batch_norm_device(ops, x, weight, bias, running_mean, running_var, training
     parents = (x, weight, bias) if residual is None else (x, weight, bias, residual)
     out = Tensor.from_op(y, parents, None, recompute)
     if out.requires_grad:
-        output = _output_of(out, y)  # read for the ReLU mask only: without it the backward needs only x
+        output = _output_reader(out, y)  # read for the ReLU mask only: without it the backward needs only x
         if residual is None:
             out._backward = lambda g: ops.batch_norm_backward(g, x.data, output() if fuse_relu else None, fuse_relu,
                                                               weight.data, mean, inv_std, training)

@@ -13,6 +13,7 @@ device kernels (cuda_ops) are imported on first use, by device_kernels().
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -258,6 +259,15 @@ class Recomputed(Tensor):
 
     def release(self):
         self._data = None
+
+
+def output_reader(out, data):
+    """A backward's reader of its op's output: the array itself, or for a Recomputed output (whose data may be
+    released and computed again) through a weak reference - a closure on the tensor would keep it alive."""
+    if isinstance(out, Recomputed):
+        ref = weakref.ref(out)
+        return lambda: ref().data
+    return lambda: data
 
 
 def _freed(g):
