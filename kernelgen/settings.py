@@ -204,7 +204,7 @@ _ALL = (
     Setting("nn_half_activations", "KERNELGEN_NN_HALF_ACTIVATIONS", True, parse_bool,
             "kernelgen.nn on the GPU at fp16 precision (amp.autocast): convolutions read and write float16 arrays, "
             "so activations and their gradients are kept in 16 bits (parameters and their gradients stay float32); "
-            "off: float32 arrays rounded inside the kernels"),
+            "off: float32 arrays rounded inside the kernels", affects_calls=False),
     Setting("torch_native", "KERNELGEN_TORCH_NATIVE", True, parse_bool,
             "kernelgen.torch's modules call through a C++ autograd Function that replays launch programs "
             "(kernelgen/torch/native.cpp, built once in the background with torch's C++ extension tools); off: the "
