@@ -228,9 +228,10 @@ def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
 
     from kernelgen.nn import cuda_launch
 
-    class FakeArray:
+    class FakeArray:  # numba's DeviceNDArray as the route reads it: its memory's address, size and dtype
         def __init__(self, ptr, size, dtype):
-            self.device_ctypes_pointer, self.size, self.dtype = ctypes.c_void_p(ptr), size, np.dtype(dtype)
+            self.gpu_data = type("Memory", (), {"device_pointer_value": ptr})()
+            self.size, self.dtype = size, np.dtype(dtype)
 
     calls = []
 
@@ -252,6 +253,40 @@ def test_fast_launch_packs_numba_array_and_scalar_arguments(monkeypatch):
     assert handle == 1234 and grid == (3, 2, 1) and block == (32, 1, 1)
     assert packed == [0, 0, 7, 4, 0x1000, 7, 4, 5, struct.unpack("q", struct.pack("d", 0.25))[0],
                       0, 0, 3, 8, 0x2000, 3, 8]
+
+
+_VIEW_ADDRESS = """
+import ctypes
+import numpy as np
+from numba.cuda.cudadrv import devicearray, driver
+from kernelgen.nn import cuda_launch
+packed = []
+class FakeLib:
+    @staticmethod
+    def cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        packed.append([ctypes.c_int64.from_address(params[i]).value for i in range(7)])
+        return 0
+cuda_launch._LIB = FakeLib
+memory = driver.MemoryPointer(None, ctypes.c_void_p(0x10000), 4096).view(256)
+a = devicearray.DeviceNDArray((8, 4), (16, 4), np.dtype(np.float32), gpu_data=memory)
+words = (ctypes.c_int64 * 7)()
+params = (ctypes.c_void_p * 7)(*[ctypes.addressof(words) + 8 * i for i in range(7)])
+cuda_launch._Kernel._launch((None, words, params, 1), 1, 32, (a,))
+print(packed[0][2:5], a.device_ctypes_pointer.value)
+"""
+
+
+def test_fast_launch_packs_the_address_numba_reports_for_an_array_view():
+    """A real numba DeviceNDArray on a view of its memory (256 bytes in): the route packs the address numba's own
+    device_ctypes_pointer gives.  In a process of its own, outside the simulator (no GPU needed: a MemoryPointer
+    without a context)."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", _VIEW_ADDRESS], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == f"[32, 4, {0x10100}] {0x10100}", out.stdout
 
 
 def test_fast_launch_keeps_one_route_per_array_dtype(monkeypatch):
