@@ -6,7 +6,8 @@ Synthetic 32x32x3 batches already on the device, SGD with momentum.  Per framewo
 two device synchronisations; peak memory over the timed steps (kernelgen: the arena's peak bytes in use;
 PyTorch: torch.cuda.max_memory_allocated), both after a reset at the first timed step.  --rounds N: both
 prepared and warmed first, then N rounds in which they alternate, each side's best round reported (the same
-minutes of a noisy host for both).  Prints a table and writes JSON (--out).  torch is optional: without it only kernelgen's numbers are reported.
+minutes of a noisy host for both).  Prints a table and writes JSON (--out).  torch is optional: without it only
+kernelgen's numbers are reported.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def median_step(step, warmup, steps, sync):
 def build_model(args):
     """--model's network in kernelgen.nn, seeded: ResNet-18 (CIFAR stem, --width) or MobileNetV2 (width 1.0; the
     CIFAR stem for --image 64 or less, torchvision's ImageNet stem above)."""
-    model, stem = getattr(args, "model", "resnet18"), "cifar" if args.image <= 64 else "imagenet"
+    model, stem = getattr(args, "model", "resnet18"), _stem(args)
     if model == "mobilenet_v2":
         return mobilenet_v2(args.classes, stem=stem, seed=0)
     if model == "resnet50":
@@ -57,8 +58,51 @@ def build_model(args):
     return resnet18(args.classes, width=args.width, stem="cifar", seed=0)
 
 
+def _stem(args):
+    """The stem for --image: CIFAR's (one 3x3 convolution) up to 64x64, ImageNet's above."""
+    return "cifar" if args.image <= 64 else "imagenet"
+
+
+def torch_model(torch, args):
+    """build_model's network in PyTorch (on the host, layers in kernelgen.nn's order)."""
+    name = getattr(args, "model", "resnet18")
+    if name == "mobilenet_v2":
+        return as_torch(torch, build_model(args))
+    if name == "resnet50":
+        return torch_resnet50(torch, args.classes, args.width, stem=_stem(args))
+    return torch_resnet18(torch, args.classes, args.width)
+
+
+def kernelgen_step(model, opt, scaler, amp_on, x, labels):
+    """One kernelgen.nn training step (--amp: fp16 convolutions, float32 master weights); its loss Tensor."""
+    opt.zero_grad()  # first: last step's gradients are gone before this forward pass
+    with amp.autocast("fp16") if amp_on else contextlib.nullcontext():
+        loss = F.cross_entropy(model(x), labels)
+    scaler.scale(loss).backward()  # (a pass-through without --amp)
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def torch_step(torch, model, opt, scaler, amp_on, x, labels):
+    """The same step in PyTorch (--amp: torch.autocast float16 with its GradScaler); its loss tensor."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp_on):
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    return loss
+
+
+def _torch_fp32(torch):
+    """PyTorch as the fp32 comparisons run it: TF32 off, cuDNN's own algorithm search on."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+
+
 def describe(args):
-    stem = "CIFAR" if args.image <= 64 else "ImageNet"
+    stem = {"cifar": "CIFAR", "imagenet": "ImageNet"}[_stem(args)]
     if getattr(args, "model", "resnet18") == "mobilenet_v2":
         return f"MobileNetV2 (width 1.0, {stem} stem)"
     if getattr(args, "model", "resnet18") == "resnet50":
@@ -101,11 +145,10 @@ def prepare_kernelgen(x, labels, args):
     model = build_model(args).to("cuda")
     compiled = {}
     amp_on = getattr(args, "amp", False)
-    autocast = (lambda: amp.autocast("fp16")) if amp_on else contextlib.nullcontext
     scaler = amp.GradScaler(enabled=amp_on)
     if getattr(args, "precompile", False):  # every conv kernel of the step compiled side by side, before it
         t = time.perf_counter()
-        with autocast():  # (the step's precision: its kernels)
+        with amp.autocast("fp16") if amp_on else contextlib.nullcontext():  # (the step's precision: its kernels)
             report = model.precompile(x.shape, x.dtype, workers=args.precompile_workers)
         compiled = {"precompile_s": time.perf_counter() - t, "precompile_kernels": report.kernels,
                     "precompile_cached": report.cached, "precompile_compiled": report.compiled,
@@ -115,12 +158,7 @@ def prepare_kernelgen(x, labels, args):
     losses = []
 
     def step(xd=xd, yd=yd):
-        opt.zero_grad()  # first: last step's gradients are gone before this forward pass
-        with autocast():  # --amp: fp16 convolutions, float32 master weights
-            loss = F.cross_entropy(model(xd), yd)
-        scaler.scale(loss).backward()  # (a pass-through without --amp)
-        scaler.step(opt)
-        scaler.update()
+        loss = kernelgen_step(model, opt, scaler, amp_on, xd, yd)
         losses.append(loss.data)  # the device scalar, read back after the timing (the Tensor would keep the graph)
 
     pool = arena.device_pool()
@@ -240,32 +278,18 @@ def bench_torch(x, labels, args):
 
 def prepare_torch(x, labels, args):
     import torch
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    _torch_fp32(torch)
     torch.manual_seed(0)
-    name = getattr(args, "model", "resnet18")
-    model = (as_torch(torch, build_model(args)) if name == "mobilenet_v2" else
-             torch_resnet50(torch, args.classes, args.width, stem="cifar" if args.image <= 64 else "imagenet")
-             if name == "resnet50" else torch_resnet18(torch, args.classes, args.width))
-    model = model.cuda().to(memory_format=torch.channels_last)
+    model = torch_model(torch, args).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
     xt = torch.from_numpy(x).cuda().permute(0, 3, 1, 2)  # NHWC memory seen as NCHW: channels_last
     yt = torch.from_numpy(labels).cuda()
-    loss_fn = torch.nn.CrossEntropyLoss()
     losses = []
-
     amp_on = getattr(args, "amp", False)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_on)
 
     def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp_on):  # --amp: PyTorch AMP, channels_last
-            loss = loss_fn(model(xt), yt)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.detach())
+        losses.append(torch_step(torch, model, opt, scaler, amp_on, xt, yt).detach())
 
     warm, _ = median_step(step, args.warmup, 0, torch.cuda.synchronize)
     losses.clear()
@@ -293,40 +317,23 @@ def loss_curves(args, batches=8):
     data = [(rng.standard_normal((args.batch, args.image, args.image, 3)).astype(np.float32),
              rng.integers(0, args.classes, args.batch).astype(np.int64)) for _ in range(batches)]
     model = build_model(args).to("cuda")
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
+    _torch_fp32(torch)
     amp_on = getattr(args, "amp", False)
     curves = {}
+    torch_data = [(torch.from_numpy(xb).cuda().permute(0, 3, 1, 2), torch.from_numpy(yb).cuda()) for xb, yb in data]
     for name in ("torch", "torch again"):
-        twin = (torch_resnet50(torch, args.classes, args.width, stem="cifar" if args.image <= 64 else "imagenet")
-                if args.model == "resnet50" else torch_resnet18(torch, args.classes, args.width)).cuda()
+        twin = torch_model(torch, args).cuda()
         copy_weights(torch, model, twin)
         twin = twin.to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(twin.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
-        scaler, losses = torch.amp.GradScaler("cuda", enabled=amp_on), []
-        for i in range(args.curve):
-            xb, yb = data[i % batches]
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.float16, enabled=amp_on):
-                loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(xb).cuda().permute(0, 3, 1, 2)),
-                                                         torch.from_numpy(yb).cuda())
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            losses.append(loss.detach())
+        scaler = torch.amp.GradScaler("cuda", enabled=amp_on)
+        losses = [torch_step(torch, twin, opt, scaler, amp_on, *torch_data[i % batches]).detach()
+                  for i in range(args.curve)]
         curves[name] = [float(v) for v in losses]
-    opt, scaler, losses = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd), \
-        amp.GradScaler(enabled=amp_on), []
+    opt = SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.wd)
+    scaler = amp.GradScaler(enabled=amp_on)
     device_data = [(Tensor(xb).to("cuda"), Tensor(yb).to("cuda").data) for xb, yb in data]
-    for i in range(args.curve):
-        xd, yd = device_data[i % batches]
-        opt.zero_grad()
-        with amp.autocast("fp16") if amp_on else contextlib.nullcontext():
-            loss = F.cross_entropy(model(xd), yd)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.data)
+    losses = [kernelgen_step(model, opt, scaler, amp_on, *device_data[i % batches]).data for i in range(args.curve)]
     cuda.synchronize()
     curves["kernelgen"] = [float(v.copy_to_host()) for v in losses]
 
@@ -420,7 +427,8 @@ def main(argv=None):
     from numba import cuda
     name = getattr(cuda.get_current_device(), "name", "simulator")
     result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup, "amp": args.amp,
-              "steps": args.steps, "rounds": args.rounds, "device": name.decode() if isinstance(name, bytes) else str(name)}
+              "steps": args.steps, "rounds": args.rounds,
+              "device": name.decode() if isinstance(name, bytes) else str(name)}
     torch_on = not args.no_torch and _has_torch()
     if args.rounds > 1 and torch_on:  # both prepared, then timed in alternating rounds
         sides = [prepare_kernelgen(x, labels, args), prepare_torch(x, labels, args)]

@@ -1,5 +1,5 @@
-"""Standard image models, channels-last: ResNet-18/34 (basic blocks), ResNet-50 (bottlenecks) and VGG-16 with batch norm; MobileNetV2 and
-EfficientNet-B0's MBConv block live in mobilenet.py and are re-exported here.
+"""Standard image models, channels-last: ResNet-18/34 (basic blocks), ResNet-50 (bottlenecks) and VGG-16 with
+batch norm; MobileNetV2 and EfficientNet-B0's MBConv block live in mobilenet.py and are re-exported here.
 
 Layer names follow torchvision (conv1, layer1..layer4, fc; features, classifier), but the weights are
 channels-last ((K, R, S, C) filters) and flatten() is taken in NHWC order, so they are not

@@ -158,33 +158,20 @@ def test_optimizers(torch, name, kw, rng):
     assert rel_err(p.numpy(), tp.detach().cpu().numpy()) <= 1e-5
 
 
-def ordered_layers(model):
-    """Our ResNet's layers in the order the PyTorch twin registers them (stem, blocks, fc)."""
-    out = list(model.stem.layers[:2])
-    for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
-        for blk in stage.layers:
-            out += [blk.conv1, blk.bn1, blk.conv2, blk.bn2] + (blk.shortcut.layers if blk.shortcut else [])
-    return out + [model.fc]
-
-
 def _resnet_pair(torch, rng):
-    """A whole ResNet (one block per stage) on the device and PyTorch's twin given the same weights; with the
-    (ours, theirs, is_conv) parameter pairs."""
-    from kernelgen.nn.torch_twins import torch_resnet18
+    """A whole ResNet (one block per stage) on the device and PyTorch's twin given the same weights
+    (torch_twins.copy_weights); with the (ours, theirs, is_conv) parameter pairs."""
+    from kernelgen.nn.modules import BatchNorm2d, Conv2d, Linear
+    from kernelgen.nn.torch_twins import copy_weights, torch_resnet18, weighted_layers
     model = ResNet((1, 1, 1, 1), 10, width=8, stem="cifar", seed=int(rng.integers(1000))).to("cuda")
     twin = torch_resnet18(torch, 10, 8, blocks=(1, 1, 1, 1)).cuda()
+    copy_weights(torch, model, twin)
     theirs = [m for m in twin.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Linear))]
-    ours = ordered_layers(model)
-    assert [type(m).__name__ for m in ours] == [type(m).__name__ for m in theirs]
     pairs = []
-    with torch.no_grad():
-        for o, t in zip(ours, theirs):
-            w = torch.tensor(o.weight.numpy(), device="cuda")
-            t.weight.copy_(w.permute(0, 3, 1, 2) if isinstance(t, torch.nn.Conv2d) else w)
-            pairs.append((o.weight, t.weight, isinstance(t, torch.nn.Conv2d)))
-            if getattr(t, "bias", None) is not None:
-                t.bias.copy_(torch.tensor(o.bias.numpy(), device="cuda"))
-                pairs.append((o.bias, t.bias, False))
+    for o, t in zip(weighted_layers(model, (Conv2d, BatchNorm2d, Linear)), theirs):
+        pairs.append((o.weight, t.weight, isinstance(t, torch.nn.Conv2d)))
+        if getattr(t, "bias", None) is not None:
+            pairs.append((o.bias, t.bias, False))
     return model, twin, pairs
 
 
