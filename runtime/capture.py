@@ -17,7 +17,8 @@ for the graph's life, and nothing outside the graph may change it:
 
 What cannot be captured is refused with a RuntimeError before anything runs (refuse_if_capturing): a call's first
 run (it plans, compiles and loads its kernel: warm up before capturing, as torch asks), host arrays, outputs from
-kernelgen's pool (pass out= or torch tensors).  Measured on the H100 before this module (twelfth session): a global
+kernelgen's pool (pass out= or torch tensors) - except on a stream whose pool is a graph's own (set_private_pool:
+kernelgen.nn's captured steps).  Measured on the H100 before this module (twelfth session): a global
 capture failed on the first workspace allocation; a relaxed one captured, and a replay after the eager ring had
 wrapped read overwritten maps (an illegal instruction).
 """
@@ -167,6 +168,23 @@ def raw_handle(stream) -> int:
         if isinstance(handle, int):
             return handle
     return 0
+
+
+_PRIVATE_POOLS: frozenset = frozenset()  # raw streams whose pooled memory is one graph's own (kernelgen.nn.graphs)
+
+
+def set_private_pool(handle: int, private: bool):
+    """Mark stream `handle`'s pool (runtime/arena.py keeps free lists per stream) as one graph's own - only that
+    graph's capture and replays run on the stream - or no longer (the graph is gone).  A pooled output is then
+    capturable there: a block the capture dropped goes back to a free list that only the graph's own work draws
+    from, in the order the graph replays (torch.cuda.graph's private memory pool)."""
+    global _PRIVATE_POOLS
+    with _LOCK:
+        _PRIVATE_POOLS = _PRIVATE_POOLS | {handle} if private else _PRIVATE_POOLS - {handle}
+
+
+def has_private_pool(handle: int) -> bool:
+    return handle in _PRIVATE_POOLS
 
 
 def refuse_if_capturing(handle: int, what: str):

@@ -14,7 +14,7 @@ import numpy as np
 from kernelgen import arrays
 from kernelgen.storage import numpy_dtype
 from kernelgen.runtime.arena import device_empty, pooled_array, to_device_staged
-from kernelgen.runtime.capture import raw_handle, refuse_if_capturing
+from kernelgen.runtime.capture import has_private_pool, raw_handle, refuse_if_capturing
 from kernelgen.runtime.driver import address_reader, as_numba_stream, pointer_size, stream_handle
 
 
@@ -148,8 +148,10 @@ class CudaRoute:
             return out
         if self.torch_empty is not None:
             return self.torch_empty(self.torch_like)
-        if nstream is not None:  # (a pooled block goes back to the pool when dropped, while a graph still writes it)
-            refuse_if_capturing(raw_handle(nstream), "an output from kernelgen's pool")
+        # a pooled block goes back to the pool when dropped, while a graph still writes it - unless the pool is the
+        # graph's own (runtime/capture.py)
+        if nstream is not None and not has_private_pool(handle := raw_handle(nstream)):
+            refuse_if_capturing(handle, "an output from kernelgen's pool")
         return pooled_array(self.shape, self.dtype, nstream)  # (on_device: not the simulator)
 
     def _checked(self, inputs: dict, template, stream, out):

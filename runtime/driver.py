@@ -148,7 +148,15 @@ def _libcuda():
                        ("cuMemAlloc_v2", [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
                        ("cuMemHostAlloc", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]),
                        ("cuMemFree_v2", [ctypes.c_uint64]),
-                       ("cuMemFreeHost", [ctypes.c_void_p])):
+                       ("cuMemFreeHost", [ctypes.c_void_p]),
+                       # CUDA graphs of whole steps (kernelgen.nn.graphs): capture, instantiate, replay
+                       ("cuStreamBeginCapture_v2", [ctypes.c_void_p, ctypes.c_int]),
+                       ("cuStreamEndCapture", [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]),
+                       ("cuGraphInstantiateWithFlags", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                                        ctypes.c_uint64]),
+                       ("cuGraphLaunch", [ctypes.c_void_p, ctypes.c_void_p]),
+                       ("cuGraphExecDestroy", [ctypes.c_void_p]),
+                       ("cuGraphDestroy", [ctypes.c_void_p])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib

@@ -2,6 +2,7 @@
 from kernelgen.nn import arithmetic  # noqa: F401 (binds Tensor's operators: +, -, *, /, **, unary -)
 from kernelgen.nn import amp, functional
 from kernelgen.nn.blocks import BasicBlock, Bottleneck, SmallResNet
+from kernelgen.nn.graphs import CapturedStep
 from kernelgen.nn.mixed_precision import precision
 from kernelgen.nn.models import (VGG, MBConv, MobileNetV2, ResNet, mobilenet_v2, resnet18, resnet34, resnet50,
                                  vgg16_bn)
@@ -17,4 +18,4 @@ __all__ = ["amp", "functional", "Tensor", "no_grad", "precision", "Module", "Con
            "Dropout", "Sequential", "BasicBlock", "Bottleneck", "SmallResNet", "ResNet", "resnet18", "resnet34",
            "resnet50", "VGG", "vgg16_bn",
            "MobileNetV2", "mobilenet_v2", "MBConv",
-           "SGD", "Adam", "RMSprop", "RAdam"]
+           "SGD", "Adam", "RMSprop", "RAdam", "CapturedStep"]

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from kernelgen.nn.mixed_precision import precision as autocast  # noqa: F401 (the torch.amp name)
-from kernelgen.nn.tensor import _on_device, device_kernels
+from kernelgen.nn.tensor import Tensor, _on_device, device_kernels
 
 
 def amp_precision(precision: str) -> str:
@@ -42,7 +42,12 @@ class GradScaler:
     """Dynamic loss scaling (PyTorch's GradScaler rules and defaults): the loss is multiplied by `scale`; before a
     step the gradients are divided by it and checked; a step with an inf or nan gradient is skipped and the scale
     multiplied by backoff_factor; after growth_interval steps in a row without one it is multiplied by
-    growth_factor.  One scaler serves one optimizer per step (unscale_ / step / update, in that order)."""
+    growth_factor.  One scaler serves one optimizer per step (unscale_ / step / update, in that order).
+
+    With device gradients the scale, the growth count and the found-inf flag live on the device, as torch's do
+    (cuda_optim.py): scaling, unscaling and the update are kernels, and the host reads the flag once a step to
+    decide the step - except in graph mode (a captured step and its warm-up, graphs.py), where nothing is read
+    back: the optimizer's kernels skip on the flag themselves, and step() returns None."""
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  enabled=True):
@@ -56,15 +61,31 @@ class GradScaler:
         self.growth_interval, self.enabled = growth_interval, bool(enabled)
         self._growth_tracker = 0
         self._unscaled = None   # the optimizer whose gradients this step unscaled, until update()
-        self._found_inf = False
-        self._flag = None       # the device's found-inf flag (one int64), made at the first device gradient
+        self._found_inf = False  # (None: on the device only, in graph mode)
+        self._dev = None        # (scale float32, growth tracker int64, found-inf flag int64), each one element on
+                                # the device, from the first device loss on: then they hold the state, not the host
+
+    def _device_state(self):
+        if self._dev is None:
+            ops = device_kernels()
+            self._dev = (ops.to_device(np.array([self._scale], np.float32)),
+                         ops.to_device(np.array([self._growth_tracker], np.int64)), ops.zero_flag())
+        return self._dev
 
     def get_scale(self) -> float:
-        return self._scale if self.enabled else 1.0
+        if not self.enabled:
+            return 1.0
+        if self._dev is not None:
+            return float(device_kernels().to_host(self._dev[0])[0])
+        return self._scale
 
     def scale(self, loss):
         """The loss times the scale (a new Tensor: backward() from it scales every gradient)."""
-        return loss * self._scale if self.enabled else loss
+        if not self.enabled:
+            return loss
+        if isinstance(loss, Tensor) and loss.is_cuda:
+            return _scaled(loss, self._device_state()[0])
+        return loss * self._scale
 
     def unscale_(self, optimizer):
         """Divide the optimizer's parameters' gradients by the scale, in place, and note whether any is inf or nan
@@ -73,25 +94,26 @@ class GradScaler:
             return
         if self._unscaled is not None:
             raise RuntimeError("unscale_() was already called on this step's gradients; call update() first")
-        inv, found = 1.0 / self._scale, False
+        inv, found, on_device = 1.0 / self._scale, False, False
         for p in optimizer.params:
             g = p.grad
             if g is None:
                 continue
             if _on_device(g):
-                if self._flag is None:
-                    self._flag = device_kernels().to_device(np.zeros(1, np.int64))
-                device_kernels().unscale_(g, inv, self._flag)
+                scale, _, flag = self._device_state()
+                device_kernels().unscale_(g, scale, flag)
+                on_device = True
             else:
                 g *= np.asarray(inv, g.dtype)
                 found = found or not np.isfinite(g).all()
-        if self._flag is not None:
-            found = found or bool(device_kernels().to_host(self._flag)[0])  # (one sync a step, as torch's)
-            self._flag.copy_to_device(np.zeros(1, np.int64))
+        if on_device:
+            ops = device_kernels()
+            found = None if ops.in_graph_mode() else found or bool(ops.to_host(self._dev[2])[0])  # (a sync, as torch's)
         self._unscaled, self._found_inf = optimizer, found
 
     def step(self, optimizer):
-        """optimizer.step() unless a gradient is inf or nan; returns whether it stepped."""
+        """optimizer.step() unless a gradient is inf or nan; returns whether it stepped (None in graph mode: the
+        device decides)."""
         if not self.enabled:
             optimizer.step()
             return True
@@ -99,6 +121,9 @@ class GradScaler:
             self.unscale_(optimizer)
         elif self._unscaled is not optimizer:
             raise RuntimeError("unscale_() was called with another optimizer on this step")
+        if self._found_inf is None:
+            optimizer._step_unless(self._dev[2])
+            return None
         if self._found_inf:
             return False
         optimizer.step()
@@ -110,7 +135,9 @@ class GradScaler:
             return
         if self._unscaled is None:
             raise RuntimeError("update() needs this step's unscale_() or step() first")
-        if self._found_inf:
+        if self._dev is not None:  # (the device's flag decides: the host's copy may not know it, in graph mode)
+            device_kernels().update_scale(*self._dev, self.growth_factor, self.backoff_factor, self.growth_interval)
+        elif self._found_inf:
             self._scale *= self.backoff_factor
             self._growth_tracker = 0
         else:
@@ -121,11 +148,24 @@ class GradScaler:
         self._unscaled, self._found_inf = None, False
 
     def state_dict(self) -> dict:
-        return {"scale": self._scale, "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
-                "growth_interval": self.growth_interval, "growth_tracker": self._growth_tracker}
+        tracker = self._growth_tracker
+        if self._dev is not None:
+            tracker = int(device_kernels().to_host(self._dev[1])[0])
+        return {"scale": self.get_scale() if self.enabled else self._scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "growth_tracker": tracker}
 
     def load_state_dict(self, state):
         self._scale = _positive("scale", state["scale"])
         self.growth_factor = _positive("growth_factor", state["growth_factor"], above_one=True)
         self.backoff_factor = _positive("backoff_factor", state["backoff_factor"])
         self.growth_interval, self._growth_tracker = int(state["growth_interval"]), int(state["growth_tracker"])
+        if self._dev is not None:  # (written in place: a captured step's kernels read these arrays)
+            self._dev[0].copy_to_device(np.array([self._scale], np.float32))
+            self._dev[1].copy_to_device(np.array([self._growth_tracker], np.int64))
+
+
+def _scaled(loss, scale):
+    """loss * scale[0] (scale: the device's one-element array), with the gradient scaled on the way back."""
+    ops = device_kernels()
+    return Tensor.from_op(ops.scale_by(loss.data, scale), (loss,), lambda g: (ops.scale_by(g, scale),))

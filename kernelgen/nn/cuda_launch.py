@@ -2,6 +2,8 @@
 reshaped views, and `kernel`, a numba.cuda kernel whose calls after the first skip numba's dispatcher."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import math
 import struct
@@ -13,6 +15,7 @@ from numba import cuda
 from kernelgen import settings
 from kernelgen.arrays import is_cuda_array
 from kernelgen.runtime import arena
+from kernelgen.runtime.capture import raw_handle
 from kernelgen.runtime.driver import _libcuda, configure, copy_device
 
 SIM = settings.get("cuda_simulator")
@@ -22,6 +25,53 @@ TC, TR = (4, 2) if SIM else (32, 8)
 MAX_PARTIALS = 256
 
 
+# the stream nn's kernels, copies and allocations go to (a numba stream; None: the legacy default stream).  A
+# captured step (graphs.py) sets its own for the capture and its warm-up: its memory then comes from that stream's
+# pool, which nothing else draws from.  A context variable: another thread's or task's calls keep theirs.
+_STREAM = contextvars.ContextVar("kernelgen_nn_stream", default=None)
+_HANDLE = contextvars.ContextVar("kernelgen_nn_stream_handle", default=0)  # its raw CUstream, for cuLaunchKernel
+
+
+def current_stream():
+    """The numba stream nn's device work goes to now (None: the default stream)."""
+    return _STREAM.get()
+
+
+@contextlib.contextmanager
+def on_stream(stream):
+    """nn's device work - kernels, copies, allocations, the convolutions - on `stream` (a numba stream; None: the
+    default stream) for the block."""
+    tokens = _STREAM.set(stream), _HANDLE.set(raw_handle(stream))
+    try:
+        yield stream
+    finally:
+        _STREAM.reset(tokens[0])
+        _HANDLE.reset(tokens[1])
+
+
+# graph mode: the step being run is captured into a CUDA graph, or is its warm-up (graphs.py), so nothing may be read
+# back to the host for a decision - the kernels decide (GradScaler's step skipped on the device, amp.py)
+_GRAPH_MODE = contextvars.ContextVar("kernelgen_nn_graph_mode", default=False)
+
+
+def in_graph_mode() -> bool:
+    return _GRAPH_MODE.get()
+
+
+@contextlib.contextmanager
+def graph_mode():
+    token = _GRAPH_MODE.set(True)
+    try:
+        yield
+    finally:
+        _GRAPH_MODE.reset(token)
+
+
+def new_stream():
+    """A new numba stream (blocking: its work and the default stream's wait for each other, as a torch side stream)."""
+    return cuda.stream()
+
+
 def is_device(a) -> bool:
     return not isinstance(a, np.ndarray) and is_cuda_array(a)
 
@@ -29,7 +79,7 @@ def is_device(a) -> bool:
 # ---- arrays -------------------------------------------------------------------------------------------
 
 def empty(shape, dtype=np.float32):
-    return arena.device_empty(shape, dtype)
+    return arena.device_empty(shape, dtype, _STREAM.get())
 
 
 def to_device(host):
@@ -40,7 +90,7 @@ def to_device(host):
         host = host.astype(np.int64)
     elif host.dtype != np.float32:
         raise TypeError(f"device arrays must be float32 (kernelgen's CUDA kernels are float32-only), got {host.dtype}")
-    return arena.to_device_staged(np.ascontiguousarray(host))
+    return arena.to_device_staged(np.ascontiguousarray(host), _STREAM.get())
 
 
 def to_host(a):
@@ -48,8 +98,8 @@ def to_host(a):
 
 
 def copy_into(dst, src):
-    """dst[...] = src on the default stream (where the kernels run), by the driver (runtime.driver.copy_device)."""
-    return copy_device(dst, src)
+    """dst[...] = src on the stream the kernels run on, by the driver (runtime.driver.copy_device)."""
+    return copy_device(dst, src, _STREAM.get())
 
 
 _VIEWS = {}  # (shape, dtype) -> attributes of a DeviceNDArray of that shape (cloned: the constructor is slow)
@@ -118,14 +168,14 @@ class _Kernel:
     def __call__(self, grid, block, *args):
         fast = self.fast.get(_signature(args))
         if fast is not None and fast[0] == threading.get_ident():
-            return self._launch(fast, grid, block, args)
+            return self._launch(fast, grid, block, args, _HANDLE.get())
         # numpy scalars as Python's (a call passing them keeps the dispatcher: no route has their types)
         args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)
         _see_array_types(args)
         key = _signature(args)
         flat = [a if isinstance(a, (int, float)) else _flat(a) for a in args]
         jit = self.jit_half if any(d is _HALF for d in key) else self.jit
-        configure(jit, grid, block)(*flat)
+        configure(jit, grid, block, _STREAM.get() or 0)(*flat)
         if not SIM and key not in self.fast and settings.get("fast_launch"):
             self._prepare(jit, key, args, flat)
 
@@ -144,7 +194,7 @@ class _Kernel:
         self.fast = {**self.fast, key: (threading.get_ident(), words, params, handle)}  # (replaced, not mutated)
 
     @staticmethod
-    def _launch(fast, grid, block, args):
+    def _launch(fast, grid, block, args, stream_handle=0):
         words, params, handle = fast[1], fast[2], fast[3]
         i = 0
         for a in args:
@@ -164,7 +214,7 @@ class _Kernel:
         g = grid if isinstance(grid, tuple) else (grid,)
         b = block if isinstance(block, tuple) else (block,)
         g, b = g + (1,) * (3 - len(g)), b + (1,) * (3 - len(b))
-        err = _LIB.cuLaunchKernel(handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, None, params, None)
+        err = _LIB.cuLaunchKernel(handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream_handle or None, params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
 

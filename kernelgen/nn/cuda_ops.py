@@ -37,13 +37,20 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     TR,
     _grid,
     copy_into,
+    current_stream,
     empty,
+    graph_mode,
+    in_graph_mode,
     is_device,
     kernel,
+    new_stream,
+    on_stream,
     to_device,
     to_host,
     view,
 )
+from kernelgen.nn.cuda_optim import (adam_step, scale_by, sgd_step, unscale_, update_scale,  # noqa: F401
+                                     zero_flag)
 from kernelgen.nn.cuda_pool import (adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d,  # noqa: F401
                                     avg_pool2d_backward, max_pool2d, max_pool2d_backward)
 
@@ -440,59 +447,3 @@ def cross_entropy_backward(logits, labels, g):
     dl = empty((n, k))
     _ce_bwd_k(_grid(n * k), BLOCK, logits, labels, g, n, k, dl)
     return dl
-
-
-# ---- optimisers (in place) -----------------------------------------------------------------------------
-
-@kernel
-def _sgd_k(p, g, v, n, lr, momentum, wd):
-    i = cuda.grid(1)
-    if i < n:
-        gi = g[i] + wd * p[i]
-        vi = momentum * v[i] + gi
-        v[i] = vi
-        p[i] -= lr * vi
-
-
-@kernel
-def _adam_k(p, g, m, v, n, lr, b1, b2, eps, wd, decoupled, bc1, bc2):
-    i = cuda.grid(1)
-    if i < n:
-        pi = float64(p[i])
-        gi = float64(g[i])
-        if not decoupled:
-            gi += wd * pi
-        mi = b1 * m[i] + (1.0 - b1) * gi
-        vi = b2 * v[i] + (1.0 - b2) * gi * gi
-        m[i] = mi
-        v[i] = vi
-        step = (mi / bc1) / (math.sqrt(vi / bc2) + eps)
-        if decoupled:
-            step += wd * pi
-        p[i] = pi - lr * step
-
-
-def sgd_step(p, g, v, lr, momentum, wd):
-    _sgd_k(_grid(p.size), BLOCK, p, g, v, p.size, float(lr), float(momentum), float(wd))
-
-
-def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t):
-    _adam_k(_grid(p.size), BLOCK, p, g, m, v, p.size, float(lr), float(b1), float(b2), float(eps), float(wd),
-            int(decoupled), float(1 - b1 ** t), float(1 - b2 ** t))
-
-
-# ---- loss scaling (kernelgen.nn.amp) ------------------------------------------------------------------------
-
-@kernel
-def _unscale_k(g, n, inv_scale, found):
-    i = cuda.grid(1)
-    if i < n:
-        v = g[i] * inv_scale
-        g[i] = v
-        if not math.isfinite(v):
-            found[0] = 1  # (any writer: every one writes the same value)
-
-
-def unscale_(g, inv_scale, found):
-    """g *= inv_scale in place; found[0] (int64) set to 1 if any result is inf or nan."""
-    _unscale_k(_grid(g.size), BLOCK, g, g.size, float(inv_scale), found)

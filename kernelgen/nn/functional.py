@@ -113,7 +113,7 @@ def conv(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1, activati
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
               precision=resolve_precision(precision))
     if ops := _dev(x, w, bias):
-        kw["backend"] = "cuda"
+        kw.update(backend="cuda", **_stream_kw(ops))
         half = _half and kw["precision"] == "fp16" and settings.get("nn_half_activations")
         return _conv_device(ops, x, w, bias, activation, kw, np.dtype(np.float16) if half else w.dtype)
     kw["backend"] = backend
@@ -163,6 +163,13 @@ def _conv_device(ops, x, w, bias, activation, kw, dtype):
 conv1d = conv2d = conv3d = conv
 
 
+def _stream_kw(ops):
+    """stream= for kernelgen's ops where nn's device work is on a stream of its own (a captured step's): the
+    backward reuses the forward's, as it runs in the same capture."""
+    stream = ops.current_stream() if ops else None
+    return {} if stream is None else {"stream": stream}
+
+
 def _bias_grad(ops, g):
     return ops.channel_sums(g)[0] if ops else g.reshape(-1, g.shape[-1]).sum(axis=0)
 
@@ -177,7 +184,7 @@ def conv_transpose(x, w, bias=None, *, stride=1, padding=0, output_padding=0, di
     bias = None if bias is None else _as_tensor(bias)
     ops = _dev(x, w, bias)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, backend="cuda" if ops else backend,
-              precision=resolve_precision(precision))
+              precision=resolve_precision(precision), **_stream_kw(ops))
     y = kernelgen.deconv(x.data, w.data, None if bias is None else bias.data, output_padding=output_padding, **kw)
 
     # x as the convolution that deconv transposes sees it: an output_padding past the stride adds trailing

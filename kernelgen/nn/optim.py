@@ -1,6 +1,7 @@
 """Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
 (PyTorch's update rules and defaults).  SGD and Adam(W) update device parameters with one fused kernel per
-parameter (cuda_ops, through tensor.device_kernels); RMSprop and RAdam are host-only."""
+parameter (cuda_optim, through tensor.device_kernels); RMSprop and RAdam are host-only.  SGD's device step can be
+skipped on the device, by GradScaler's found-inf flag, so a captured step needs no host decision (graphs.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,13 +31,29 @@ class SGD:
     def __init__(self, params, lr=0.1, momentum=0.0, weight_decay=0.0):
         self.params, self.lr, self.momentum, self.wd = list(params), lr, momentum, weight_decay
         self.velocity = [_zeros_like(p.data) for p in self.params]
+        self._never = None  # a device flag that stays 0: the `skip` of an update nothing skips
 
     def step(self):
+        self._step_unless(None)
+
+    def _skip_flag(self, found):
+        """The device updates' `skip` (cuda_optim.py): GradScaler's found-inf flag, or one that stays 0."""
+        if found is not None:
+            return found
+        if self._never is None:
+            self._never = device_kernels().zero_flag()
+        return self._never
+
+    def _step_unless(self, found):
+        """step(), with the device updates skipped where the device flag `found` (GradScaler's) is set: a captured
+        step decides on the device, where the host cannot read the flag (graphs.py)."""
+        skip = None
         for p, v in zip(self.params, self.velocity):
             if p.grad is None:
                 continue
             if _same_device(p, v):
-                device_kernels().sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd)
+                skip = self._skip_flag(found) if skip is None else skip
+                device_kernels().sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd, skip)
                 continue
             g = p.grad + self.wd * p.data
             v *= self.momentum
@@ -56,14 +73,17 @@ class Adam(SGD):
         self.b1, self.b2, self.eps, self.decoupled, self.t = betas[0], betas[1], eps, decoupled, 0
         self.m = [_zeros_like(p.data) for p in self.params]
 
-    def step(self):
+    def _step_unless(self, found):
+        if found is not None:  # (its step count, and so the bias corrections, are the host's: a graph would replay
+            raise TypeError("Adam cannot step inside a captured step (its step count is kept on the host); "
+                            "capture the step with SGD, or run it uncaptured")  # the capture's)
         self.t += 1
         for p, m, v in zip(self.params, self.m, self.velocity):
             if p.grad is None:
                 continue
             if _same_device(p, m):
                 device_kernels().adam_step(p.data, p.grad, m, v, self.lr, self.b1, self.b2, self.eps, self.wd,
-                                           self.decoupled, self.t)
+                                           self.decoupled, self.t, self._skip_flag(None))
                 continue
             g = p.grad if self.decoupled else p.grad + self.wd * p.data
             m *= self.b1

@@ -2,6 +2,8 @@
 loss scaling doing what it is for: with fp16 convolutions, gradients below fp16's range survive only when scaled."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -120,14 +122,61 @@ def test_training_with_a_scaler_skips_overflowing_steps_and_backs_off(rng):
 def test_device_unscale_kernel_matches_the_host(rng):
     from kernelgen.nn import cuda_ops
     g = rng.standard_normal(300).astype(np.float32) * 64
-    flag = cuda_ops.to_device(np.zeros(1, np.int64))
+    flag, scale = cuda_ops.zero_flag(), cuda_ops.to_device(np.array([64.0], np.float32))
     d = cuda_ops.to_device(g)
-    cuda_ops.unscale_(d, 1 / 64, flag)
+    cuda_ops.unscale_(d, scale, flag)
     np.testing.assert_array_equal(cuda_ops.to_host(d), g * np.float32(1 / 64))
     assert cuda_ops.to_host(flag)[0] == 0
     g[17] = np.inf
-    cuda_ops.unscale_(cuda_ops.to_device(g), 1 / 64, flag)
+    cuda_ops.unscale_(cuda_ops.to_device(g), scale, flag)
     assert cuda_ops.to_host(flag)[0] == 1
+
+
+@pytest.mark.sim
+def test_the_device_scale_update_follows_the_host_rules():
+    """update_scale (the device's GradScaler.update) against the host rules, step by step: growth after
+    growth_interval clean steps, backoff and a reset count after a flagged one, the flag cleared each time."""
+    from kernelgen.nn import cuda_ops
+    scale, tracker = cuda_ops.to_device(np.array([8.0], np.float32)), cuda_ops.to_device(np.array([0], np.int64))
+    flag = cuda_ops.zero_flag()
+    host = amp.GradScaler(init_scale=8.0, growth_interval=2)
+    for bad in (False, False, False, True, False, False, True, True, False):
+        if bad:
+            flag.copy_to_device(np.array([1], np.int64))
+        cuda_ops.update_scale(scale, tracker, flag, 2.0, 0.5, 2)
+        host.step(_Opt([np.inf if bad else 1.0]))
+        host.update()
+        assert cuda_ops.to_host(scale)[0] == host.get_scale() and cuda_ops.to_host(flag)[0] == 0
+        assert cuda_ops.to_host(tracker)[0] == host.state_dict()["growth_tracker"]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("graph_mode", [False, True], ids=["eager", "graph-mode"])
+def test_a_step_with_an_inf_gradient_is_skipped_on_the_device(graph_mode):
+    """A device step whose gradient holds an inf leaves the weights and the momentum alone and backs the scale off;
+    in graph mode (a captured step's) the host never reads the flag - step() returns None - and the optimizer's
+    kernels skip themselves; the next clean step steps."""
+    from kernelgen.nn import cuda_ops
+    conv = Conv2d(2, 3, 3, padding=1, rng=np.random.default_rng(0)).to("cuda")
+    opt, scaler = SGD(conv.parameters(), lr=0.5, momentum=0.9), amp.GradScaler(init_scale=2.0 ** 8)
+    x = Tensor(np.ones((1, 4, 4, 2), np.float32)).to("cuda")
+    mode = cuda_ops.graph_mode if graph_mode else contextlib.nullcontext
+    for poison in (True, False):
+        before = {k: v.copy() for k, v in conv.state_dict().items()}
+        loss = F.cross_entropy(F.global_avg_pool(conv(x)), np.array([1]))
+        with mode():
+            scaler.scale(loss).backward()
+            if poison:
+                g = cuda_ops.to_host(conv.weight.grad)
+                g[0, 0, 0, 0] = np.inf
+                conv.weight.grad.copy_to_device(g)
+            stepped = scaler.step(opt)
+            scaler.update()
+        assert stepped is (None if graph_mode else not poison)
+        changed = not np.array_equal(conv.state_dict()["weight"], before["weight"])
+        assert changed is not poison
+        assert scaler.get_scale() == 2.0 ** 8 / 2  # backed off once, not yet grown
+        opt.zero_grad()
 
 
 @pytest.mark.sim

@@ -297,10 +297,10 @@ def test_fast_launch_keeps_one_route_per_array_dtype(monkeypatch):
     k = cuda_launch.kernel(lambda a, n: None)
     dispatched, prepared = [], []
     monkeypatch.setattr(cuda_launch, "SIM", False)
-    monkeypatch.setattr(cuda_launch, "configure", lambda jit, grid, block: lambda *a: dispatched.append(a))
+    monkeypatch.setattr(cuda_launch, "configure", lambda jit, grid, block, stream=0: lambda *a: dispatched.append(a))
     monkeypatch.setattr(k, "_prepare", lambda jit, key, args, flat: prepared.append((jit, key)) or k.fast.update(
         {key: (threading.get_ident(), None, None, 0)}))
-    monkeypatch.setattr(k, "_launch", staticmethod(lambda fast, grid, block, args: ("fast", args[0].dtype)))
+    monkeypatch.setattr(k, "_launch", staticmethod(lambda fast, grid, block, args, stream=0: ("fast", args[0].dtype)))
 
     class Flat:
         ndim, size = 1, 4
