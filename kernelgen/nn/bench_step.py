@@ -146,10 +146,11 @@ def prepare_kernelgen(x, labels, args):
     compiled = {}
     amp_on = getattr(args, "amp", False)
     scaler = amp.GradScaler(enabled=amp_on)
-    if getattr(args, "precompile", False):  # every conv kernel of the step compiled side by side, before it
+    tune = getattr(args, "autotune", False)
+    if getattr(args, "precompile", False) or tune:  # every conv kernel of the step compiled side by side, before it
         t = time.perf_counter()
         with amp.autocast("fp16") if amp_on else contextlib.nullcontext():  # (the step's precision: its kernels)
-            report = model.precompile(x.shape, x.dtype, workers=args.precompile_workers)
+            report = (model.autotune if tune else model.precompile)(x.shape, x.dtype, workers=args.precompile_workers)
         compiled = {"precompile_s": time.perf_counter() - t, "precompile_kernels": report.kernels,
                     "precompile_cached": report.cached, "precompile_compiled": report.compiled,
                     "precompile_workers": report.workers, "precompile_errors": report.errors}
@@ -413,6 +414,9 @@ def main(argv=None):
     ap.add_argument("--precompile", action="store_true",
                     help="model.precompile(...) before the first step: its conv kernels compiled in a process pool "
                     "(timed apart: precompile_s; warmup_s is then the steps that load them)")
+    ap.add_argument("--autotune", action="store_true",
+                    help="model.autotune(...) instead of --precompile: first-call autotuning of each convolution no "
+                    "tuned entry decides (as cudnn.benchmark, which PyTorch's side runs with)")
     ap.add_argument("--precompile-workers", type=int, default=None, help="processes for --precompile (default: "
                     "one per kernel, at most one per CPU)")
     ap.add_argument("--new-batch", type=int, default=None,
@@ -452,7 +456,7 @@ def main(argv=None):
     from numba import cuda
     name = getattr(cuda.get_current_device(), "name", "simulator")
     result = {"model": describe(args), "batch": args.batch, "warmup": args.warmup, "amp": args.amp,
-              "capture": args.capture,
+              "capture": args.capture, "autotune": args.autotune,
               "steps": args.steps, "rounds": args.rounds,
               "device": name.decode() if isinstance(name, bytes) else str(name)}
     torch_on = not args.no_torch and _has_torch()
