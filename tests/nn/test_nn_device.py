@@ -372,7 +372,7 @@ def test_bench_step_rounds_alternate_the_sides_and_keep_each_one_s_best_round(mo
 
 
 def test_bench_step_kernel_kinds_name_kernelgen_s_convolutions_by_direction():
-    from kernelgen.nn.bench_step import _kernel_kind
+    from kernelgen.nn.bench_reports import _kernel_kind
     assert _kernel_kind("kernelgen_cache::kg_0::conv_bwd_weight_fp16[abi:v1]") == "conv bwd_weight"
     assert _kernel_kind("kernelgen_cache::kg_1::winograd_bwd_data_a8_s3[abi:v1]") == "conv bwd_data"
     assert _kernel_kind("kernelgen_cache::kg_2::winograd_fwd_a4_s3[abi:v1]") == "conv fwd"
@@ -410,9 +410,9 @@ def test_bench_step_cold_profiles_kernelgen_on_an_empty_cache(monkeypatch, tmp_p
 def test_bench_step_new_batch_accounts_every_step_against_the_steady_one():
     """_new_batch_steps: the first step, the next 5, then steps for the given seconds; what the batch cost beyond
     its steady step is the sum over every step of (its time - the median of the last 5)."""
-    from kernelgen.nn import bench_step
+    from kernelgen.nn import bench_reports
     calls = []
-    r = bench_step._new_batch_steps(lambda: calls.append(1), 96, 0.05, lambda: None)
+    r = bench_reports._new_batch_steps(lambda: calls.append(1), 96, 0.05, lambda: None)
     steps = r["new_batch_steps_ms"]
     assert r["new_batch"] == 96 and len(steps) == len(calls) >= 6
     steady = r["new_batch_steady_step_ms"]
@@ -423,14 +423,14 @@ def test_bench_step_new_batch_control_counts_the_window_against_the_control_s_me
     """With a control window: the window's steps cost beyond as many steps at the control's mean.  On a clock that
     only the steps move (2 ms each for the first 8, 1 ms after), the first 8 cost 8 ms beyond the control."""
     import types
-    from kernelgen.nn import bench_step
+    from kernelgen.nn import bench_reports
     clock, calls = [0.0], []
 
     def step():
         calls.append(1)
         clock[0] += 0.002 if len(calls) <= 8 else 0.001
-    monkeypatch.setattr(bench_step, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    r = bench_step._new_batch_steps(step, 96, 0.05, lambda: None, control_seconds=0.05)
+    monkeypatch.setattr(bench_reports, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    r = bench_reports._new_batch_steps(step, 96, 0.05, lambda: None, control_seconds=0.05)
     steps = r["new_batch_steps_ms"]
     assert len(steps) + r["new_batch_control_steps"] == len(calls)
     assert r["new_batch_control_steps"] == 50 and abs(r["new_batch_control_step_ms"] - 1.0) < 1e-9
