@@ -190,8 +190,26 @@ def run_cpu_tile(config, direction, rng, operands=tf32_round):
     return check_tf32(out, reference_fn(direction, kw), x, w, dy, direction, operands)
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-@pytest.mark.parametrize("config", SWIZZLED_CPU_TILES, ids=str)
+DIRECTIONS = ("fwd", "bwd_data", "bwd_weight")
+
+
+def each_direction_once(configs):
+    """(config, direction) cases of every config in every direction, where each config's runs in the default run
+    (CI) are one direction - the configs take turns, so each direction still meets most kinds of tile - and the
+    other two are `slow` (KERNELGEN_SLOW_TESTS=1: a CPU compile is 30-70 s a case, and the cross product was a
+    quarter of CI's time)."""
+    out = []
+    for i, config in enumerate(configs):
+        marks = getattr(config, "marks", ())
+        config = getattr(config, "values", (config,))[0]
+        for d in DIRECTIONS:
+            slow = d != DIRECTIONS[i % len(DIRECTIONS)]
+            out.append(pytest.param(config, d, marks=tuple(marks) + ((pytest.mark.slow,) if slow else ()),
+                                    id=f"{config}-{d}"))
+    return out
+
+
+@pytest.mark.parametrize("config, direction", each_direction_once(SWIZZLED_CPU_TILES))
 def test_cpu_swizzled_tiles(config, direction, rng):
     assert run_cpu_tile(config, direction, rng) <= EMULATED_TOL
 
@@ -204,8 +222,7 @@ WGMMA_CPU_TILES = [TileConfig(64, 16, 8, WM=64, WN=16, stages=2, async_copy=1, w
                    TileConfig(64, 32, 32, WM=64, WN=16, stages=2, async_copy=1, wgmma=1)]
 
 
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
-@pytest.mark.parametrize("config", WGMMA_CPU_TILES, ids=str)
+@pytest.mark.parametrize("config, direction", each_direction_once(WGMMA_CPU_TILES))
 def test_cpu_warpgroup_tiles(config, direction, rng):
     """The warpgroup-MMA schedule, emulated per thread (wgmma truncates what it reads): TF32 within bounds, and
     equal to the float64 GEMM of TF32-rounded operands to float32 accuracy, because each thread rounds the
