@@ -1,5 +1,7 @@
 """Arrays and kernel launches for kernelgen.nn's device path (cuda_ops): arena-backed device arrays, cheap
-reshaped views, and `kernel`, a numba.cuda kernel whose calls after the first skip numba's dispatcher."""
+reshaped views, and `kernel`, a numba.cuda kernel whose calls after the first skip numba's dispatcher.  All of it
+goes to the stream `on_stream` sets (the default stream otherwise), and `graph_mode` marks a step that a CUDA graph
+captures (graphs.py)."""
 from __future__ import annotations
 
 import contextlib
