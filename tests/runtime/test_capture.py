@@ -196,3 +196,29 @@ def test_a_dispatcher_launch_of_a_kernel_with_stream_buffers_is_refused_under_ca
     assert launcher({"x": None, "dy": None, "dw": None}, Stream(20)) == "launched"
     with pytest.raises(RuntimeError, match="numba's dispatcher cannot be captured"):
         launcher({"x": None, "dy": None, "dw": None}, Stream(21))
+
+
+def test_a_pooled_output_is_captured_only_on_a_stream_whose_pool_is_a_graph_s_own(monkeypatch):
+    """A route's pooled output under capture: refused on a stream whose pool others draw from (a dropped block would
+    be handed out while the graph still writes it), taken from the pool on one a captured nn step owns
+    (set_private_pool), and refused again once the graph is gone."""
+    from kernelgen.runtime import cuda_call
+    monkeypatch.setattr(capture, "capture_id", lambda handle, cu=None: 5 if handle in (31, 32) else None)
+    monkeypatch.setattr(cuda_call, "pooled_array", lambda shape, dtype, stream: ("pooled", shape, stream.handle))
+    route = cuda_call.CudaRoute.__new__(cuda_call.CudaRoute)
+    route.torch_empty, route.shape, route.dtype = None, (2, 3), np.float32
+
+    class Stream:
+        def __init__(self, handle):
+            self.handle = handle
+    assert route._output(None, Stream(30)) == ("pooled", (2, 3), 30)  # not capturing
+    with pytest.raises(RuntimeError, match="an output from kernelgen's pool cannot be captured"):
+        route._output(None, Stream(31))
+    capture.set_private_pool(32, True)
+    try:
+        assert capture.has_private_pool(32) and not capture.has_private_pool(31)
+        assert route._output(None, Stream(32)) == ("pooled", (2, 3), 32)
+    finally:
+        capture.set_private_pool(32, False)
+    with pytest.raises(RuntimeError, match="an output from kernelgen's pool cannot be captured"):
+        route._output(None, Stream(32))
