@@ -299,6 +299,42 @@ def _has_torch():
     return True
 
 
+def _print_runs(result, args):
+    """Each side's row (step, peak memory, warm-up, losses), then kernelgen's extras: the new batch, precompile, TMA
+    maps a step, and each side's kernels (--kernels)."""
+    mode = "amp" if args.amp else "fp32"
+    rows = [(f"kernelgen {mode}{' graph' if args.capture else ''}", result["kernelgen"])] + \
+        ([(f"torch {mode}", result["torch"])] if "torch" in result else [])
+    if args.capture and not result["kernelgen"]["captured"]:
+        print(f"kernelgen's step was not captured (it ran uncaptured): {result['kernelgen']['capture_failure']}")
+    print(f"{describe(args)}, batch {args.batch}, {args.image}x{args.image}x3, SGD momentum, "
+          f"median of {args.steps} steps after {args.warmup} warm-up"
+          f"{f', best of {args.rounds} alternating rounds' if args.rounds > 1 else ''}, {result['device']}")
+    print(f"{'':18}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
+    for name, r in rows:
+        print(f"{name:18}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"
+              f"{r['warmup_s']:11.1f}{r['loss_first']:11.4f}->{r['loss_last']:.4f}")
+    if "new_batch" in result["kernelgen"]:
+        k = result["kernelgen"]
+        print(f"kernelgen, then batch {k['new_batch']}: first step {k['new_batch_first_step_s']:.2f} s, next 5 steps "
+              f"{k['new_batch_step_ms']:.2f} ms (median); {len(k['new_batch_steps_ms'])} steps: steady "
+              f"{k['new_batch_steady_step_ms']:.2f} ms, {k['new_batch_extra_s']:.2f} s beyond it in all")
+        if "new_batch_extra_vs_control_s" in k:
+            print(f"  control: {k['new_batch_control_steps']} more steps at {k['new_batch_control_step_ms']:.2f} ms "
+                  f"(mean): the window cost {k['new_batch_extra_vs_control_s']:.2f} s beyond them")
+    if "precompile_s" in result["kernelgen"]:
+        k = result["kernelgen"]
+        print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "
+              f"{k['precompile_compiled']} compiled in {k['precompile_workers']} processes) in {k['precompile_s']:.1f} s"
+              f"{'; errors: ' + '; '.join(k['precompile_errors']) if k['precompile_errors'] else ''}")
+    if "map_uploads_per_step" in result["kernelgen"]:
+        print(f"kernelgen: {result['kernelgen']['map_uploads_per_step']:.1f} TMA tensor maps encoded and uploaded a "
+              f"step (arrays at addresses the map ring has not seen)")
+    for name, r in rows:
+        if "kernels" in r:
+            _print_kernels(name, r["kernels"])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m kernelgen.nn.bench_step", description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=128)
@@ -378,37 +414,7 @@ def main(argv=None):
             print(profile.table())
         if torch_on:
             result["torch"] = bench_torch(x, labels, args)
-    mode = "amp" if args.amp else "fp32"
-    rows = [(f"kernelgen {mode}{' graph' if args.capture else ''}", result["kernelgen"])] + \
-        ([(f"torch {mode}", result["torch"])] if "torch" in result else [])
-    if args.capture and not result["kernelgen"]["captured"]:
-        print(f"kernelgen's step was not captured (it ran uncaptured): {result['kernelgen']['capture_failure']}")
-    print(f"{describe(args)}, batch {args.batch}, {args.image}x{args.image}x3, SGD momentum, "
-          f"median of {args.steps} steps after {args.warmup} warm-up"
-          f"{f', best of {args.rounds} alternating rounds' if args.rounds > 1 else ''}, {result['device']}")
-    print(f"{'':18}{'step ms':>10}{'min ms':>10}{'peak MiB':>10}{'warm-up s':>11}{'loss first->last':>20}")
-    for name, r in rows:
-        print(f"{name:18}{r['step_ms']:10.2f}{r['step_ms_min']:10.2f}{r['peak_bytes'] / 2**20:10.1f}"
-              f"{r['warmup_s']:11.1f}{r['loss_first']:11.4f}->{r['loss_last']:.4f}")
-    if "new_batch" in result["kernelgen"]:
-        k = result["kernelgen"]
-        print(f"kernelgen, then batch {k['new_batch']}: first step {k['new_batch_first_step_s']:.2f} s, next 5 steps "
-              f"{k['new_batch_step_ms']:.2f} ms (median); {len(k['new_batch_steps_ms'])} steps: steady "
-              f"{k['new_batch_steady_step_ms']:.2f} ms, {k['new_batch_extra_s']:.2f} s beyond it in all")
-        if "new_batch_extra_vs_control_s" in k:
-            print(f"  control: {k['new_batch_control_steps']} more steps at {k['new_batch_control_step_ms']:.2f} ms "
-                  f"(mean): the window cost {k['new_batch_extra_vs_control_s']:.2f} s beyond them")
-    if "precompile_s" in result["kernelgen"]:
-        k = result["kernelgen"]
-        print(f"kernelgen precompile: {k['precompile_kernels']} kernels ({k['precompile_cached']} from the disk cache, "
-              f"{k['precompile_compiled']} compiled in {k['precompile_workers']} processes) in {k['precompile_s']:.1f} s"
-              f"{'; errors: ' + '; '.join(k['precompile_errors']) if k['precompile_errors'] else ''}")
-    if "map_uploads_per_step" in result["kernelgen"]:
-        print(f"kernelgen: {result['kernelgen']['map_uploads_per_step']:.1f} TMA tensor maps encoded and uploaded a "
-              f"step (arrays at addresses the map ring has not seen)")
-    for name, r in rows:
-        if "kernels" in r:
-            _print_kernels(name, r["kernels"])
+    _print_runs(result, args)
     if args.curve and torch_on:
         result["curve"] = c = loss_curves(args)
         print(f"loss curves over {c['steps']} steps ({c['batches']} batches cycled), mean |ln(loss ratio)| a step: "
