@@ -36,6 +36,19 @@ _CAPTURE_RELAXED = 2  # CUstreamCaptureMode: the step allocates from its pool wh
                       # not a stream operation), as PyTorch's allocator relaxes the mode around cudaMalloc
 
 
+def _array(a):
+    """The array of a Tensor, or `a` itself."""
+    return a.data if isinstance(a, Tensor) else a
+
+
+def _device_array(i, a):
+    """inputs[i]'s array; TypeError where it is on the host."""
+    data = _array(a)
+    if not _on_device(data):
+        raise TypeError(f"inputs[{i}] must be a device Tensor or array, got {type(a).__name__} on the host")
+    return data
+
+
 class CapturedStep:
     """`fn(*inputs)` - a training step on device Tensors / arrays - warmed up `warmup` times, captured once, then
     replayed by each call on new inputs of the same shapes and dtypes; a call returns what the capture's fn
@@ -47,8 +60,7 @@ class CapturedStep:
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup must be an int >= 1 (the capture cannot compile), got {warmup!r}")
         for i, a in enumerate(inputs):
-            if not _on_device(a.data if isinstance(a, Tensor) else a):
-                raise TypeError(f"inputs[{i}] must be a device Tensor or array, got {type(a).__name__} on the host")
+            _device_array(i, a)
         ops = device_kernels()
         self._fn, self._ops = fn, ops
         self._stream = ops.new_stream()
@@ -73,7 +85,7 @@ class CapturedStep:
 
     def _like(self, a):
         """A device array (or Tensor, keeping requires_grad) of a's shape and dtype: the graph's input."""
-        data = a.data if isinstance(a, Tensor) else a
+        data = _array(a)
         arr = self._ops.empty(tuple(data.shape), data.dtype)
         return Tensor(arr, a.requires_grad) if isinstance(a, Tensor) else arr
 
@@ -81,15 +93,13 @@ class CapturedStep:
         if len(inputs) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} inputs, got {len(inputs)}")
         for i, (a, mine) in enumerate(zip(inputs, self._inputs)):
-            src, dst = (a.data if isinstance(a, Tensor) else a), (mine.data if isinstance(mine, Tensor) else mine)
-            if not _on_device(src):
-                raise TypeError(f"inputs[{i}] must be a device Tensor or array, got {type(a).__name__} on the host")
+            src, dst = _device_array(i, a), _array(mine)
             if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
                 raise ValueError(f"inputs[{i}] must have the captured shape {tuple(dst.shape)} and dtype {dst.dtype}, "
                                  f"got {tuple(src.shape)} {src.dtype}")
         with self._ops.on_stream(self._stream):  # (a blocking stream: the copies wait for the default stream's work)
             for a, mine in zip(inputs, self._inputs):
-                src, dst = (a.data if isinstance(a, Tensor) else a), (mine.data if isinstance(mine, Tensor) else mine)
+                src, dst = _array(a), _array(mine)
                 self._ops.copy_into(self._ops.view(dst, (dst.size,)), self._ops.view(src, (src.size,)))
 
     def _run(self):
