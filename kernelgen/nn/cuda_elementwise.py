@@ -1,5 +1,5 @@
-"""Device kernels for kernelgen.nn's element-wise ops beyond ReLU and add (cuda_ops has those): mul with
-broadcasting, leaky ReLU, sigmoid, tanh, GELU, dropout, and concat / its split.  Same conventions as
+"""Device kernels for kernelgen.nn's element-wise ops: add (+ ReLU), ReLU, cast, fill, mul with broadcasting,
+leaky ReLU, sigmoid, tanh, GELU, dropout, and concat / its split.  Same conventions as
 cuda_ops: C-contiguous float32 arrays seen flat, launched through cuda_launch.kernel, memory from the arena.
 
 The activations compute in float32 with the host's formulas (functional.py) and constants
@@ -16,7 +16,7 @@ from numba import cuda, float64
 from kernelgen.cuda_index import udiv32, umod32
 
 from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
-from kernelgen.nn.cuda_launch import BLOCK, _grid, empty, is_device, kernel, to_device
+from kernelgen.nn.cuda_launch import BLOCK, VEC, _grid, _vgrid, empty, is_device, kernel, to_device
 
 # numba types a Python float constant as float64 and would promote the float32 math to it
 _ONE = np.float32(1.0)
@@ -28,6 +28,108 @@ _NEG_INF = np.float32(-np.inf)
 
 LEAKY_RELU, SIGMOID, TANH, GELU, RELU6 = 0, 1, 2, 3, 4
 _ACTIVATIONS = {"leaky_relu": LEAKY_RELU, "sigmoid": SIGMOID, "tanh": TANH, "gelu": GELU, "relu6": RELU6}
+
+
+# ---- add, ReLU, cast, fill (the ops a ResNet trains with; VEC elements a thread where it is memory-bound) ----
+
+@kernel
+def _fill_k(a, v, n):
+    i = cuda.grid(1)
+    if i < n:
+        a[i] = v
+
+
+@kernel
+def _add_k(a, b, out, n, relu):
+    e = cuda.grid(1) * VEC
+    if e + VEC <= n:
+        a0, a1, a2, a3 = a[e], a[e + 1], a[e + 2], a[e + 3]
+        b0, b1, b2, b3 = b[e], b[e + 1], b[e + 2], b[e + 3]
+        out[e] = _add_value(a0, b0, relu)
+        out[e + 1] = _add_value(a1, b1, relu)
+        out[e + 2] = _add_value(a2, b2, relu)
+        out[e + 3] = _add_value(a3, b3, relu)
+    else:
+        for i in range(e, n):
+            out[i] = _add_value(a[i], b[i], relu)
+
+
+@cuda.jit(device=True, inline=True)
+def _add_value(a, b, relu):
+    v = a + b
+    if relu and v < 0:
+        v = np.float32(0)
+    return v
+
+
+@kernel
+def _relu_k(x, y, n):
+    i = cuda.grid(1)
+    if i < n:
+        v = x[i]
+        y[i] = v if v > 0 else np.float32(0)
+
+
+@kernel
+def _relu_bwd_k(g, y, dx, n):
+    # the mask is read from the output: the input may be gone (fused ops keep only what follows them)
+    e = cuda.grid(1) * VEC
+    if e + VEC <= n:
+        g0, g1, g2, g3 = g[e], g[e + 1], g[e + 2], g[e + 3]
+        y0, y1, y2, y3 = y[e], y[e + 1], y[e + 2], y[e + 3]
+        dx[e] = g0 if y0 > 0 else np.float32(0)
+        dx[e + 1] = g1 if y1 > 0 else np.float32(0)
+        dx[e + 2] = g2 if y2 > 0 else np.float32(0)
+        dx[e + 3] = g3 if y3 > 0 else np.float32(0)
+    else:
+        for i in range(e, n):
+            dx[i] = g[i] if y[i] > 0 else np.float32(0)
+
+
+@kernel
+def _cast_k(a, out, n):
+    i = cuda.grid(1)
+    if i < n:
+        out[i] = a[i]
+
+
+def cast(a, dtype):
+    """a's values in a new array of `dtype` (float32 <-> float16: the 16-bit activations of fp16 training)."""
+    out = empty(a.shape, dtype)
+    _cast_k(_grid(a.size), BLOCK, a, out, a.size)
+    return out
+
+
+def fill(a, value):
+    _fill_k(_grid(a.size), BLOCK, a, float(value), a.size)
+    return a
+
+
+def zeros(shape, dtype=np.float32):
+    return fill(empty(shape, dtype), 0.0)
+
+
+def add(a, b, relu=False, out=None):
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
+    out = empty(a.shape, a.dtype) if out is None else out
+    _add_k(_vgrid(a.size), BLOCK, a, b, out, a.size, int(relu))
+    return out
+
+
+def relu(x):
+    y = empty(x.shape, x.dtype)
+    _relu_k(_grid(x.size), BLOCK, x, y, x.size)
+    return y
+
+
+def relu_backward(g, y):
+    dx = empty(g.shape, g.dtype)
+    _relu_bwd_k(_vgrid(g.size), BLOCK, g, y, dx, g.size)
+    return dx
+
+
+# ---- activations ---------------------------------------------------------------------------------------
 _ZERO, _SIX = np.float32(0.0), np.float32(6.0)  # relu6's bounds (MobileNetV2, kernelgen.nn.mobilenet)
 
 

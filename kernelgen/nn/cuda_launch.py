@@ -230,3 +230,15 @@ def _grid(n):
     if n >= 2 ** 31:
         raise ValueError(f"device tensors must have fewer than 2**31 elements, got {n}")
     return max(1, (n + BLOCK - 1) // BLOCK)
+
+
+# Element-wise passes take VEC consecutive elements a thread, all loaded before any is stored: one element a thread
+# keeps a 4-byte load in flight per thread, too few bytes for HBM3 (BN apply reached 1.8 of ~3 TB/s on the H100,
+# BENCHMARKS.md), and a store between two loads stops the compiler from issuing the second early (an output may be
+# an input's own buffer).  The tail (n not a multiple of VEC) is the last thread's, element by element.
+VEC = 4
+
+
+def _vgrid(n):
+    """Blocks of BLOCK threads covering n elements, VEC a thread."""
+    return _grid((n + VEC - 1) // VEC)

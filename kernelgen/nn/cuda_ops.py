@@ -27,15 +27,18 @@ from kernelgen.cuda_index import udiv32, umod32
 
 # the array helpers and the other ops' kernels are re-exported: this module is the whole device half for its
 # callers (tensor.device_kernels)
-from kernelgen.nn.cuda_elementwise import (activation, activation_backward, concat, dropout,  # noqa: F401
-                                           mul, mul_backward, split)
+from kernelgen.nn import cuda_elementwise
+from kernelgen.nn.cuda_elementwise import (activation, activation_backward, add, cast, concat,  # noqa: F401
+                                           dropout, fill, mul, mul_backward, relu_backward, split, zeros)
 from kernelgen.nn.cuda_launch import (  # noqa: F401
     BLOCK,
     MAX_PARTIALS,
     SIM,
     TC,
     TR,
+    VEC,
     _grid,
+    _vgrid,
     copy_into,
     current_stream,
     empty,
@@ -53,6 +56,9 @@ from kernelgen.nn.cuda_optim import (adam_step, scale_by, sgd_step, unscale_, up
                                      zero_flag)
 from kernelgen.nn.cuda_pool import (adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d,  # noqa: F401
                                     avg_pool2d_backward, max_pool2d, max_pool2d_backward)
+
+relu = cuda_elementwise.relu  # re-exported as the others are (imported by name, the kernels' `relu` flag would
+# shadow it)
 
 
 @cuda.jit(device=True)
@@ -81,84 +87,6 @@ def _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty):
         part_b[cuda.blockIdx.y * c + ch] = b
 
 
-# ---- elementwise ------------------------------------------------------------------------------------------
-
-@kernel
-def _fill_k(a, v, n):
-    i = cuda.grid(1)
-    if i < n:
-        a[i] = v
-
-
-@kernel
-def _add_k(a, b, out, n, relu):
-    i = cuda.grid(1)
-    if i < n:
-        v = a[i] + b[i]
-        if relu and v < 0:
-            v = np.float32(0)
-        out[i] = v
-
-
-@kernel
-def _relu_k(x, y, n):
-    i = cuda.grid(1)
-    if i < n:
-        v = x[i]
-        y[i] = v if v > 0 else np.float32(0)
-
-
-@kernel
-def _relu_bwd_k(g, y, dx, n):
-    # the mask is read from the output: the input may be gone (fused ops keep only what follows them)
-    i = cuda.grid(1)
-    if i < n:
-        dx[i] = g[i] if y[i] > 0 else np.float32(0)
-
-
-@kernel
-def _cast_k(a, out, n):
-    i = cuda.grid(1)
-    if i < n:
-        out[i] = a[i]
-
-
-def cast(a, dtype):
-    """a's values in a new array of `dtype` (float32 <-> float16: the 16-bit activations of fp16 training)."""
-    out = empty(a.shape, dtype)
-    _cast_k(_grid(a.size), BLOCK, a, out, a.size)
-    return out
-
-
-def fill(a, value):
-    _fill_k(_grid(a.size), BLOCK, a, float(value), a.size)
-    return a
-
-
-def zeros(shape, dtype=np.float32):
-    return fill(empty(shape, dtype), 0.0)
-
-
-def add(a, b, relu=False, out=None):
-    if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
-    out = empty(a.shape, a.dtype) if out is None else out
-    _add_k(_grid(a.size), BLOCK, a, b, out, a.size, int(relu))
-    return out
-
-
-def relu(x):
-    y = empty(x.shape, x.dtype)
-    _relu_k(_grid(x.size), BLOCK, x, y, x.size)
-    return y
-
-
-def relu_backward(g, y):
-    dx = empty(g.shape, g.dtype)
-    _relu_bwd_k(_grid(g.size), BLOCK, g, y, dx, g.size)
-    return dx
-
-
 # ---- per-channel reductions: batch norm, bias gradients ---------------------------------------------------
 
 def _partials(rows):
@@ -176,11 +104,19 @@ def _stats_partial_k(x, rows, c, part_s, part_q):
     if ch < c:
         shift = float64(x[ch])
         r = cuda.blockIdx.y * TR + ty
-        while r < rows:
+        step = cuda.gridDim.y * TR
+        while r + step < rows:  # two rows an iteration, added in row order (see _grad_partial_k)
+            d0 = float64(x[r * c + ch]) - shift
+            d1 = float64(x[(r + step) * c + ch]) - shift
+            s += d0
+            q += d0 * d0
+            s += d1
+            q += d1 * d1
+            r += 2 * step
+        if r < rows:
             d = float64(x[r * c + ch]) - shift
             s += d
             q += d * d
-            r += cuda.gridDim.y * TR
     _block_column_sums(s, q, part_s, part_q, c, ch, tx, ty)
 
 
@@ -223,23 +159,61 @@ def _inv_std_k(var, eps, inv_std, c):
         inv_std[ch] = 1.0 / math.sqrt(float64(var[ch]) + eps)
 
 
+@cuda.jit(device=True, inline=True)
+def _next_channel(ch, c):
+    """The channel of the element after one of channel ch (rows of c channels)."""
+    ch += 1
+    return ch - c if ch >= c else ch
+
+
+@cuda.jit(device=True, inline=True)
+def _bn_value(v, ch, mean, inv_std, w, b, r, has_res, relu):
+    v = (v - mean[ch]) * inv_std[ch] * w[ch] + b[ch]
+    if has_res:
+        v += r
+    if relu and v < 0:
+        v = np.float32(0)
+    return v
+
+
 @kernel
 def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
-    i = cuda.grid(1)
-    if i < n:
-        ch = umod32(i, c)
-        v = (x[i] - mean[ch]) * inv_std[ch] * w[ch] + b[ch]
+    # VEC elements a thread (cuda_launch.VEC); y may be res's own buffer: every load comes before the thread's stores
+    e = cuda.grid(1) * VEC
+    if e + VEC <= n:
+        x0, x1, x2, x3 = x[e], x[e + 1], x[e + 2], x[e + 3]
+        r0 = r1 = r2 = r3 = np.float32(0)
         if has_res:
-            v += res[i]
-        if relu and v < 0:
-            v = np.float32(0)
-        y[i] = v
+            r0, r1, r2, r3 = res[e], res[e + 1], res[e + 2], res[e + 3]
+        c0 = umod32(e, c)
+        c1 = _next_channel(c0, c)
+        c2 = _next_channel(c1, c)
+        c3 = _next_channel(c2, c)
+        y[e] = _bn_value(x0, c0, mean, inv_std, w, b, r0, has_res, relu)
+        y[e + 1] = _bn_value(x1, c1, mean, inv_std, w, b, r1, has_res, relu)
+        y[e + 2] = _bn_value(x2, c2, mean, inv_std, w, b, r2, has_res, relu)
+        y[e + 3] = _bn_value(x3, c3, mean, inv_std, w, b, r3, has_res, relu)
+    else:
+        for i in range(e, n):
+            y[i] = _bn_value(x[i], umod32(i, c), mean, inv_std, w, b, res[i], has_res, relu)
+
+
+@cuda.jit(device=True, inline=True)
+def _grad_terms(g, x, y, relu, i, mu, istd):
+    """Row i's terms of the two sums: (g', g' x_hat), g' = g masked by y > 0 when relu.  Every load is made whatever
+    the mask (a select, not a branch: the loads of two rows go out together), and a masked g is dropped, not
+    multiplied by 0 (an inf there must not become a nan)."""
+    ge, xv = float64(g[i]), x[i]
+    if relu and not y[i] > 0:
+        return 0.0, 0.0
+    return ge, ge * ((xv - mu) * istd)
 
 
 @kernel
 def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
     # sum(g) and sum(g * x_hat) per channel, g masked by y > 0 when a ReLU followed; x_hat recomputed
-    # from x: it is not kept (the memory of one more activation per layer)
+    # from x: it is not kept (the memory of one more activation per layer).  Two rows an iteration, added in
+    # row order: their loads are in flight together
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     ch = cuda.blockIdx.x * TC + tx
     a = float64(0.0)
@@ -247,13 +221,19 @@ def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
     if ch < c:
         mu, istd = mean[ch], inv_std[ch]
         r = cuda.blockIdx.y * TR + ty
-        while r < rows:
-            i = r * c + ch
-            if not relu or y[i] > 0:
-                ge = float64(g[i])
-                a += ge
-                b += ge * ((x[i] - mu) * istd)
-            r += cuda.gridDim.y * TR
+        step = cuda.gridDim.y * TR
+        while r + step < rows:
+            a0, b0 = _grad_terms(g, x, y, relu, r * c + ch, mu, istd)
+            a1, b1 = _grad_terms(g, x, y, relu, (r + step) * c + ch, mu, istd)
+            a += a0
+            b += b0
+            a += a1
+            b += b1
+            r += 2 * step
+        if r < rows:
+            a0, b0 = _grad_terms(g, x, y, relu, r * c + ch, mu, istd)
+            a += a0
+            b += b0
     _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty)
 
 
@@ -267,20 +247,48 @@ def _grad_final_k(part_a, part_b, n_part, c, out_a, out_b):
         out_b[ch] = b
 
 
+@cuda.jit(device=True, inline=True)
+def _bn_dx_value(ge, yv, xv, ch, relu, mean, inv_std, w, dw, db, inv_rows, training):
+    if relu and yv <= 0:
+        ge = np.float32(0)
+    k = w[ch] * inv_std[ch]
+    if training:  # the batch statistics depend on x as well
+        xhat = (xv - mean[ch]) * inv_std[ch]
+        return k * (ge - db[ch] * inv_rows - xhat * (dw[ch] * inv_rows))
+    return k * ge
+
+
 @kernel
 def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c):
-    i = cuda.grid(1)
-    if i < n:
-        ch = umod32(i, c)
-        ge = g[i]
-        if relu and y[i] <= 0:
-            ge = np.float32(0)
-        k = w[ch] * inv_std[ch]
-        if training:  # the batch statistics depend on x as well
-            xhat = (x[i] - mean[ch]) * inv_std[ch]
-            dx[i] = k * (ge - db[ch] * inv_rows - xhat * (dw[ch] * inv_rows))
-        else:
-            dx[i] = k * ge
+    # VEC elements a thread (cuda_launch.VEC); x is read in training only, y (the output, for the ReLU mask) with relu only
+    e = cuda.grid(1) * VEC
+    if e + VEC <= n:
+        g0, g1, g2, g3 = g[e], g[e + 1], g[e + 2], g[e + 3]
+        x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = np.float32(0)
+        if training:
+            x0, x1, x2, x3 = x[e], x[e + 1], x[e + 2], x[e + 3]
+        if relu:
+            y0, y1, y2, y3 = y[e], y[e + 1], y[e + 2], y[e + 3]
+        c0 = umod32(e, c)
+        c1 = _next_channel(c0, c)
+        c2 = _next_channel(c1, c)
+        c3 = _next_channel(c2, c)
+        dx[e] = _bn_dx_value(g0, y0, x0, c0, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + 1] = _bn_dx_value(g1, y1, x1, c1, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + 2] = _bn_dx_value(g2, y2, x2, c2, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + 3] = _bn_dx_value(g3, y3, x3, c3, relu, mean, inv_std, w, dw, db, inv_rows, training)
+    else:
+        for i in range(e, n):
+            dx[i] = _bn_dx_value(g[i], y[i], x[i], umod32(i, c), relu, mean, inv_std, w, dw, db, inv_rows, training)
+
+
+def bn_dx(g, x, y, relu, mean, inv_std, w, dw, db, rows, training, dx):
+    """dx of batch norm (ReLU-masked by y > 0 where relu) from the channel sums dw = sum(g' x_hat), db = sum(g') over
+    `rows` rows (all ranks' for a synchronised batch norm), into dx."""
+    c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
+    _bn_dx_k(_vgrid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db, 1.0 / rows,
+             int(training), dx, x.size, c)
+    return dx
 
 
 def _channel_grid(rows, c):
@@ -312,7 +320,7 @@ def batch_norm_apply(x, w, b, mean, inv_std, relu, residual=None, out=None):
     output, and the same bits when computed again (kernelgen.nn's recomputed activations)."""
     c = int(tuple(x.shape)[-1])
     y = empty(x.shape, x.dtype) if out is None else out
-    _bn_apply_k(_grid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
+    _bn_apply_k(_vgrid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
                 int(residual is not None), y, x.size, c, int(relu))
     return y
 
@@ -338,9 +346,7 @@ def batch_norm_backward(g, x, y, relu, w, mean, inv_std, training):
     """(dx, dweight, dbias); y (the output) is read only for the ReLU mask."""
     c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
     db, dw = channel_sums(g, x, y if relu else None, mean, inv_std)
-    dx = empty(x.shape, x.dtype)
-    _bn_dx_k(_grid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db,
-             1.0 / (x.size // c), int(training), dx, x.size, c)
+    dx = bn_dx(g, x, y, relu, mean, inv_std, w, dw, db, x.size // c, training, empty(x.shape, x.dtype))
     return dx, dw, db
 
 

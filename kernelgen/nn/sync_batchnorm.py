@@ -91,11 +91,9 @@ def _device(ops, x, weight, bias, running_mean, running_var, comm, count, moment
     def backward(g):
         db, dw = ops.channel_sums(g, x.data, y if relu else None, mean_d, inv_std)
         both = _all_reduce_host(comm, np.concatenate([ops.to_host(db), ops.to_host(dw)]).astype(np.float64))
-        dx = ops.empty(x.shape)
-        # cuda_ops' batch-norm dx kernel in its training form, given the global sums and count
-        ops._bn_dx_k(ops._grid(x.data.size), ops.BLOCK, g, x.data, y if relu else g, int(relu), mean_d, inv_std,
-                     weight.data, ops.to_device(both[c:].astype(np.float32)),
-                     ops.to_device(both[:c].astype(np.float32)), 1.0 / count, 1, dx, x.data.size, c)
+        # cuda_ops' batch-norm dx in its training form, given the global sums and count
+        dx = ops.bn_dx(g, x.data, y, relu, mean_d, inv_std, weight.data, ops.to_device(both[c:].astype(np.float32)),
+                       ops.to_device(both[:c].astype(np.float32)), count, True, ops.empty(x.shape))
         return dx, dw, db
     return Tensor.from_op(y, (x, weight, bias), backward)
 

@@ -1,6 +1,8 @@
 """kernelgen.nn.CapturedStep on a real GPU (marker `gpu`): a ResNet step captured as a CUDA graph and replayed on new
 batches ends with the weights, and the last loss, of the same steps run eagerly - fp32 and AMP (fp16 convolutions,
-float16 activations, the loss scale on the device)."""
+float16 activations, the loss scale on the device).  The fp32 backward-weight kernels split their reduction over
+blocks that add into the gradient with atomics, so two eager runs differ in the last bits too: the bar is the eager
+runs' own spread (x 10), which a replay on a stale input or a missing kernel exceeds by orders of magnitude."""
 import numpy as np
 import pytest
 
@@ -19,8 +21,12 @@ def _resnet():
 def test_a_captured_resnet_step_trains_as_the_eager_one(amp_on, rng):
     batches = [(rng.standard_normal((8, 16, 16, 3)).astype(np.float32), rng.integers(0, 10, 8)) for _ in range(4)]
     want, want_loss, _ = trained(_resnet, batches, captured=False, amp_on=amp_on)
+    again, again_loss, _ = trained(_resnet, batches, captured=False, amp_on=amp_on)
     got, got_loss, runner = trained(_resnet, batches, captured=True, amp_on=amp_on)
     assert runner.captured, runner.reason
-    assert got_loss == pytest.approx(want_loss, rel=1e-5)
+    assert abs(got_loss - want_loss) <= 1e-5 * abs(want_loss) + 10 * abs(again_loss - want_loss)
     for k in want:
-        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        spread = float(np.max(np.abs(again[k] - want[k]), initial=0.0))
+        bar = 1e-6 + 1e-5 * float(np.max(np.abs(want[k]), initial=0.0)) + 10 * spread
+        err = float(np.max(np.abs(got[k] - want[k]), initial=0.0))
+        assert err <= bar, f"{k}: captured differs from eager by {err:.3g}, eager from itself by {spread:.3g}"
