@@ -16,7 +16,7 @@ from numba import cuda, float64
 from kernelgen.cuda_index import udiv32, umod32
 
 from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
-from kernelgen.nn.cuda_launch import BLOCK, VEC, _grid, _vgrid, empty, is_device, kernel, to_device
+from kernelgen.nn.cuda_launch import BLOCK, _grid, _vgrid, empty, is_device, kernel, thread_elements, to_device
 
 # numba types a Python float constant as float64 and would promote the float32 math to it
 _ONE = np.float32(1.0)
@@ -30,7 +30,7 @@ LEAKY_RELU, SIGMOID, TANH, GELU, RELU6 = 0, 1, 2, 3, 4
 _ACTIVATIONS = {"leaky_relu": LEAKY_RELU, "sigmoid": SIGMOID, "tanh": TANH, "gelu": GELU, "relu6": RELU6}
 
 
-# ---- add, ReLU, cast, fill (the ops a ResNet trains with; VEC elements a thread where it is memory-bound) ----
+# ---- add, ReLU, cast, fill (the ops a ResNet trains with; 4 elements a thread where it is memory-bound) -----
 
 @kernel
 def _fill_k(a, v, n):
@@ -41,16 +41,16 @@ def _fill_k(a, v, n):
 
 @kernel
 def _add_k(a, b, out, n, relu):
-    e = cuda.grid(1) * VEC
-    if e + VEC <= n:
-        a0, a1, a2, a3 = a[e], a[e + 1], a[e + 2], a[e + 3]
-        b0, b1, b2, b3 = b[e], b[e + 1], b[e + 2], b[e + 3]
+    e, k = thread_elements()
+    if e + 3 * k < n:
+        a0, a1, a2, a3 = a[e], a[e + k], a[e + 2 * k], a[e + 3 * k]
+        b0, b1, b2, b3 = b[e], b[e + k], b[e + 2 * k], b[e + 3 * k]
         out[e] = _add_value(a0, b0, relu)
-        out[e + 1] = _add_value(a1, b1, relu)
-        out[e + 2] = _add_value(a2, b2, relu)
-        out[e + 3] = _add_value(a3, b3, relu)
+        out[e + k] = _add_value(a1, b1, relu)
+        out[e + 2 * k] = _add_value(a2, b2, relu)
+        out[e + 3 * k] = _add_value(a3, b3, relu)
     else:
-        for i in range(e, n):
+        for i in range(e, n, k):
             out[i] = _add_value(a[i], b[i], relu)
 
 
@@ -73,16 +73,16 @@ def _relu_k(x, y, n):
 @kernel
 def _relu_bwd_k(g, y, dx, n):
     # the mask is read from the output: the input may be gone (fused ops keep only what follows them)
-    e = cuda.grid(1) * VEC
-    if e + VEC <= n:
-        g0, g1, g2, g3 = g[e], g[e + 1], g[e + 2], g[e + 3]
-        y0, y1, y2, y3 = y[e], y[e + 1], y[e + 2], y[e + 3]
+    e, k = thread_elements()
+    if e + 3 * k < n:
+        g0, g1, g2, g3 = g[e], g[e + k], g[e + 2 * k], g[e + 3 * k]
+        y0, y1, y2, y3 = y[e], y[e + k], y[e + 2 * k], y[e + 3 * k]
         dx[e] = g0 if y0 > 0 else np.float32(0)
-        dx[e + 1] = g1 if y1 > 0 else np.float32(0)
-        dx[e + 2] = g2 if y2 > 0 else np.float32(0)
-        dx[e + 3] = g3 if y3 > 0 else np.float32(0)
+        dx[e + k] = g1 if y1 > 0 else np.float32(0)
+        dx[e + 2 * k] = g2 if y2 > 0 else np.float32(0)
+        dx[e + 3 * k] = g3 if y3 > 0 else np.float32(0)
     else:
-        for i in range(e, n):
+        for i in range(e, n, k):
             dx[i] = g[i] if y[i] > 0 else np.float32(0)
 
 

@@ -232,13 +232,23 @@ def _grid(n):
     return max(1, (n + BLOCK - 1) // BLOCK)
 
 
-# Element-wise passes take VEC consecutive elements a thread, all loaded before any is stored: one element a thread
-# keeps a 4-byte load in flight per thread, too few bytes for HBM3 (BN apply reached 1.8 of ~3 TB/s on the H100,
-# BENCHMARKS.md), and a store between two loads stops the compiler from issuing the second early (an output may be
-# an input's own buffer).  The tail (n not a multiple of VEC) is the last thread's, element by element.
-VEC = 4
+# The memory-bound element-wise passes take VEC elements a thread, all loaded before any is stored: one element a
+# thread kept one 4-byte load in flight per thread, too few bytes for HBM3 (batch-norm apply ran at ~1.8 of ~3 TB/s
+# on the H100), and a store between two loads keeps the compiler from issuing the second early (an output may be an
+# input's own buffer).  A block covers BLOCK * VEC consecutive elements and a thread's are BLOCK apart
+# (thread_elements), so every load of a warp is one coalesced 128-byte run: VEC consecutive elements a thread made
+# each load instruction touch VEC times the lines, and ran slower (1.0 ms against 0.8 for batch-norm apply, H100,
+# BENCHMARKS.md).
+VEC = 4  # (the kernels are unrolled by hand for 4)
 
 
 def _vgrid(n):
     """Blocks of BLOCK threads covering n elements, VEC a thread."""
     return _grid((n + VEC - 1) // VEC)
+
+
+@cuda.jit(device=True, inline=True)
+def thread_elements():
+    """(first, step): the thread's VEC elements are first + j * step, j < VEC (a launch of _vgrid(n) blocks)."""
+    step = cuda.blockDim.x
+    return cuda.blockIdx.x * step * VEC + cuda.threadIdx.x, step

@@ -36,7 +36,6 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     SIM,
     TC,
     TR,
-    VEC,
     _grid,
     _vgrid,
     copy_into,
@@ -48,6 +47,7 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     kernel,
     new_stream,
     on_stream,
+    thread_elements,
     to_device,
     to_host,
     view,
@@ -160,9 +160,9 @@ def _inv_std_k(var, eps, inv_std, c):
 
 
 @cuda.jit(device=True, inline=True)
-def _next_channel(ch, c):
-    """The channel of the element after one of channel ch (rows of c channels)."""
-    ch += 1
+def _channel_after(ch, skip, c):
+    """The channel of the element `skip` (< c, umod32(step, c)) elements after one of channel ch (rows of c)."""
+    ch += skip
     return ch - c if ch >= c else ch
 
 
@@ -178,23 +178,24 @@ def _bn_value(v, ch, mean, inv_std, w, b, r, has_res, relu):
 
 @kernel
 def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
-    # VEC elements a thread (cuda_launch.VEC); y may be res's own buffer: every load comes before the thread's stores
-    e = cuda.grid(1) * VEC
-    if e + VEC <= n:
-        x0, x1, x2, x3 = x[e], x[e + 1], x[e + 2], x[e + 3]
+    # 4 elements a thread (cuda_launch.VEC); y may be res's own buffer: every load comes before the thread's stores
+    e, k = thread_elements()
+    if e + 3 * k < n:
+        x0, x1, x2, x3 = x[e], x[e + k], x[e + 2 * k], x[e + 3 * k]
         r0 = r1 = r2 = r3 = np.float32(0)
         if has_res:
-            r0, r1, r2, r3 = res[e], res[e + 1], res[e + 2], res[e + 3]
+            r0, r1, r2, r3 = res[e], res[e + k], res[e + 2 * k], res[e + 3 * k]
+        skip = umod32(k, c)
         c0 = umod32(e, c)
-        c1 = _next_channel(c0, c)
-        c2 = _next_channel(c1, c)
-        c3 = _next_channel(c2, c)
+        c1 = _channel_after(c0, skip, c)
+        c2 = _channel_after(c1, skip, c)
+        c3 = _channel_after(c2, skip, c)
         y[e] = _bn_value(x0, c0, mean, inv_std, w, b, r0, has_res, relu)
-        y[e + 1] = _bn_value(x1, c1, mean, inv_std, w, b, r1, has_res, relu)
-        y[e + 2] = _bn_value(x2, c2, mean, inv_std, w, b, r2, has_res, relu)
-        y[e + 3] = _bn_value(x3, c3, mean, inv_std, w, b, r3, has_res, relu)
+        y[e + k] = _bn_value(x1, c1, mean, inv_std, w, b, r1, has_res, relu)
+        y[e + 2 * k] = _bn_value(x2, c2, mean, inv_std, w, b, r2, has_res, relu)
+        y[e + 3 * k] = _bn_value(x3, c3, mean, inv_std, w, b, r3, has_res, relu)
     else:
-        for i in range(e, n):
+        for i in range(e, n, k):
             y[i] = _bn_value(x[i], umod32(i, c), mean, inv_std, w, b, res[i], has_res, relu)
 
 
@@ -260,25 +261,26 @@ def _bn_dx_value(ge, yv, xv, ch, relu, mean, inv_std, w, dw, db, inv_rows, train
 
 @kernel
 def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c):
-    # VEC elements a thread (cuda_launch.VEC); x is read in training only, y (the output, for the ReLU mask) with relu only
-    e = cuda.grid(1) * VEC
-    if e + VEC <= n:
-        g0, g1, g2, g3 = g[e], g[e + 1], g[e + 2], g[e + 3]
+    # 4 elements a thread (cuda_launch.VEC); x is read in training only, y (the output: the ReLU mask) with relu only
+    e, k = thread_elements()
+    if e + 3 * k < n:
+        g0, g1, g2, g3 = g[e], g[e + k], g[e + 2 * k], g[e + 3 * k]
         x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = np.float32(0)
         if training:
-            x0, x1, x2, x3 = x[e], x[e + 1], x[e + 2], x[e + 3]
+            x0, x1, x2, x3 = x[e], x[e + k], x[e + 2 * k], x[e + 3 * k]
         if relu:
-            y0, y1, y2, y3 = y[e], y[e + 1], y[e + 2], y[e + 3]
+            y0, y1, y2, y3 = y[e], y[e + k], y[e + 2 * k], y[e + 3 * k]
+        skip = umod32(k, c)
         c0 = umod32(e, c)
-        c1 = _next_channel(c0, c)
-        c2 = _next_channel(c1, c)
-        c3 = _next_channel(c2, c)
+        c1 = _channel_after(c0, skip, c)
+        c2 = _channel_after(c1, skip, c)
+        c3 = _channel_after(c2, skip, c)
         dx[e] = _bn_dx_value(g0, y0, x0, c0, relu, mean, inv_std, w, dw, db, inv_rows, training)
-        dx[e + 1] = _bn_dx_value(g1, y1, x1, c1, relu, mean, inv_std, w, dw, db, inv_rows, training)
-        dx[e + 2] = _bn_dx_value(g2, y2, x2, c2, relu, mean, inv_std, w, dw, db, inv_rows, training)
-        dx[e + 3] = _bn_dx_value(g3, y3, x3, c3, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + k] = _bn_dx_value(g1, y1, x1, c1, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + 2 * k] = _bn_dx_value(g2, y2, x2, c2, relu, mean, inv_std, w, dw, db, inv_rows, training)
+        dx[e + 3 * k] = _bn_dx_value(g3, y3, x3, c3, relu, mean, inv_std, w, dw, db, inv_rows, training)
     else:
-        for i in range(e, n):
+        for i in range(e, n, k):
             dx[i] = _bn_dx_value(g[i], y[i], x[i], umod32(i, c), relu, mean, inv_std, w, dw, db, inv_rows, training)
 
 

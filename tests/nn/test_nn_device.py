@@ -48,8 +48,8 @@ def compare(op, arrays, rng, tol=TOL, host_dtype=np.float64):
 
 
 def test_elementwise_ops_and_gradient_accumulation(rng):
-    # 27 elements: the kernels' 4-a-thread path and the last thread's 3-element tail
-    a, b = rng.standard_normal((3, 1, 3, 3)), rng.standard_normal((3, 1, 3, 3))
+    # 135 elements: the simulator's blocks of 32 threads take 128, 4 a thread, and the second block the last 7
+    a, b = rng.standard_normal((3, 3, 5, 3)), rng.standard_normal((3, 3, 5, 3))
     compare(lambda t, _: F.relu(t[0]), [a], rng)
     # `a` feeds two ops: its device gradient is accumulated from both
     compare(lambda t, _: F.add_relu(F.add(t[0], t[1]), t[0]), [a, b], rng)
@@ -57,8 +57,8 @@ def test_elementwise_ops_and_gradient_accumulation(rng):
 
 @pytest.mark.parametrize("training,relu", [(True, False), (True, True), (False, False), (False, True)])
 def test_batch_norm(training, relu, rng):
-    c = 3  # 27 elements: 4 a thread, channels wrapping inside a thread's 4, a 3-element tail
-    x = 2 + 3 * rng.standard_normal((3, 3, 1, c))
+    c = 3  # 135 elements: a full block (4 a thread, 32 apart: channels 2 on), and a block of 7
+    x = 2 + 3 * rng.standard_normal((3, 3, 5, c))
     rm, rv = rng.standard_normal(c), 0.5 + rng.random(c)
     stats = {}
 
@@ -76,8 +76,8 @@ def test_batch_norm(training, relu, rng):
 
 @pytest.mark.parametrize("inplace", [False, True])
 def test_batch_norm_add_relu(inplace, rng):
-    c = 3  # 27 elements, as test_batch_norm
-    x, r = rng.standard_normal((3, 1, 3, c)), rng.standard_normal((3, 1, 3, c))
+    c = 3  # 135 elements, as test_batch_norm
+    x, r = rng.standard_normal((3, 3, 5, c)), rng.standard_normal((3, 3, 5, c))
 
     def op(t, device):
         m, v = np.zeros(c, t[0].dtype), np.ones(c, t[0].dtype)
