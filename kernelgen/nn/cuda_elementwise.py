@@ -16,7 +16,8 @@ from numba import cuda, float64
 from kernelgen.cuda_index import udiv32, umod32
 
 from kernelgen.nn.activation_constants import GELU_A, GELU_B, GELU_CLIP
-from kernelgen.nn.cuda_launch import BLOCK, _grid, _vgrid, empty, is_device, kernel, thread_elements, to_device
+from kernelgen.nn.cuda_launch import (BLOCK, _grid, _vgrid, consecutive, empty, is_device, kernel, thread_elements,
+                                      to_device)
 
 # numba types a Python float constant as float64 and would promote the float32 math to it
 _ONE = np.float32(1.0)
@@ -40,8 +41,8 @@ def _fill_k(a, v, n):
 
 
 @kernel
-def _add_k(a, b, out, n, relu):
-    e, k = thread_elements()
+def _add_k(a, b, out, n, relu, run):
+    e, k = thread_elements(run)
     if e + 3 * k < n:
         a0, a1, a2, a3 = a[e], a[e + k], a[e + 2 * k], a[e + 3 * k]
         b0, b1, b2, b3 = b[e], b[e + k], b[e + 2 * k], b[e + 3 * k]
@@ -71,9 +72,9 @@ def _relu_k(x, y, n):
 
 
 @kernel
-def _relu_bwd_k(g, y, dx, n):
+def _relu_bwd_k(g, y, dx, n, run):
     # the mask is read from the output: the input may be gone (fused ops keep only what follows them)
-    e, k = thread_elements()
+    e, k = thread_elements(run)
     if e + 3 * k < n:
         g0, g1, g2, g3 = g[e], g[e + k], g[e + 2 * k], g[e + 3 * k]
         y0, y1, y2, y3 = y[e], y[e + k], y[e + 2 * k], y[e + 3 * k]
@@ -113,7 +114,7 @@ def add(a, b, relu=False, out=None):
     if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"b must have a's shape {tuple(a.shape)} on the device (no broadcasting), got {tuple(b.shape)}")
     out = empty(a.shape, a.dtype) if out is None else out
-    _add_k(_vgrid(a.size), BLOCK, a, b, out, a.size, int(relu))
+    _add_k(_vgrid(a.size), BLOCK, a, b, out, a.size, int(relu), consecutive(a))
     return out
 
 
@@ -125,7 +126,7 @@ def relu(x):
 
 def relu_backward(g, y):
     dx = empty(g.shape, g.dtype)
-    _relu_bwd_k(_vgrid(g.size), BLOCK, g, y, dx, g.size)
+    _relu_bwd_k(_vgrid(g.size), BLOCK, g, y, dx, g.size, consecutive(g))
     return dx
 
 

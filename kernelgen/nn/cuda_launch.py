@@ -235,10 +235,11 @@ def _grid(n):
 # The memory-bound element-wise passes take VEC elements a thread, all loaded before any is stored: one element a
 # thread kept one 4-byte load in flight per thread, too few bytes for HBM3 (batch-norm apply ran at ~1.8 of ~3 TB/s
 # on the H100), and a store between two loads keeps the compiler from issuing the second early (an output may be an
-# input's own buffer).  A block covers BLOCK * VEC consecutive elements and a thread's are BLOCK apart
-# (thread_elements), so every load of a warp is one coalesced 128-byte run: VEC consecutive elements a thread made
-# each load instruction touch VEC times the lines, and ran slower (1.0 ms against 0.8 for batch-norm apply, H100,
-# BENCHMARKS.md).
+# input's own buffer).  Where a thread's elements lie (thread_elements), measured on the H100 in a ResNet-18 step
+# (BENCHMARKS.md): float32 arrays BLOCK apart - every load of a warp one coalesced 128-byte run (batch-norm apply
+# 0.80 -> 0.64 ms a step; 4 consecutive float32 elements a thread made each load touch 4 times the lines: 1.00 ms);
+# float16 arrays 4 consecutive ones - 8 bytes a thread, where BLOCK apart a warp's 2-byte loads fetch 64 bytes each
+# (0.57 ms consecutive, 0.63 apart).
 VEC = 4  # (the kernels are unrolled by hand for 4)
 
 
@@ -247,8 +248,16 @@ def _vgrid(n):
     return _grid((n + VEC - 1) // VEC)
 
 
+def consecutive(a) -> int:
+    """The thread_elements layout for arrays of a's dtype: 1 (consecutive) for 16-bit elements, 0 (BLOCK apart)."""
+    return int(a.dtype.itemsize < 4)
+
+
 @cuda.jit(device=True, inline=True)
-def thread_elements():
-    """(first, step): the thread's VEC elements are first + j * step, j < VEC (a launch of _vgrid(n) blocks)."""
+def thread_elements(consecutive):
+    """(first, step): the thread's VEC elements are first + j * step, j < VEC (a launch of _vgrid(n) blocks): VEC
+    consecutive ones (step 1), or BLOCK apart, the block covering BLOCK * VEC consecutive elements."""
+    if consecutive:
+        return (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * VEC, 1
     step = cuda.blockDim.x
     return cuda.blockIdx.x * step * VEC + cuda.threadIdx.x, step

@@ -38,6 +38,7 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     TR,
     _grid,
     _vgrid,
+    consecutive,
     copy_into,
     current_stream,
     empty,
@@ -177,9 +178,9 @@ def _bn_value(v, ch, mean, inv_std, w, b, r, has_res, relu):
 
 
 @kernel
-def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu):
+def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu, run):
     # 4 elements a thread (cuda_launch.VEC); y may be res's own buffer: every load comes before the thread's stores
-    e, k = thread_elements()
+    e, k = thread_elements(run)
     if e + 3 * k < n:
         x0, x1, x2, x3 = x[e], x[e + k], x[e + 2 * k], x[e + 3 * k]
         r0 = r1 = r2 = r3 = np.float32(0)
@@ -260,9 +261,9 @@ def _bn_dx_value(ge, yv, xv, ch, relu, mean, inv_std, w, dw, db, inv_rows, train
 
 
 @kernel
-def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c):
+def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n, c, run):
     # 4 elements a thread (cuda_launch.VEC); x is read in training only, y (the output: the ReLU mask) with relu only
-    e, k = thread_elements()
+    e, k = thread_elements(run)
     if e + 3 * k < n:
         g0, g1, g2, g3 = g[e], g[e + k], g[e + 2 * k], g[e + 3 * k]
         x0 = x1 = x2 = x3 = y0 = y1 = y2 = y3 = np.float32(0)
@@ -289,7 +290,7 @@ def bn_dx(g, x, y, relu, mean, inv_std, w, dw, db, rows, training, dx):
     `rows` rows (all ranks' for a synchronised batch norm), into dx."""
     c = int(tuple(x.shape)[-1])  # Python ints: the fast launch route keys on argument types
     _bn_dx_k(_vgrid(x.size), BLOCK, g, x, y if relu else g, int(relu), mean, inv_std, w, dw, db, 1.0 / rows,
-             int(training), dx, x.size, c)
+             int(training), dx, x.size, c, consecutive(x))
     return dx
 
 
@@ -323,7 +324,7 @@ def batch_norm_apply(x, w, b, mean, inv_std, relu, residual=None, out=None):
     c = int(tuple(x.shape)[-1])
     y = empty(x.shape, x.dtype) if out is None else out
     _bn_apply_k(_vgrid(x.size), BLOCK, x, mean, inv_std, w, b, x if residual is None else residual,
-                int(residual is not None), y, x.size, c, int(relu))
+                int(residual is not None), y, x.size, c, int(relu), consecutive(x))
     return y
 
 

@@ -88,6 +88,30 @@ def test_batch_norm_add_relu(inplace, rng):
     compare(op, [x, 1 + rng.random(c), rng.standard_normal(c), r], rng)
 
 
+def test_float16_arrays_get_the_float32_arithmetic_rounded_once(rng):
+    """The element-wise and batch-norm kernels on float16 arrays (fp16 training's activations; 4 consecutive elements
+    a thread, where float32 arrays take 4 elements BLOCK apart) compute as on float32 arrays of the same values and
+    round once: bit for bit float16(the float32 result).  135 elements: 33 full threads and a tail of 3."""
+    from kernelgen.nn import cuda_ops as ops
+    c = 3
+    x, r, g = (rng.standard_normal((3, 3, 5, c)).astype(np.float16) for _ in range(3))
+    w, b = (1 + rng.random(c)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+
+    def run(dtype):
+        dev = [ops.to_device(a.astype(np.float32)) for a in (x, r, g)]
+        dx_, dr, dg = dev if dtype == np.float32 else [ops.cast(a, np.float16) for a in dev]
+        m, v = ops.to_device(np.zeros(c, np.float32)), ops.to_device(np.ones(c, np.float32))
+        y, mean, inv_std = ops.batch_norm_forward(dx_, ops.to_device(w), ops.to_device(b), m, v, True, 0.1, 1e-5,
+                                                  True, dr)
+        mask = ops.to_device(ops.to_host(y).astype(np.float16).astype(np.float32))  # the float16 run's ReLU mask
+        mask = mask if dtype == np.float32 else ops.cast(mask, np.float16)
+        dx, dw, db = ops.batch_norm_backward(dg, dx_, mask, True, ops.to_device(w), mean, inv_std, True)
+        return [ops.to_host(a) for a in (y, dx, ops.add(dg, dr, relu=True), ops.relu_backward(dg, dr))]
+    for name, want, got in zip(("y", "dx", "add_relu", "relu_backward"), run(np.float32), run(np.float16)):
+        assert got.dtype == np.float16, name
+        np.testing.assert_array_equal(got, want.astype(np.float16), err_msg=name)
+
+
 def test_batch_norm_statistics_stay_accurate_with_a_large_mean(rng):
     # the CPU test's case: 1000 + N(0, 1) in float32; the device sums in float64 around a shift
     x = (1000 + rng.standard_normal((4, 4, 4, 2))).astype(np.float32)
