@@ -25,8 +25,9 @@ yet: scripts/tma_check.py measures its copy stream against the L1-allocating one
 store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned;
 store_pair_bf16 the same into an array of bfloat16 bits.
 
-load4h / load8h (and their _aligned forms): load4's 4 and 8 elements of a float16 array, widened to float32 (exact):
-one 8-byte ld.global.v2.b32 / one 16-byte ld.global.v4.b32 where aligned, else 2-byte loads, predicated as load4's.
+load2h / load4h / load8h (and their _aligned forms): 2, 4 and 8 elements of a float16 array, widened to float32
+(exact): one 4-byte ld.global.b32 / 8-byte ld.global.v2.b32 / 16-byte ld.global.v4.b32 where aligned, else 2-byte
+loads, predicated as load4's.
 
 bf16_widen(bits) / bf16_narrow(value): a bfloat16 element (its uint16 bit pattern) as float32, and a float32 as
 bfloat16 bits rounded to nearest even (how generated kernels read and write bfloat16 storage).
@@ -70,6 +71,7 @@ if settings.get("cuda_simulator"):
             return (np.float32(0.0),) * n
         return load
 
+    load2h = load2h_aligned = _halves(2)
     load4h = load4h_aligned = _halves(4)
     load8h = load8h_aligned = _halves(8)
 
@@ -138,12 +140,12 @@ else:
         return types.UniTuple(types.float32, 4)(a, i, cond) if ok else None
 
     def _half_load_asm(n, aligned):
-        """PTX of load4h / load8h: n outputs $0..$n-1 (f32), the element address $n, cond $n+1 and (unaligned) the
+        """PTX of load2h / load4h / load8h: n outputs $0..$n-1 (f32), the element address $n, cond $n+1 and (unaligned) the
         array's alignment $n+2; the words land in b32 registers (zeros where cond fails) and are split and widened."""
         words, a, c, al = n // 2, n, n + 1, n + 2
         r = ", ".join(f"r{j}" for j in range(words))
         h = ", ".join(f"h{j}" for j in range(n))
-        vec = f"ld.global.v{words}.b32 {{{r}}}, [g];" if words > 1 else f"ld.global.b32 {{{r}}}, [g];"
+        vec = f"ld.global.v{words}.b32 {{{r}}}, [g];" if words > 1 else f"ld.global.b32 {r}, [g];"
         preds = "c" if aligned else "c, w, n"
         text = (f"{{ .reg .pred {preds}; .reg .u64 g; .reg .b32 {r}; .reg .b16 {h};"
                 f" setp.ne.b32 c, ${c}, 0;")
@@ -169,6 +171,7 @@ else:
                     else None)
         return intrinsic(typer)
 
+    load2h, load2h_aligned = _half_load(2, False), _half_load(2, True)
     load4h, load4h_aligned = _half_load(4, False), _half_load(4, True)
     load8h, load8h_aligned = _half_load(8, False), _half_load(8, True)
 

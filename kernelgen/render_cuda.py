@@ -128,7 +128,7 @@ class CudaPrinter(SourcePrinter):
         dtype = self.kernel.buffer(s.buf).dtype
         if dtype == "float32" and len(s.dst) == 4:
             fn = "load4"
-        elif dtype == "float16" and len(s.dst) in (4, 8):  # 8 or 16 bytes of float16, widened
+        elif dtype == "float16" and len(s.dst) in (2, 4, 8):  # 4, 8 or 16 bytes of float16, widened
             fn = f"load{len(s.dst)}h"
         else:
             return super().vector_load(s, depth)
@@ -325,7 +325,7 @@ class CudaPrinter(SourcePrinter):
 
 
 # kernelgen.cuda_memory helpers that assume 16-byte alignment
-ALIGNED_HELPERS = {"load4_aligned", "load4h_aligned", "load8h_aligned", "copy_async16"}
+ALIGNED_HELPERS = {"load4_aligned", "load2h_aligned", "load4h_aligned", "load8h_aligned", "copy_async16"}
 _NUMBA_TYPE = {"bfloat16": "uint16"}  # numba has no bfloat16: its tiles hold the bit patterns
 _BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2}
 

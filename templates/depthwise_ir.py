@@ -154,8 +154,8 @@ def segment_loads(g: Geometry, src: str, window: Buffer | None, xin: Buffer, t, 
 
 def vector_width(dtype, width, channels):
     """Elements per global vector load of `width` consecutive channels of a `channels`-channel tensor: 16 bytes (8
-    float16, 4 float32) or 8 bytes (4 float16) where both divide, else 1 (element by element)."""
-    for vec in ((8, 4) if dtype == "float16" else (4,)):
+    float16, 4 float32), 8 bytes (4 float16) or 4 bytes (2 float16) where both divide, else 1 (element by element)."""
+    for vec in ((8, 4, 2) if dtype == "float16" else (4,)):
         if width % vec == 0 and channels % vec == 0:
             return vec
     return 1

@@ -4,7 +4,8 @@ A hand-built kernel copies x into y four elements per thread, odd threads readin
 predicate (zeros expected); the CPU renderer prints it element by element, the CUDA renderer as
 kernelgen.cuda_memory.load4 (one 16-byte load where the array is 16-byte aligned, four 4-byte loads
 where it is not: the GPU test passes an array that starts one element into an allocation); float16 buffers of
-4 or 8 elements as load4h / load8h (one 8- or 16-byte load widened to float32, 2-byte loads where unaligned).
+2, 4 or 8 elements as load2h / load4h / load8h (one 4-, 8- or 16-byte load widened to float32, 2-byte loads where
+unaligned).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def expected(x, width=4):
     return want.reshape(-1)
 
 
-WIDE = [("float32", 4, "load4"), ("float16", 4, "load4h"), ("float16", 8, "load8h")]
+WIDE = [("float32", 4, "load4"), ("float16", 2, "load2h"), ("float16", 4, "load4h"), ("float16", 8, "load8h")]
 
 
 def test_vector_load_renders_and_runs_on_the_cpu(rng):
