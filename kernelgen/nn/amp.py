@@ -94,20 +94,20 @@ class GradScaler:
             return
         if self._unscaled is not None:
             raise RuntimeError("unscale_() was already called on this step's gradients; call update() first")
-        inv, found, on_device = 1.0 / self._scale, False, False
+        inv, found, on_device = 1.0 / self._scale, False, []
         for p in optimizer.params:
             g = p.grad
             if g is None:
                 continue
             if _on_device(g):
-                scale, _, flag = self._device_state()
-                device_kernels().unscale_(g, scale, flag)
-                on_device = True
+                on_device.append(g)
             else:
                 g *= np.asarray(inv, g.dtype)
                 found = found or not np.isfinite(g).all()
         if on_device:
+            scale, _, flag = self._device_state()
             ops = device_kernels()
+            ops.unscale_all_(on_device, scale, flag)
             found = None if ops.in_graph_mode() else found or bool(ops.to_host(self._dev[2])[0])  # (a sync, as torch's)
         self._unscaled, self._found_inf = optimizer, found
 

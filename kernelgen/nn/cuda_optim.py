@@ -31,14 +31,69 @@ def zero_flag(flag=None):
 
 # ---- optimisers (in place) -----------------------------------------------------------------------------
 
+# SGD and unscale_ take GROUP tensors a launch (a ResNet-18 has 62 parameters: 62 launches of a few microseconds, and
+# as many gaps between a captured graph's kernels, became 8): the kernel's threads run over the tensors' elements one
+# after another, slot by slot; a group of fewer tensors passes n = 0 in the slots it leaves empty (their arrays are
+# the first slot's, never touched).
+GROUP = 8
+
+
+def _groups(items):
+    """items (tuples of arrays and a size) in groups of GROUP, each padded with its first item at size 0."""
+    for start in range(0, len(items), GROUP):
+        group = list(items[start:start + GROUP])
+        yield group + [group[0][:-1] + (0,)] * (GROUP - len(group))
+
+
+def _group_grid(group):
+    return _grid(sum(item[-1] for item in group))
+
+
+@cuda.jit(device=True, inline=True)
+def _sgd_at(p, g, v, i, lr, momentum, wd):
+    gi = g[i] + wd * p[i]
+    vi = momentum * v[i] + gi
+    v[i] = vi
+    p[i] -= lr * vi
+
+
 @kernel
-def _sgd_k(p, g, v, n, lr, momentum, wd, skip):
+def _sgd_k(p0, g0, v0, n0, p1, g1, v1, n1, p2, g2, v2, n2, p3, g3, v3, n3, p4, g4, v4, n4, p5, g5, v5, n5,
+           p6, g6, v6, n6, p7, g7, v7, n7, lr, momentum, wd, skip):
     i = cuda.grid(1)
-    if i < n and skip[0] == 0:
-        gi = g[i] + wd * p[i]
-        vi = momentum * v[i] + gi
-        v[i] = vi
-        p[i] -= lr * vi
+    if skip[0] != 0:
+        return
+    if i < n0:
+        _sgd_at(p0, g0, v0, i, lr, momentum, wd)
+        return
+    i -= n0
+    if i < n1:
+        _sgd_at(p1, g1, v1, i, lr, momentum, wd)
+        return
+    i -= n1
+    if i < n2:
+        _sgd_at(p2, g2, v2, i, lr, momentum, wd)
+        return
+    i -= n2
+    if i < n3:
+        _sgd_at(p3, g3, v3, i, lr, momentum, wd)
+        return
+    i -= n3
+    if i < n4:
+        _sgd_at(p4, g4, v4, i, lr, momentum, wd)
+        return
+    i -= n4
+    if i < n5:
+        _sgd_at(p5, g5, v5, i, lr, momentum, wd)
+        return
+    i -= n5
+    if i < n6:
+        _sgd_at(p6, g6, v6, i, lr, momentum, wd)
+        return
+    i -= n6
+    if i < n7:
+        _sgd_at(p7, g7, v7, i, lr, momentum, wd)
+        return
 
 
 @kernel
@@ -59,8 +114,16 @@ def _adam_k(p, g, m, v, n, lr, b1, b2, eps, wd, decoupled, bc1, bc2, skip):
         p[i] = pi - lr * step
 
 
+def sgd_steps(triples, lr, momentum, wd, skip):
+    """The SGD update of each (param, grad, velocity) device triple, in place, GROUP a launch; skipped where skip[0]
+    (a one-element int64 device array) is nonzero."""
+    for group in _groups([(p, g, v, p.size) for p, g, v in triples]):
+        _sgd_k(_group_grid(group), BLOCK, *[a for item in group for a in item], float(lr), float(momentum),
+               float(wd), skip)
+
+
 def sgd_step(p, g, v, lr, momentum, wd, skip):
-    _sgd_k(_grid(p.size), BLOCK, p, g, v, p.size, float(lr), float(momentum), float(wd), skip)
+    sgd_steps([(p, g, v)], lr, momentum, wd, skip)
 
 
 def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t, skip):
@@ -70,20 +133,60 @@ def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t, skip):
 
 # ---- loss scaling (kernelgen.nn.amp) ------------------------------------------------------------------------
 
+@cuda.jit(device=True, inline=True)
+def _unscale_at(g, i, scale, found):
+    v = g[i] * (float32(1.0) / scale[0])  # (the reciprocal of a power of two is exact: as torch's inv_scale)
+    g[i] = v
+    if not math.isfinite(v):
+        found[0] = 1  # (any writer: every one writes the same value)
+
+
 @kernel
-def _unscale_k(g, n, scale, found):
+def _unscale_k(g0, n0, g1, n1, g2, n2, g3, n3, g4, n4, g5, n5, g6, n6, g7, n7, scale, found):
     i = cuda.grid(1)
-    if i < n:
-        v = g[i] * (float32(1.0) / scale[0])  # (the reciprocal of a power of two is exact: as torch's inv_scale)
-        g[i] = v
-        if not math.isfinite(v):
-            found[0] = 1  # (any writer: every one writes the same value)
+    if i < n0:
+        _unscale_at(g0, i, scale, found)
+        return
+    i -= n0
+    if i < n1:
+        _unscale_at(g1, i, scale, found)
+        return
+    i -= n1
+    if i < n2:
+        _unscale_at(g2, i, scale, found)
+        return
+    i -= n2
+    if i < n3:
+        _unscale_at(g3, i, scale, found)
+        return
+    i -= n3
+    if i < n4:
+        _unscale_at(g4, i, scale, found)
+        return
+    i -= n4
+    if i < n5:
+        _unscale_at(g5, i, scale, found)
+        return
+    i -= n5
+    if i < n6:
+        _unscale_at(g6, i, scale, found)
+        return
+    i -= n6
+    if i < n7:
+        _unscale_at(g7, i, scale, found)
+        return
+
+
+def unscale_all_(grads, scale, found):
+    """g /= scale[0] in place for each g of `grads` (scale: a one-element float32 device array), GROUP a launch;
+    found[0] (int64) set to 1 if any result is inf or nan."""
+    for group in _groups([(g, g.size) for g in grads]):
+        _unscale_k(_group_grid(group), BLOCK, *[a for item in group for a in item], scale, found)
 
 
 def unscale_(g, scale, found):
-    """g /= scale[0] in place (scale: a one-element float32 device array); found[0] (int64) set to 1 if any result
-    is inf or nan."""
-    _unscale_k(_grid(g.size), BLOCK, g, g.size, scale, found)
+    """unscale_all_ of one gradient."""
+    unscale_all_([g], scale, found)
 
 
 @kernel

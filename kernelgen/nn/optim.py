@@ -1,6 +1,6 @@
 """Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
-(PyTorch's update rules and defaults).  SGD and Adam(W) update device parameters with one fused kernel per
-parameter (cuda_optim, through tensor.device_kernels); RMSprop and RAdam are host-only.  SGD's device step can be
+(PyTorch's update rules and defaults).  SGD updates device parameters with fused kernels of 8 parameters each,
+Adam(W) with one per parameter (cuda_optim, through tensor.device_kernels); RMSprop and RAdam are host-only.  SGD's device step can be
 skipped on the device, by GradScaler's found-inf flag, so a captured step needs no host decision (graphs.py)."""
 from __future__ import annotations
 
@@ -47,18 +47,19 @@ class SGD:
     def _step_unless(self, found):
         """step(), with the device updates skipped where the device flag `found` (GradScaler's) is set: a captured
         step decides on the device, where the host cannot read the flag (graphs.py)."""
-        skip = None
+        on_device = []  # (param, grad, velocity) device triples: updated together, a few launches for all of them
         for p, v in zip(self.params, self.velocity):
             if p.grad is None:
                 continue
             if _same_device(p, v):
-                skip = self._skip_flag(found) if skip is None else skip
-                device_kernels().sgd_step(p.data, p.grad, v, self.lr, self.momentum, self.wd, skip)
+                on_device.append((p.data, p.grad, v))
                 continue
             g = p.grad + self.wd * p.data
             v *= self.momentum
             v += g
             p.data -= (self.lr * v).astype(p.data.dtype)
+        if on_device:
+            device_kernels().sgd_steps(on_device, self.lr, self.momentum, self.wd, self._skip_flag(found))
 
     def zero_grad(self):
         for p in self.params:

@@ -130,6 +130,17 @@ def test_device_unscale_kernel_matches_the_host(rng):
     g[17] = np.inf
     cuda_ops.unscale_(cuda_ops.to_device(g), scale, flag)
     assert cuda_ops.to_host(flag)[0] == 1
+    # ten gradients, 8 a launch: every one unscaled, and an inf in the second launch's last one sets the flag
+    grads = [rng.standard_normal(n).astype(np.float32) * 64 for n in (5, 1, 30, 7, 2, 64, 3, 9, 11, 4)]
+    flag = cuda_ops.zero_flag()
+    dev = [cuda_ops.to_device(a) for a in grads]
+    cuda_ops.unscale_all_(dev, scale, flag)
+    for a, d in zip(grads, dev):
+        np.testing.assert_array_equal(cuda_ops.to_host(d), a * np.float32(1 / 64))
+    assert cuda_ops.to_host(flag)[0] == 0
+    grads[-1][3] = np.inf
+    cuda_ops.unscale_all_([cuda_ops.to_device(a) for a in grads], scale, flag)
+    assert cuda_ops.to_host(flag)[0] == 1
 
 
 @pytest.mark.sim

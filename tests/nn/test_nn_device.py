@@ -159,14 +159,20 @@ def test_conv1d_and_conv_transpose_on_the_device(rng):
                                   lambda p: Adam(p, lr=0.01, weight_decay=0.1, decoupled=True)],
                          ids=["sgd", "adam", "adamw"])
 def test_optimizer_updates_match_the_host(make, rng):
-    p0, grads = rng.standard_normal(6).astype(np.float32), rng.standard_normal((3, 6)).astype(np.float32)
-    host, dev = Tensor(p0.copy(), requires_grad=True), Tensor(p0.copy(), requires_grad=True).cuda()
-    opt_h, opt_d = make([host]), make([dev])
-    for g in grads:
-        host.grad, dev.grad = g.copy(), Tensor(g).cuda().data
+    # 11 parameters of assorted sizes: SGD updates them 8 a launch (a full group, and one of 3 padded with empty slots)
+    sizes = (6, 1, 40, 3, 7, 64, 2, 5, 33, 9, 4)
+    p0 = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    host = [Tensor(p.copy(), requires_grad=True) for p in p0]
+    dev = [Tensor(p.copy(), requires_grad=True).cuda() for p in p0]
+    opt_h, opt_d = make(host), make(dev)
+    for _ in range(3):
+        for h, d in zip(host, dev):
+            g = rng.standard_normal(h.shape).astype(np.float32)
+            h.grad, d.grad = g.copy(), Tensor(g).cuda().data
         opt_h.step()
         opt_d.step()
-    assert rel_err(dev.numpy(), host.data.astype(np.float64)) <= 1e-6
+    for i, (h, d) in enumerate(zip(host, dev)):
+        assert rel_err(d.numpy(), h.data.astype(np.float64)) <= 1e-6, f"parameter {i}"
 
 
 def test_module_to_moves_parameters_and_buffers_in_place(rng):
