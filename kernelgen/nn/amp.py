@@ -85,7 +85,7 @@ class GradScaler:
             return loss
         if isinstance(loss, Tensor) and loss.is_cuda:
             return _scaled(loss, self._device_state()[0])
-        return loss * self._scale
+        return loss * self.get_scale()  # (the device's scale, once the state is there: the host's copy is stale)
 
     def unscale_(self, optimizer):
         """Divide the optimizer's parameters' gradients by the scale, in place, and note whether any is inf or nan
@@ -94,7 +94,7 @@ class GradScaler:
             return
         if self._unscaled is not None:
             raise RuntimeError("unscale_() was already called on this step's gradients; call update() first")
-        inv, found, on_device = 1.0 / self._scale, False, []
+        inv, found, on_device = None, False, []
         for p in optimizer.params:
             g = p.grad
             if g is None:
@@ -102,6 +102,7 @@ class GradScaler:
             if _on_device(g):
                 on_device.append(g)
             else:
+                inv = 1.0 / self.get_scale() if inv is None else inv  # (the device's scale, where it lives there)
                 g *= np.asarray(inv, g.dtype)
                 found = found or not np.isfinite(g).all()
         if on_device:

@@ -191,6 +191,25 @@ def test_a_step_with_an_inf_gradient_is_skipped_on_the_device(graph_mode):
 
 
 @pytest.mark.sim
+def test_host_gradients_are_unscaled_by_the_device_scale():
+    """Once the scale lives on the device, a host loss and host gradients (an optimizer over host and device
+    parameters) use the device's scale, not the host's copy from before the device backed it off."""
+    from kernelgen.nn import cuda_ops
+    scaler = amp.GradScaler(init_scale=8.0)
+    device_grad = cuda_ops.to_device(np.array([np.inf], np.float32))
+    opt = _Opt([8.0])
+    opt.params.append(_Param(device_grad))
+    scaler.scale(Tensor(np.ones((), np.float32)).to("cuda"))  # the state moves to the device (scale 8)
+    assert scaler.step(opt) is False  # the device gradient's inf: skipped
+    scaler.update()  # backed off on the device: 4
+    assert scaler.get_scale() == 4.0
+    assert float(scaler.scale(Tensor(np.ones((), np.float32))).data) == 4.0
+    opt = _Opt([8.0])
+    scaler.unscale_(opt)
+    np.testing.assert_array_equal(opt.params[0].grad, [2.0])
+
+
+@pytest.mark.sim
 def test_a_device_step_through_the_scaler_equals_the_unscaled_step(rng):
     """The whole scaler path on device tensors (the simulator): the scaled loss's backward, the device unscale and
     the optimizer step give the parameters an unscaled step gives (a power-of-two scale is exact in float32)."""
