@@ -162,9 +162,19 @@ def _inv_std_k(var, eps, inv_std, c):
 
 @cuda.jit(device=True, inline=True)
 def _channel_after(ch, skip, c):
-    """The channel of the element `skip` (< c, umod32(step, c)) elements after one of channel ch (rows of c)."""
+    """The channel of the element `skip` (< c) elements after one of channel ch (rows of c channels)."""
     ch += skip
     return ch - c if ch >= c else ch
+
+
+@cuda.jit(device=True, inline=True)
+def _channels(e, k, c):
+    """The channels of a thread's 4 elements e + j k (thread_elements) in rows of c channels: one division."""
+    skip = umod32(k, c)
+    c0 = umod32(e, c)
+    c1 = _channel_after(c0, skip, c)
+    c2 = _channel_after(c1, skip, c)
+    return c0, c1, c2, _channel_after(c2, skip, c)
 
 
 @cuda.jit(device=True, inline=True)
@@ -186,11 +196,7 @@ def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu, run):
         r0 = r1 = r2 = r3 = np.float32(0)
         if has_res:
             r0, r1, r2, r3 = res[e], res[e + k], res[e + 2 * k], res[e + 3 * k]
-        skip = umod32(k, c)
-        c0 = umod32(e, c)
-        c1 = _channel_after(c0, skip, c)
-        c2 = _channel_after(c1, skip, c)
-        c3 = _channel_after(c2, skip, c)
+        c0, c1, c2, c3 = _channels(e, k, c)
         y[e] = _bn_value(x0, c0, mean, inv_std, w, b, r0, has_res, relu)
         y[e + k] = _bn_value(x1, c1, mean, inv_std, w, b, r1, has_res, relu)
         y[e + 2 * k] = _bn_value(x2, c2, mean, inv_std, w, b, r2, has_res, relu)
@@ -271,11 +277,7 @@ def _bn_dx_k(g, x, y, relu, mean, inv_std, w, dw, db, inv_rows, training, dx, n,
             x0, x1, x2, x3 = x[e], x[e + k], x[e + 2 * k], x[e + 3 * k]
         if relu:
             y0, y1, y2, y3 = y[e], y[e + k], y[e + 2 * k], y[e + 3 * k]
-        skip = umod32(k, c)
-        c0 = umod32(e, c)
-        c1 = _channel_after(c0, skip, c)
-        c2 = _channel_after(c1, skip, c)
-        c3 = _channel_after(c2, skip, c)
+        c0, c1, c2, c3 = _channels(e, k, c)
         dx[e] = _bn_dx_value(g0, y0, x0, c0, relu, mean, inv_std, w, dw, db, inv_rows, training)
         dx[e + k] = _bn_dx_value(g1, y1, x1, c1, relu, mean, inv_std, w, dw, db, inv_rows, training)
         dx[e + 2 * k] = _bn_dx_value(g2, y2, x2, c2, relu, mean, inv_std, w, dw, db, inv_rows, training)
