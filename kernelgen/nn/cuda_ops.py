@@ -53,8 +53,8 @@ from kernelgen.nn.cuda_launch import (  # noqa: F401
     to_host,
     view,
 )
-from kernelgen.nn.cuda_optim import (adam_step, scale_by, sgd_step, sgd_steps, unscale_,  # noqa: F401
-                                     unscale_all_, update_scale, zero_flag)
+from kernelgen.nn.cuda_optim import (adam_step, scale_by, sgd_steps, unscale_all_, update_scale,  # noqa: F401
+                                     zero_flag)
 from kernelgen.nn.cuda_pool import (adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d,  # noqa: F401
                                     avg_pool2d_backward, max_pool2d, max_pool2d_backward)
 

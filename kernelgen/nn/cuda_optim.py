@@ -122,9 +122,6 @@ def sgd_steps(triples, lr, momentum, wd, skip):
                float(wd), skip)
 
 
-def sgd_step(p, g, v, lr, momentum, wd, skip):
-    sgd_steps([(p, g, v)], lr, momentum, wd, skip)
-
 
 def adam_step(p, g, m, v, lr, b1, b2, eps, wd, decoupled, t, skip):
     _adam_k(_grid(p.size), BLOCK, p, g, m, v, p.size, float(lr), float(b1), float(b2), float(eps), float(wd),
@@ -183,10 +180,6 @@ def unscale_all_(grads, scale, found):
     for group in _groups([(g, g.size) for g in grads]):
         _unscale_k(_group_grid(group), BLOCK, *[a for item in group for a in item], scale, found)
 
-
-def unscale_(g, scale, found):
-    """unscale_all_ of one gradient."""
-    unscale_all_([g], scale, found)
 
 
 @kernel

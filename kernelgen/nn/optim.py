@@ -1,7 +1,8 @@
 """Optimisers: SGD (momentum, weight decay), Adam / AdamW, RMSprop and RAdam, updating parameters in place
 (PyTorch's update rules and defaults).  SGD updates device parameters with fused kernels of 8 parameters each,
-Adam(W) with one per parameter (cuda_optim, through tensor.device_kernels); RMSprop and RAdam are host-only.  SGD's device step can be
-skipped on the device, by GradScaler's found-inf flag, so a captured step needs no host decision (graphs.py)."""
+Adam(W) with one per parameter (cuda_optim, through tensor.device_kernels); RMSprop and RAdam are host-only.  SGD's
+device step can be skipped on the device, by GradScaler's found-inf flag, so a captured step needs no host decision
+(graphs.py)."""
 from __future__ import annotations
 
 import numpy as np

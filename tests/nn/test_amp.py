@@ -124,11 +124,11 @@ def test_device_unscale_kernel_matches_the_host(rng):
     g = rng.standard_normal(300).astype(np.float32) * 64
     flag, scale = cuda_ops.zero_flag(), cuda_ops.to_device(np.array([64.0], np.float32))
     d = cuda_ops.to_device(g)
-    cuda_ops.unscale_(d, scale, flag)
+    cuda_ops.unscale_all_([d], scale, flag)
     np.testing.assert_array_equal(cuda_ops.to_host(d), g * np.float32(1 / 64))
     assert cuda_ops.to_host(flag)[0] == 0
     g[17] = np.inf
-    cuda_ops.unscale_(cuda_ops.to_device(g), scale, flag)
+    cuda_ops.unscale_all_([cuda_ops.to_device(g)], scale, flag)
     assert cuda_ops.to_host(flag)[0] == 1
     # ten gradients, 8 a launch: every one unscaled, and an inf in the second launch's last one sets the flag
     grads = [rng.standard_normal(n).astype(np.float32) * 64 for n in (5, 1, 30, 7, 2, 64, 3, 9, 11, 4)]
