@@ -39,7 +39,7 @@ from kernelgen import planner, reference, settings
 from kernelgen.storage import PRECISIONS, poisoned, random_storage, stored_values
 from kernelgen.target import Target, device_name, target_for
 from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm_tc
-from kernelgen.templates.tile_space import TILES
+from kernelgen.templates.tile_space import TILES, WIDE_TILES
 
 from . import bench, database
 from .compile_pool import compile_launcher as _compile, compile_one as _compile_one
@@ -274,6 +274,9 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; stop starting new problems after it")
     ap.add_argument("--keep", type=int, default=12, help="configs tried per variant, cheapest by the cost model "
                     "(0: all)")
+    ap.add_argument("--tiles", default="default", choices=("default", "wide"),
+                    help="fp32 block shapes: default (TILES) or wide (WIDE_TILES: also 64x32, 128x64 with BK 16, 32x64 "
+                         "and 256x32); with --keep 0 a tune tries every config of them")
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="fp32: the fp32 variants (default); tf32/fp16/bf16: the tensor-core variant's tiles, "
                          "recorded per precision (fp16 on float16 tensors, the others on float32)")
@@ -289,7 +292,8 @@ def main(argv=None):
     t = time.perf_counter()
     path, entries, failures = tune(args.table, db_path=args.db, workers=args.workers, limit=args.limit,
                                    time_budget=args.time_budget, directions=tuple(args.directions.split(",")),
-                                   keep=args.keep or None, precision=args.precision)
+                                   tiles=WIDE_TILES if args.tiles == "wide" else TILES, keep=args.keep or None,
+                                   precision=args.precision)
     print(f"database {path}: {len(entries)} entries, {len(failures)} rejected candidates, "
           f"{time.perf_counter() - t:.0f} s")
     return 0

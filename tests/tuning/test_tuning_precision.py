@@ -206,6 +206,21 @@ def test_tensor_core_plan_uses_the_tuned_entry_of_its_precision(temp_db, monkeyp
     assert api.make_plan(p, "cuda", precision="tf32").config == implicit_gemm_tc.default_config(p, "cuda", "tf32")
 
 
+def test_tune_command_passes_its_tile_set(tiny_table, monkeypatch, capsys):
+    """`tune --tiles wide` tunes over WIDE_TILES (the default over TILES); another name is refused by argparse."""
+    from kernelgen import planner
+    from kernelgen.templates.tile_space import TILES, WIDE_TILES
+    seen = []
+    monkeypatch.setattr(planner, "gpu_present", lambda: True)
+    monkeypatch.setattr(tuner, "tune", lambda table, **kw: seen.append(kw) or ("db.json", {}, []))
+    assert tuner.main([str(tiny_table)]) == 0 and tuner.main([str(tiny_table), "--tiles", "wide", "--keep", "0"]) == 0
+    assert seen[0]["tiles"] == TILES and seen[0]["keep"] == 12
+    assert seen[1]["tiles"] == WIDE_TILES and seen[1]["keep"] is None
+    with pytest.raises(SystemExit):
+        tuner.main([str(tiny_table), "--tiles", "huge"])
+    assert "--tiles" in capsys.readouterr().err
+
+
 def test_tune_refuses_an_unknown_precision(tiny_table, capsys):
     with pytest.raises(SystemExit):
         tuner.main([str(tiny_table), "--precision", "fp8"])
