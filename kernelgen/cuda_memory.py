@@ -140,8 +140,9 @@ else:
         return types.UniTuple(types.float32, 4)(a, i, cond) if ok else None
 
     def _half_load_asm(n, aligned):
-        """PTX of load2h / load4h / load8h: n outputs $0..$n-1 (f32), the element address $n, cond $n+1 and (unaligned) the
-        array's alignment $n+2; the words land in b32 registers (zeros where cond fails) and are split and widened."""
+        """PTX of load2h / load4h / load8h: n outputs $0..$n-1 (f32), the element address $n, cond $n+1 and
+        (unaligned) the array's alignment $n+2; the words land in b32 registers (zeros where cond fails) and are split
+        and widened."""
         words, a, c, al = n // 2, n, n + 1, n + 2
         r = ", ".join(f"r{j}" for j in range(words))
         h = ", ".join(f"h{j}" for j in range(n))

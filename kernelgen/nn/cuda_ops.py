@@ -105,19 +105,11 @@ def _stats_partial_k(x, rows, c, part_s, part_q):
     if ch < c:
         shift = float64(x[ch])
         r = cuda.blockIdx.y * TR + ty
-        step = cuda.gridDim.y * TR
-        while r + step < rows:  # two rows an iteration, added in row order (see _grad_partial_k)
-            d0 = float64(x[r * c + ch]) - shift
-            d1 = float64(x[(r + step) * c + ch]) - shift
-            s += d0
-            q += d0 * d0
-            s += d1
-            q += d1 * d1
-            r += 2 * step
-        if r < rows:
+        while r < rows:
             d = float64(x[r * c + ch]) - shift
             s += d
             q += d * d
+            r += cuda.gridDim.y * TR
     _block_column_sums(s, q, part_s, part_q, c, ch, tx, ty)
 
 
@@ -206,22 +198,10 @@ def _bn_apply_k(x, mean, inv_std, w, b, res, has_res, y, n, c, relu, run):
             y[i] = _bn_value(x[i], umod32(i, c), mean, inv_std, w, b, res[i], has_res, relu)
 
 
-@cuda.jit(device=True, inline=True)
-def _grad_terms(g, x, y, relu, i, mu, istd):
-    """Row i's terms of the two sums: (g', g' x_hat), g' = g masked by y > 0 when relu.  Every load is made whatever
-    the mask (a select, not a branch: the loads of two rows go out together), and a masked g is dropped, not
-    multiplied by 0 (an inf there must not become a nan)."""
-    ge, xv = float64(g[i]), x[i]
-    if relu and not y[i] > 0:
-        return 0.0, 0.0
-    return ge, ge * ((xv - mu) * istd)
-
-
 @kernel
 def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
     # sum(g) and sum(g * x_hat) per channel, g masked by y > 0 when a ReLU followed; x_hat recomputed
-    # from x: it is not kept (the memory of one more activation per layer).  Two rows an iteration, added in
-    # row order: their loads are in flight together
+    # from x: it is not kept (the memory of one more activation per layer)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     ch = cuda.blockIdx.x * TC + tx
     a = float64(0.0)
@@ -229,19 +209,13 @@ def _grad_partial_k(g, x, y, relu, mean, inv_std, rows, c, part_a, part_b):
     if ch < c:
         mu, istd = mean[ch], inv_std[ch]
         r = cuda.blockIdx.y * TR + ty
-        step = cuda.gridDim.y * TR
-        while r + step < rows:
-            a0, b0 = _grad_terms(g, x, y, relu, r * c + ch, mu, istd)
-            a1, b1 = _grad_terms(g, x, y, relu, (r + step) * c + ch, mu, istd)
-            a += a0
-            b += b0
-            a += a1
-            b += b1
-            r += 2 * step
-        if r < rows:
-            a0, b0 = _grad_terms(g, x, y, relu, r * c + ch, mu, istd)
-            a += a0
-            b += b0
+        while r < rows:
+            i = r * c + ch
+            if not relu or y[i] > 0:
+                ge = float64(g[i])
+                a += ge
+                b += ge * ((x[i] - mu) * istd)
+            r += cuda.gridDim.y * TR
     _block_column_sums(a, b, part_a, part_b, c, ch, tx, ty)
 
 
