@@ -280,6 +280,15 @@ def cpu_config(p: ConvProblem) -> DepthwiseConfig:
 def default_config(p: ConvProblem, target: Target, precision="fp32") -> DepthwiseConfig:
     if target.backend != "cuda":
         return cpu_config(p)
+    cfg = cuda_default_config(p, target, precision)
+    if cfg is None:
+        raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
+    return cfg
+
+
+def cuda_default_config(p: ConvProblem, target: Target, precision="fp32") -> DepthwiseConfig | None:
+    """The cost model's CUDA block for p, or None where none fits (narrow groups whose filter outgrows a thread's
+    registers at every group split: 3 channels and 5 filters a group of a 3x2x3 filter, say)."""
     cands = candidate_configs(p, target, precision, DEFAULT_THREADS, windows=((1, 0),)) or \
         candidate_configs(p, target, precision)
     if cands:
@@ -290,7 +299,7 @@ def default_config(p: ConvProblem, target: Target, precision="fp32") -> Depthwis
         cfg = DepthwiseConfig(TC=gs, TW=target.warp_size, TH=1, VC=1, PW=1, PH=1, halo=halo, group_split=gs)
         if not unmet(p, cfg) and not over_limits(geometry(p, cfg), **_limits(p, target)):
             return cfg
-    raise ValueError(f"{NAME}: no CUDA block fits {p.key()}")
+    return None
 
 
 def gemm_model_time(p: ConvProblem, target: Target) -> float:
@@ -309,8 +318,10 @@ def gemm_model_time(p: ConvProblem, target: Target) -> float:
 
 def narrow_groups_verdict(p: ConvProblem, target: Target):
     """(direct faster?, its model time, the GEMM's) of a narrow-group problem under the two cost models, on a CUDA
-    target (the CPU backend plans as the GPU would: a guess there as well, and the same IR on both)."""
-    direct = model_time(p, default_config(p, target), target)
+    target (the CPU backend plans as the GPU would: a guess there as well, and the same IR on both); where no CUDA
+    block fits, the GEMM variants take it."""
+    cfg = cuda_default_config(p, target)
+    direct = math.inf if cfg is None else model_time(p, cfg, target)
     gemm = gemm_model_time(p, target)
     return direct < gemm, direct, gemm
 

@@ -183,6 +183,26 @@ def test_planner_takes_the_cost_models_verdict():
     assert depthwise.narrow_groups_verdict(small, target)[0]  # ResNeXt's 4-channel layer: the direct template
 
 
+def test_a_narrow_group_no_cuda_block_fits_goes_to_the_gemm(rng):
+    """A 3-D narrow-group problem (3 channels and 5 filters a group of a 3x2x3 filter) that no direct CUDA block
+    fits: the planner's verdict is the GEMM variants' (it raised 'no CUDA block fits' from the API, a hypothesis
+    find), and the result matches float64 in every direction."""
+    x = rng.standard_normal((1, 3, 2, 3, 6))
+    w = rng.standard_normal((10, 3, 2, 3, 3))
+    p = narrow_problem("bwd_weight", x.shape, 2, 5, (3, 2, 3), {}, dtype="float64")
+    assert depthwise.cuda_default_config(p, target_for("cuda")) is None
+    assert not depthwise.narrow_groups_verdict(p, target_for("cuda"))[0]
+    y = kernelgen.conv(x, w, groups=2, backend="cpu")
+    assert np.abs(y - reference.conv_forward(x, w, groups=2)).max() <= 1e-12 * np.abs(y).max()
+    dy = rng.standard_normal(y.shape)
+    dx = kernelgen.conv_backward_data(dy, w, x.shape, groups=2, backend="cpu")
+    assert np.abs(dx - reference.conv_backward_data(dy, w, x.shape, groups=2)).max() <= 1e-12 * np.abs(dx).max()
+    assert kernelgen.explain(kernelgen.conv_backward_weight, x, dy, w.shape, groups=2, backend="cpu").variant \
+        != depthwise.NAME
+    dw = kernelgen.conv_backward_weight(x, dy, w.shape, groups=2, backend="cpu")
+    assert np.abs(dw - reference.conv_backward_weight(x, dy, w.shape, groups=2)).max() <= 1e-12 * np.abs(dw).max()
+
+
 def test_api_runs_narrow_groups_on_the_cpu(rng):
     """kernelgen.conv and conv_backward_data on a narrow-group layer the planner gives the direct template, and
     conv_backward_weight on it by name."""
