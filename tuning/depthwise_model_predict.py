@@ -31,6 +31,9 @@ FORMAT = 2  # {"models": {tensor dtype: {"coef": [...], "residuals": [...]}}}
 # spread over every block size, channel vector and window), the distribution the model was fitted on; the tuned
 # winners use every block size from 64 to 512 threads, so none is left out (about 0.1 s a problem to enumerate)
 KEEP = 24
+# the rule of which model ranks a problem (_ranking_model), part of a remembered pick's key: a pick made under an
+# older rule is not reused
+RANKING = 2
 # per tensor dtype, the entries a fit reads (their precision) and the precisions its model ranks: on float32 tensors
 # "tf32" is the same fp32 kernel and "fp16" / "bf16" add a rounding per load, not a byte; float16 tensors (half the
 # bytes, 8-channel vectors) have their own
@@ -112,7 +115,7 @@ def choose(problem, precision: str, target: Target, device: str) -> DepthwiseCon
     enumerate per problem (a MobileNetV2's 30 batch-128 depthwise problems: 4.7 s), so each pick is remembered on
     disk (remembered_pick) for every later process."""
     fitted = MODEL_OF.get(problem.dtype, problem.dtype)
-    model = models_for(device).get(fitted)
+    model = _ranking_model(models_for(device), fitted, problem.direction)
     if model is None or ("fp16" if fitted != problem.dtype else precision) not in RANKS[fitted]:
         return None
     memo = _pick_path(problem, precision, target, device)
@@ -128,10 +131,24 @@ def choose(problem, precision: str, target: Target, device: str) -> DepthwiseCon
     return pick
 
 
+def trained_directions(model: Model) -> frozenset:
+    """The directions a model's training problems were tuned in (its residuals name every one of them)."""
+    return frozenset(q.direction for q, _ in model.residuals)
+
+
+def _ranking_model(models: dict, fitted: str, direction: str) -> Model | None:
+    """The `fitted` dtype's model where its training problems hold `direction`, else None: the cost-model default.
+    The float16 fit has no backward-weight problems; on the held-out depthwise table's float16 backward-weight rows
+    (H100, one call, BENCHMARKS.md 2026-11-28) the default ran at 1.031x cuDNN, the float32 model's picks at 0.964x,
+    the float16 model's (fitted on forward and backward-data timings) at 0.876x."""
+    model = models.get(fitted)
+    return model if model is not None and direction in trained_directions(model) else None
+
+
 def _pick_path(problem, precision, target: Target, device: str) -> Path:
     """Where a pick is remembered: named by a digest of everything it depends on - the problem, the precision, the
     Target's facts, the model file (path, size, mtime) and this module's candidate count."""
-    text = repr((problem.key(), precision, target, _FILES.get(device), KEEP, FORMAT))
+    text = repr((problem.key(), precision, target, _FILES.get(device), KEEP, FORMAT, RANKING))
     return database.user_db_dir().parent / "depthwise_picks" / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".txt")
 
 

@@ -111,6 +111,22 @@ def test_chain_order(on_h100, fresh_models):
     assert planner.make_plan(UNSEEN, "cpu").decided_by == "default"  # never the model on the CPU backend
 
 
+def test_a_direction_the_model_was_not_fitted_on_takes_the_default(on_h100, fresh_models):
+    """The float16 model's training problems are forward and backward-data only: float16 (and bfloat16)
+    backward-weight takes the cost-model default, float32 backward-weight the float32 model (fitted on all three)."""
+    models = predict.models_for(DEVICE)
+    assert predict.trained_directions(models["float16"]) == {"fwd", "bwd_data"}
+    assert predict.trained_directions(models["float32"]) == {"fwd", "bwd_data", "bwd_weight"}
+    for dtype, precision in (("float16", "fp16"), ("bfloat16", "bf16")):
+        half = make_problem("bwd_weight", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144, dtype=dtype)
+        assert predict.choose(half, precision, H100, DEVICE) is None
+        assert planner.make_plan(half, "cuda", precision=precision).decided_by == "default"
+        forward = make_problem("fwd", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144, dtype=dtype)
+        assert planner.make_plan(forward, "cuda", precision=precision).decided_by == "model"
+    full = make_problem("bwd_weight", (64, 56, 56, 144), (144, 3, 3, 1), padding=1, groups=144)
+    assert planner.make_plan(full, "cuda").decided_by == "model"
+
+
 @pytest.mark.parametrize("case", [None, "not json", "other features", "nan", "old format"])
 def test_missing_or_corrupt_model_falls_through_silently(case, tmp_path, monkeypatch, on_h100, fresh_models):
     shipped, user = tmp_path / "shipped", tmp_path / "user"
