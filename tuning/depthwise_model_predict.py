@@ -147,7 +147,7 @@ def _ranking_model(models: dict, fitted: str, direction: str) -> Model | None:
 
 def _pick_path(problem, precision, target: Target, device: str) -> Path:
     """Where a pick is remembered: named by a digest of everything it depends on - the problem, the precision, the
-    Target's facts, the model file (path, size, mtime) and this module's candidate count."""
+    Target's facts, the model file (path, size, mtime), this module's candidate count and its ranking rule."""
     text = repr((problem.key(), precision, target, _FILES.get(device), KEEP, FORMAT, RANKING))
     return database.user_db_dir().parent / "depthwise_picks" / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".txt")
 
