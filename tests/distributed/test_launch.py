@@ -2,7 +2,6 @@
 named, a stray connection is ignored, a mismatched WORLD_SIZE is refused."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess

@@ -357,7 +357,6 @@ def test_changing_the_state_settings_never_reuses_a_cached_kernel(monkeypatch, s
     """The state count comes from module settings, so it is part of the kernel cache key."""
     from kernelgen.api import make_plan
     from kernelgen.problem import make_problem
-    from kernelgen.templates import winograd as W
     p = make_problem("fwd", (1, 6, 12, 4), (4, 3, 3, 4), padding=1)
     before = make_plan(p, "cpu", "winograd").key()
     set_setting(winograd_states=(8, 16))

@@ -68,7 +68,6 @@ def test_database_roundtrip_and_nearest_fallback(tmp_path, monkeypatch):
 def test_lookup_skips_candidates_the_settings_forbid(tmp_path, monkeypatch, set_setting):
     """A tune run with 16-state Winograd allowed may record a 16-state winner; a caller who did not
     allow it gets the fastest measured candidate it may run, and a forced variant its own best."""
-    from kernelgen.templates import winograd
     monkeypatch.setattr(database, "SHIPPED", tmp_path / "none")
     monkeypatch.setattr(database, "user_db_dir", lambda: tmp_path)
     database.entries_for.cache_clear()

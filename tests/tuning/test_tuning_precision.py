@@ -83,7 +83,6 @@ def test_fp16_tma_candidates_fit_the_grid():
     a few slices 2-stage tiles; a GEMM of a few columns (the stem's backward-data, C = 3) only the narrowest wgmma
     tiles."""
     from kernelgen.problem import make_problem
-    from kernelgen.tuning import tuner
     bm64 = lambda p: {(c.BM, c.BN) for c in implicit_gemm_tc.tma_candidate_configs(p, "fp16", H100)
                       if c.BM == 64}
     small = make_problem("bwd_data", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")  # 13 x 4 blocks
@@ -102,7 +101,6 @@ def test_b_mn_candidates_where_w_allows(monkeypatch):
     """implicit_gemm_tc.B_MN_WHERE_ALLOWED: every fp16 backward-data TMA tile a multiple of 64 wide reads w as stored
     where w's rows are 16-byte multiples (C % 8 == 0); the others, forward, and the switch off keep the flipped copy."""
     from kernelgen.problem import make_problem
-    from kernelgen.tuning import tuner
     p = make_problem("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
     cfgs = implicit_gemm_tc.tma_candidate_configs(p, "fp16", H100)
     assert cfgs and all(c.b_mn == (c.BN % 64 == 0 and c.WN % 64 == 0) for c in cfgs)
