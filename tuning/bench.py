@@ -12,6 +12,7 @@ Depthwise layers (groups == C) are reported, but kept out of the geo-means: they
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -38,6 +39,7 @@ from kernelgen.templates.config import TileConfig
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 
 from kernelgen.tuning.shapes import load_table, storage_dtype
+from kernelgen.tuning.plan_with import shipped_from
 from kernelgen.tuning.timing import Rotation, time_side_by_side
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
@@ -282,8 +284,9 @@ def geomean(vals):
 
 
 def run_label(row):
-    """What a row's run forced: its variant (--algo) and its config fields (--set), "" for neither."""
-    return " ".join(filter(None, (row.get("forced"), row.get("set"))))
+    """What a row's run forced: its variant (--algo), its config fields (--set) and the database it was planned
+    with (--against), "" for none."""
+    return " ".join(filter(None, (row.get("forced"), row.get("set"), row.get("planned_with"))))
 
 
 def summary(rows):
@@ -387,6 +390,10 @@ def main(argv=None):
                     help="tile-config fields replaced in every plan's config, e.g. swizzle=2; given several times, "
                          "each is one alternative and all are benched side by side per problem (an A/B run in one "
                          "process: this machine moves by up to 2x per row between processes)")
+    ap.add_argument("--against", action="append", default=None, metavar="DIR",
+                    help="also plan every problem with the tuned database and model files in DIR (in place of the "
+                         "shipped ones) and bench both plans side by side per problem: a merge or a refit, old "
+                         "against new, in one process (tuning/plan_with.py)")
     ap.add_argument("--out", default="bench.json", help="JSON report path (.md and .png written beside it)")
     args = ap.parse_args(argv)
     if not gpu_present():
@@ -399,40 +406,52 @@ def main(argv=None):
     alternatives = args.set or [None]
     for text in filter(None, alternatives):
         parse_overrides(text)  # a typo fails here, before anything compiles
+    for directory in args.against or []:
+        if not Path(directory).is_dir():
+            ap.error(f"--against: {directory} is not a directory (it should hold a tuned database and models)")
     tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
     jobs, plans = plan_jobs(layers, args.directions.split(","), args.algo.split(",") if args.algo else [None],
-                            alternatives, args.precision)
+                            alternatives, args.precision, [None] + (args.against or []))
     rows = []
-    for (layer, d, a, alt), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
+    for (layer, d, a, alt, source), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
         label = {"forced": a} if a else {}
         label |= {"set": alt} if alt else {}
+        label |= {"planned_with": Path(source).name} if source else {}
         if isinstance(plan, str):  # the alternative does not fit this plan's config (swizzle=2 at BK 32, say), or
             # its kernel failed to compile in precompile (a second in-process compile would only fail again)
             rows.append({**_row_base(layer, d, label), "error": plan})
             continue
         try:
-            # an alternative is the plan's own variant with the replaced config (a tuned plan's variant included)
-            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=plan.config if alt else None,
-                                      algo=plan.variant if alt else a, precision=args.precision) | label)
+            # an alternative is the plan's own variant with the replaced config (a tuned plan's variant included),
+            # and a plan made with another database is run as planned
+            given = bool(alt or source)
+            rows.append(bench_problem(layer, d, tc, repeat=args.repeat, config=plan.config if given else None,
+                                      algo=plan.variant if given else a, precision=args.precision) | label)
         except Exception as e:  # record and go on: one bad kernel must not hide the rest of the table
             rows.append({**_row_base(layer, d, label), "error": f"{type(e).__name__}: {e}"})
     print(write_report(name, rows, tc, args.precision, Path(args.out)))
     return 0
 
 
-def plan_jobs(layers, directions, algos, alternatives, precision):
-    """Every (layer, direction, forced variant, --set alternative) to bench, and its plan, compiled in parallel
-    beforehand; or, in the plan's place, why there is none (a problem kernelgen cannot plan, a config the
-    alternative does not fit, a kernel that failed to compile), which the bench reports as a failed row."""
+def plan_jobs(layers, directions, algos, alternatives, precision, sources=(None,)):
+    """Every (layer, direction, forced variant, --set alternative, database directory) to bench - the directory
+    None: the shipped database; each --against one: plans made with its files (plan_with.shipped_from) - and its
+    plan, compiled in parallel beforehand; or, in the plan's place, why there is none (a problem kernelgen cannot
+    plan, a config the alternative does not fit, a kernel that failed to compile), which the bench reports as a
+    failed row.  A problem's jobs are neighbours, so its alternatives are timed one after the other."""
     dtype = storage_dtype(precision)
-    jobs = [(l, d, a, alt) for l in layers for d in directions if not (l.transposed and d != "fwd") for a in algos
-            if _applies(l.problem(d, dtype), a, precision) for alt in alternatives]
-    plans = []
-    for layer, d, a, alt in jobs:
-        try:
-            plans.append(set_fields(make_plan(layer.problem(d, dtype), "cuda", a, precision=precision), alt))
-        except ValueError as e:
-            plans.append(f"plan: {e}")
+    jobs = [(l, d, a, alt, src) for l in layers for d in directions if not (l.transposed and d != "fwd")
+            for a in algos if _applies(l.problem(d, dtype), a, precision) for alt in alternatives for src in sources]
+    plans = [None] * len(jobs)
+    for source in sources:
+        with shipped_from(source) if source else contextlib.nullcontext():
+            for i, (layer, d, a, alt, src) in enumerate(jobs):
+                if src != source:
+                    continue
+                try:
+                    plans[i] = set_fields(make_plan(layer.problem(d, dtype), "cuda", a, precision=precision), alt)
+                except ValueError as e:
+                    plans[i] = f"plan: {e}"
     runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
     for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
         if error:
