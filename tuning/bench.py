@@ -452,10 +452,14 @@ def plan_jobs(layers, directions, algos, alternatives, precision, sources=(None,
                     plans[i] = set_fields(make_plan(layer.problem(d, dtype), "cuda", a, precision=precision), alt)
                 except ValueError as e:
                     plans[i] = f"plan: {e}"
-    runnable = [i for i, p in enumerate(plans) if not isinstance(p, str)]
-    for i, error in zip(runnable, precompile([plans[i] for i in runnable])):
-        if error:
-            plans[i] = error
+    first = {}  # each kernel compiled once: the two sources' plans of a problem are often the same
+    for i, p in enumerate(plans):
+        if not isinstance(p, str):
+            first.setdefault(p.key(), i)
+    errors = dict(zip(first, precompile([plans[i] for i in first.values()])))
+    for i, p in enumerate(plans):
+        if not isinstance(p, str) and errors[p.key()]:
+            plans[i] = errors[p.key()]
     return jobs, plans
 
 

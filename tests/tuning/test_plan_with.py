@@ -53,3 +53,14 @@ def test_plan_jobs_plans_each_problem_with_each_source(tmp_path, on_h100, fresh_
     assert [(j[1], j[4]) for j in jobs] == [("fwd", None), ("fwd", str(tmp_path)), ("bwd_weight", None),
                                             ("bwd_weight", str(tmp_path))]
     assert [p.decided_by for p in plans] == ["tuned", "default", "tuned", "default"]
+
+
+def test_plan_jobs_compiles_each_kernel_once(tmp_path, on_h100, fresh_models, monkeypatch):
+    """A copy of the shipped files plans every problem as the shipped ones do: one compile per kernel, not two."""
+    compiled = []
+    monkeypatch.setattr(bench, "precompile", lambda plans, workers=None: compiled.extend(plans) or [None] * len(plans))
+    for name in (database.db_name(DEVICE), perf_model_predict.model_name(DEVICE)):
+        shutil.copy(database.SHIPPED / name, tmp_path / name)
+    jobs, plans = bench.plan_jobs([_r18_layer1()], ["fwd", "bwd_data"], [None], [None], "fp32", [None, str(tmp_path)])
+    assert len(plans) == 4 and plans[0].key() == plans[1].key() and plans[2].key() == plans[3].key()
+    assert len(compiled) == 2 and {p.key() for p in compiled} == {plans[0].key(), plans[2].key()}
