@@ -39,7 +39,7 @@ from kernelgen.templates.config import TileConfig
 from kernelgen.templates.depthwise_config import DepthwiseConfig
 
 from kernelgen.tuning.shapes import load_table, storage_dtype
-from kernelgen.tuning.plan_with import shipped_from
+from kernelgen.tuning.plan_with import database_directory, shipped_from
 from kernelgen.tuning.timing import Rotation, time_side_by_side
 
 FP32_PEAK = 67e12     # H100 SXM fp32 FMA peak (shared/GPU.md)
@@ -407,8 +407,10 @@ def main(argv=None):
     for text in filter(None, alternatives):
         parse_overrides(text)  # a typo fails here, before anything compiles
     for directory in args.against or []:
-        if not Path(directory).is_dir():
-            ap.error(f"--against: {directory} is not a directory (it should hold a tuned database and models)")
+        try:
+            database_directory(directory)  # a wrong path fails here, before anything compiles
+        except ValueError as e:
+            ap.error(str(e))
     tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
     jobs, plans = plan_jobs(layers, args.directions.split(","), args.algo.split(",") if args.algo else [None],
                             alternatives, args.precision, [None] + (args.against or []))

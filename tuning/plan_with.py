@@ -22,6 +22,14 @@ def _clear_caches():
     depthwise_model_predict.models_for.cache_clear()
 
 
+def database_directory(directory) -> Path:
+    """`directory` as a Path, or ValueError where it is no directory (what --against is given)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"--against: {directory} is not a directory (it should hold a tuned database and models)")
+    return directory
+
+
 @contextlib.contextmanager
 def shipped_from(directory):
     """Within the block, the planner reads the tuned database and the model files of `directory` where it reads
@@ -29,9 +37,7 @@ def shipped_from(directory):
 
     It swaps a module global, and the caches that read it are cleared on the way in and out: for a single-threaded
     command's planning phase (the bench plans every problem before it times any), never under a library call."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"--against: {directory} is not a directory (it should hold a tuned database and models)")
+    directory = database_directory(directory)
     shipped = database.SHIPPED
     database.SHIPPED = directory
     _clear_caches()
