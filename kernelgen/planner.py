@@ -317,6 +317,33 @@ def _narrow_groups_reason(problem, backend, precision, target: Target):
             f"on {cuda.name} ({direct:.3g}) is below the GEMM variants' ({gemm:.3g})")
 
 
+def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None:
+    """Backward-data with few input channels (implicit_gemm.col2im_suits: a first layer's, an image-producing
+    transposed convolution's), no config given, on the GPU: the implicit GEMM over dy's pixels with the col2im in
+    its epilogue (TileConfig.col2im), unless the tuned database has an entry for exactly this problem (a tune
+    measured it).  Its tile is the one the chain picks for the same GEMM as a 1x1 forward convolution
+    (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view has none: the template's default
+    tile where the chain picks one).  None where the rule does not apply."""
+    db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem) else None
+    if db is None or db.exact(problem, tuned_device(), precision) is not None:
+        return None
+    gemm = implicit_gemm.col2im_gemm(problem)
+    if precision == "fp32":
+        inner = _fp32_choice(gemm, backend, implicit_gemm.NAME, None, target)
+    else:
+        inner = _tensor_core_choice(gemm, backend, None, precision, target)
+        if inner.config.tma or inner.config.wgmma:
+            inner = _default(gemm, implicit_gemm_tc.VARIANT, backend, precision, target)
+    config = replace(inner.config, split_k=1, col2im=1)
+    variant = get_variant(inner.variant)
+    if config.tma or config.wgmma or not variant.accepts(problem, config, precision):
+        return None
+    return Choice(variant.name, config, "col2im", f"backward-data with {problem.C} input channels: the GEMM over dy's "
+                  f"pixels, {gemm.K} columns (taps x channels) where the stride classes' view has {problem.C}, the "
+                  f"col2im in its epilogue; its tile is the one {inner.decided_by!r} chose for the same GEMM as the "
+                  f"1x1 forward {gemm.key()}")
+
+
 def _depthwise_plan(problem, backend, config, precision, target: Target, why=None) -> Plan:
     """The direct depthwise template (groups == C, or narrow groups: `why` says why it was chosen over the GEMM
     variants) at any precision: fp32 arithmetic for "fp32" and "tf32" (no
@@ -412,6 +439,10 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
         why = _narrow_groups_reason(problem, backend, precision, target) if automatic_narrow else None
         if why or not automatic_narrow:
             return _depthwise_plan(problem, backend, config, precision, target, why)
+    folded = algo is None and config is None and _col2im_choice(problem, backend, precision, target)
+    if folded:
+        return Plan(problem, folded.variant, folded.config, backend, precision if precision != "fp32" else None,
+                    target, folded.decided_by, folded.reason)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)
     choice = _fp32_choice(problem, backend, algo, config, target)

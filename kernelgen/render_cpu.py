@@ -171,7 +171,9 @@ def render_cpu(kernel: Kernel, *, cache: bool = True, parallel: bool | None = No
         blocks = 1
         for g in kernel.grid:
             blocks *= g
-        parallel = blocks >= PARALLEL_MIN_BLOCKS and kernel.meta.get("work", 0) >= PARALLEL_MIN_WORK
+        # (a kernel that adds into a zeroed output - split-K, col2im - runs its blocks in turn: no atomics here)
+        parallel = blocks >= PARALLEL_MIN_BLOCKS and kernel.meta.get("work", 0) >= PARALLEL_MIN_WORK and \
+            not kernel.meta.get("zero_output")
     lowered = lower(kernel, "cpu")
     printer = CpuPrinter(lowered, serial=not parallel)
     body = printer.render()

@@ -63,6 +63,11 @@ class TileConfig:
     GEMM reduces over the output pixels, and both of its operands are stored with that axis outermost (dy: k_out
     contiguous, x: c contiguous), so both arrive as boxes of 64 columns x BK rows of the reduction.  0 by default
     and then absent from string and dict.
+    col2im=1 (backward-data with few input channels: implicit_gemm.col2im_view): the GEMM runs over dy's pixels,
+    t[pixel, (tap, c)] = sum over k of dy[pixel, k] w[k, tap, c], and the epilogue adds each t into the dx element
+    that tap reaches (atomically, into a zeroed dx: the col2im of Caffe's deconvolution, fused), so C = 3 makes
+    taps x 3 columns of the tile instead of 3 of a BN-wide one.  Not with TMA boxes or split_k.  0 by default and
+    then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -83,6 +88,7 @@ class TileConfig:
     tma: int = 0
     b_mn: int = 0
     a_mn: int = 0
+    col2im: int = 0
 
     @property
     def tensor_core(self):
@@ -141,6 +147,9 @@ class TileConfig:
             raise ValueError(f"TileConfig: state_groups must be >= 1, got {self.state_groups}")
         if self.split_k < 1:
             raise ValueError(f"TileConfig: split_k must be >= 1, got {self.split_k}")
+        if self.col2im not in (0, 1) or self.col2im and (self.tma or self.split_k > 1 or self.state_groups > 1):
+            raise ValueError(f"TileConfig: col2im must be 0 or 1, and 1 needs tma=0, split_k=1 and state_groups=1 "
+                             f"(its epilogue adds atomically already; its operands have no TMA boxes), got {self}")
         return self
 
     def as_dict(self):
@@ -148,7 +157,7 @@ class TileConfig:
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
         # newer fields: absent while unused (keys, entries unchanged)
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn", "a_mn"):
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn", "a_mn", "col2im"):
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -184,6 +193,8 @@ class TileConfig:
             s += "_AMN"
         if self.b_mn:
             s += "_BMN"
+        if self.col2im:
+            s += "_C2I"
         return s
 
     @classmethod
@@ -206,6 +217,8 @@ class TileConfig:
                 kw["b_mn"] = 1
             elif part == "AMN":
                 kw["a_mn"] = 1
+            elif part == "C2I":
+                kw["col2im"] = 1
             elif m and m.group(1) == "TMA":
                 kw["tma"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernelgen.ir import Buffer, Const, Load, Store, TensorMap, all_of, maximum, minimum, select
+from kernelgen.ir import Buffer, Const, If, Load, Store, TensorMap, all_of, maximum, minimum, select
 from kernelgen.storage import HALF_DTYPES, WIDE_SUFFIX
 
 from .config import TileConfig
@@ -369,6 +369,79 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
                     batch=("K", _prod(p.out_size)))
 
 
+def col2im_view(p, cfg: TileConfig) -> GemmView:
+    """Backward-data over dy's pixels, the col2im in the epilogue (TileConfig.col2im):
+        t[m, (tap, c)] = sum over k of dy[m, k] * w[k, tap, c]    m = (n, od, oh, ow)
+        dx[n, o * stride - pad + tap * dil, c] += t[m, (tap, c)]  (atomically, into a zeroed dx)
+    The products are backward_data_view's, grouped by the dy pixel they read: the tile's columns are taps x C
+    (147 for a 7x7 filter over C = 3) where that view's are C of a BN-wide tile, and dy is read as stored (no
+    stride classes, no bounds tests).  The cost is an atomic add per (pixel, tap, c), one per Kg products."""
+    TRS = _prod(p.filter_size)
+    M, Ng, Kr = p.N * _prod(p.out_size), TRS * p.Cg, p.Kg
+    below = [pd > 0 for pd in p.padding]  # may a tap land before the first input position / past the last?
+    past = [(o - 1) * st - pd + (f - 1) * d >= i for o, st, pd, f, d, i in
+            zip(p.out_size, p.stride, p.padding, p.filter_size, p.dilation, p.in_size)]
+
+    def a_inv(m, g):
+        return {"base": m * p.K + g * p.Kg}
+
+    def a_elem(inv, kk, kt, col):
+        return all_of([kk < Kr] if Kr % cfg.BK else []), Load("dy", (inv["base"] + kk,))
+
+    def b_inv(n, g):
+        return {"col": g * p.Kg * Ng + n}
+
+    def b_elem(inv, kk, kt, row):
+        return all_of([kk < Kr] if Kr % cfg.BK else []), Load("w", (inv["col"] + kk * Ng,))
+
+    # 16-bit dx adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes and rounds into dx
+    widened = p.dtype in HALF_DTYPES
+    dx, dx_dtype = ("dx" + WIDE_SUFFIX, "float32") if widened else ("dx", p.dtype)
+
+    def store(m, n, g, value, split):
+        img, *o = _unflatten(m, (p.N,) + p.out_size)
+        taps = _unflatten(n // p.Cg, p.filter_size)
+        at = [o[ax] * p.stride[ax] - p.padding[ax] + taps[ax] * p.dilation[ax] for ax in range(3)]
+        inside = [a >= 0 for a, need in zip(at, below) if need] + \
+            [a < i for a, i, need in zip(at, p.in_size, past) if need]
+        add = Store(dx, ((img * _prod(p.in_size) + _flatten(at, p.in_size)) * p.C + g * p.Cg + n % p.Cg,), value,
+                    "atomic")
+        return [If(all_of(inside), (add,))] if inside else [add]
+
+    params = (Buffer("dy", (M * p.K,), p.dtype), Buffer("w", (p.K * Ng,), p.dtype),
+              Buffer(dx, (p.N * _prod(p.in_size) * p.C,), dx_dtype, role="out"))
+    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
+                    store, params, p.dtype, doc=f"implicit-GEMM backward-data, col2im: dx[{p.N} x {p.in_size} x {p.C}] "
+                    f"+= (dy[{M} x {p.K}] * w[{p.K} x {Ng}]) folded", meta={"zero_output": True, "col2im": True},
+                    batch=("M", _prod(p.out_size)))
+
+
+def col2im_unmet(p):
+    """What TileConfig.col2im needs that problem p lacks (an empty list: col2im_view builds)."""
+    return ["a backward-data problem"] if p.direction != "bwd_data" else []
+
+
+# The planner's rule (kernelgen.planner._col2im_choice): backward-data of at most this many input channels a group,
+# with at least COL2IM_MIN_COLUMNS columns (taps x channels) and COL2IM_MIN_FILTERS filters a group (products per
+# atomic add) - a network's first layer (C = 1 or 3) seen from backward-data, or a transposed convolution that
+# produces an image (dcgan's and pix2pix's last layer)
+COL2IM_MAX_CHANNELS, COL2IM_MIN_COLUMNS, COL2IM_MIN_FILTERS = 4, 16, 16
+
+
+def col2im_suits(p) -> bool:
+    """Is p a backward-data problem the planner computes with TileConfig.col2im (the rule above; groups 1)?"""
+    return (p.direction == "bwd_data" and p.groups == 1 and p.Cg <= COL2IM_MAX_CHANNELS and p.Kg >= COL2IM_MIN_FILTERS
+            and _prod(p.filter_size) * p.Cg >= COL2IM_MIN_COLUMNS)
+
+
+def col2im_gemm(p):
+    """The 1x1 forward convolution whose GEMM is col2im_view's (M = dy's pixels, N = taps x C, reduction K): the
+    planner takes its tile for p's (its tuned entry, model or default)."""
+    ones = (1, 1, 1)
+    return replace(p, direction="fwd", C=p.K, K=_prod(p.filter_size) * p.C, in_size=p.out_size, filter_size=ones,
+                   stride=ones, padding=(0, 0, 0), dilation=ones, has_bias=False, activation=None)
+
+
 VIEWS = {"fwd": forward_view, "bwd_data": backward_data_view, "bwd_weight": backward_weight_view}
 
 
@@ -393,12 +466,22 @@ def applies(p):
     return True
 
 
+def view_of(q, cfg: TileConfig) -> GemmView:
+    """The view that computes problem q with cfg: VIEWS' for its direction, or col2im_view (TileConfig.col2im)."""
+    if cfg.col2im:
+        why = col2im_unmet(q)
+        if why:
+            raise ValueError(f"config: col2im=1 needs {', '.join(why)}; got {q.key()} with {cfg}")
+        return col2im_view(q, cfg)
+    return VIEWS[q.direction](q, cfg)
+
+
 def build(p, cfg: TileConfig):
     """(ConvProblem, TileConfig) -> Kernel."""
-    view = folded_view(p, cfg, lambda q, c: VIEWS[q.direction](q, c))
+    view = folded_view(p, cfg, view_of)
     k = tiled_gemm(f"conv_{p.direction}", view, cfg)
     return k.__class__(k.name, k.params, k.locals, k.body, k.grid, k.threads,
                        {**k.meta, "problem": p.key(), "template": NAME})
 
 
-VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build)
+VARIANT = TiledGemmVariant(NAME, DIRECTIONS, applies, build, lambda p, cfg: not (cfg.col2im and col2im_unmet(p)))

@@ -87,8 +87,8 @@ def gemm_view(p, cfg: TileConfig):
     """implicit_gemm.py's view of the problem; strided backward-data as KS-deconv's stride-1 classes
     (ks_deconv.ks_view): the zero-insertion view spends (s-1)/s of its MMAs per strided dim on zeros.  A 3-D
     problem with a 2-D form is viewed as that form (implicit_gemm.folded_view)."""
-    return implicit_gemm.folded_view(p, cfg, lambda q, c: ks_deconv.ks_view(q, c) if ks_deconv.applies(q)
-                                     else implicit_gemm.VIEWS[q.direction](q, c))
+    return implicit_gemm.folded_view(p, cfg, lambda q, c: ks_deconv.ks_view(q, c) if ks_deconv.applies(q) and
+                                     not c.col2im else implicit_gemm.view_of(q, c))
 
 
 def build(p, cfg: TileConfig, precision="tf32"):
@@ -305,7 +305,8 @@ class TensorCoreGemm:
         return precision in PRECISIONS and problem.direction in DIRECTIONS and applies(problem)
 
     def accepts(self, problem, config, precision="tf32") -> bool:
-        return precision in PRECISIONS and accepts(config, precision) and fits_storage(problem, config)
+        return precision in PRECISIONS and accepts(config, precision) and fits_storage(problem, config) and \
+            not (config.col2im and implicit_gemm.col2im_unmet(problem))
 
     def build(self, problem, config, precision="tf32") -> Kernel:
         return build(problem, config, precision)

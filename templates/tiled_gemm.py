@@ -85,6 +85,9 @@ def tiled_gemm(name: str, view: GemmView, cfg: TileConfig, precision: str = "tf3
     cfg.validate()
     if cfg.state_groups != 1:
         raise ValueError(f"config: state_groups is a Winograd schedule field; {name} needs 1, got {cfg}")
+    if cfg.col2im and not view.meta.get("col2im"):
+        raise ValueError(f"config: col2im=1 is the implicit GEMM's backward-data view (implicit_gemm.col2im_view); "
+                         f"{name} has none, got {cfg}")
     require_float32_copies(name, view, cfg)
     limit, need = shared_limit(cfg), shared_bytes(cfg)
     if need > limit:
