@@ -175,16 +175,16 @@ def _tuned_fp32(problem, variant, forced) -> Choice | None:
     if forced:
         config = tuned_variant_config(problem, variant.name)
         return None if config is None else Choice(
-            variant.name, config, "tuned", f"the tuned database of {tuned_device()} has this problem: its fastest "
-                                           f"{variant.name} config")
+            variant.name, config, "tuned", f"the tuned database of {database.described(tuned_device())} has this "
+                                           f"problem: its fastest {variant.name} config")
     db = _tuned_db()
     hit = None if db is None else db.resolve(problem, tuned_device(), variant.name)
     if hit is None:
         return None
     name, config, how, key = hit
     if how == "tuned":
-        return Choice(name, config, "tuned", f"the tuned database of {tuned_device()} has this problem: its fastest "
-                                             f"measured candidate")
+        return Choice(name, config, "tuned", f"the tuned database of {database.described(tuned_device())} has this "
+                                             f"problem: its fastest measured candidate")
     return Choice(name, config, f"nearest tuned {key}", f"no tuned entry for this problem; the nearest tuned problem "
                                                         f"of the same direction, filter and stride, {key}, is within "
                                                         f"{database.NEAREST_MAX_DISTANCE} (sum of log size ratios)")
@@ -251,8 +251,8 @@ def _tensor_core_choice(problem, backend, config, precision, target: Target) -> 
     if backend == "cuda":
         tuned = tuned_tensor_core_config(problem, precision)
         if tuned is not None:
-            return Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem at "
-                                                        f"{precision}: its fastest config")
+            return Choice(variant.name, tuned, "tuned", f"the tuned database of {database.described(tuned_device())} "
+                                                        f"has this problem at {precision}: its fastest config")
         if problem.dtype == "bfloat16":  # (at bf16: check_dtype_precision)
             # bfloat16 moves the bytes float16 does, through the same tiles at the same MMA rate: the rest of the
             # chain is the float16 problem's at fp16 (its tuned entry, the fp16 model, the sm_90 TMA tile)
@@ -362,8 +362,8 @@ def _depthwise_plan(problem, backend, config, precision, target: Target, why=Non
     if config is not None:
         choice = _given(variant, config)
     elif tuned is not None:
-        choice = Choice(variant.name, tuned, "tuned", f"the tuned database of {tuned_device()} has this problem: its "
-                                                      f"fastest depthwise config")
+        choice = Choice(variant.name, tuned, "tuned", f"the tuned database of {database.described(tuned_device())} "
+                                                      f"has this problem: its fastest depthwise config")
     elif backend != "cuda" and (mine := _cpu_tuned(problem, precision, target, {variant.name})) is not None:
         choice = mine
     elif (fitted := _depthwise_model_choice(problem, backend, precision, target)) is not None:

@@ -68,11 +68,34 @@ def save(path: Path, entries: dict, device: str):
     os.replace(tmp, path)
 
 
+def shipped_device(device_key: str) -> str:
+    """The device whose shipped files (database, models) serve device_key: its own where kernelgen ships a database
+    for it, else a shipped device of the same architecture ("sm_90_NVIDIA H200" reads the H100's: the same SMs, so
+    the same tiles win), else device_key itself (nothing shipped: the links fall through to the defaults)."""
+    if (SHIPPED / db_name(device_key)).exists():
+        return device_key
+    arch = re.match(r"sm_\d+_", device_key)
+    for path in sorted(SHIPPED.glob(f"{arch.group(0)}*.json") if arch else ()):
+        try:
+            device = json.loads(path.read_text()).get("device", "")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(device, str) and device.startswith(arch.group(0)) and path.name == db_name(device):
+            return device
+    return device_key
+
+
+def described(device_key: str) -> str:
+    """The device's name in a plan's reason, with the shipped device whose entries stand in for its own."""
+    shipped = shipped_device(device_key)
+    return device_key if shipped == device_key else f"{device_key} (shipped entries of {shipped}: same architecture)"
+
+
 @lru_cache(maxsize=8)
 def entries_for(device_key: str) -> dict:
-    merged = {}
-    for base in (SHIPPED, user_db_dir()):
-        merged.update(load(base / db_name(device_key)))
+    """The device's entries: the shipped database (shipped_device's), then the user's own over it."""
+    merged = load(SHIPPED / db_name(shipped_device(device_key)))
+    merged.update(load(user_db_dir() / db_name(device_key)))
     return merged
 
 

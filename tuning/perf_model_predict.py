@@ -111,11 +111,13 @@ def from_json(data) -> dict:
 
 @lru_cache(maxsize=8)
 def models_for(device: str) -> dict:
-    """{precision: Model} for a device: the user's fitted file (cache dir) if it reads, else the shipped one; {}
+    """{precision: Model} for a device: the user's fitted file (cache dir) if it reads, else the shipped one (of
+    database.shipped_device: a device of the same architecture where none ships for this one); {}
     where neither exists or reads (no model is no error: the planner falls through to its default)."""
-    for base in (database.user_db_dir(), database.SHIPPED):
+    for path in (database.user_db_dir() / model_name(device), database.SHIPPED / model_name(
+            database.shipped_device(device))):
         try:
-            return from_json(json.loads((base / model_name(device)).read_text()))
+            return from_json(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return {}

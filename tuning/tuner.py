@@ -29,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -38,7 +39,8 @@ from tqdm import tqdm
 from kernelgen import planner, reference, settings
 from kernelgen.storage import PRECISIONS, poisoned, random_storage, stored_values
 from kernelgen.target import Target, device_name, target_for
-from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm_tc
+from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm, \
+    implicit_gemm_tc
 from kernelgen.templates.tile_space import TILES, WIDE_TILES
 
 from . import bench, database
@@ -91,6 +93,23 @@ def as_planned(problem, configs, target: Target) -> list:
     return out
 
 
+def col2im_candidates(problem, precision, keep=None, target: Target | None = None):
+    """(variant, config) pairs of the col2im backward-data (TileConfig.col2im) where the planner's rule may take it
+    (implicit_gemm.col2im_suits): the tiles a tune of the same GEMM as a 1x1 forward tries (implicit_gemm.col2im_gemm;
+    `keep` of them), with col2im=1 - no split, no TMA boxes - so a tune's entry weighs it against the other
+    variants' configs.  [] elsewhere."""
+    if not implicit_gemm.col2im_suits(problem):
+        return []
+    target = target or target_for("cuda")
+    v = implicit_gemm.VARIANT if precision == "fp32" else implicit_gemm_tc.VARIANT
+    out = []
+    for cfg in v.config_space(implicit_gemm.col2im_gemm(problem), target, precision, keep=keep):
+        pair = (v.name, replace(cfg, col2im=1, split_k=1))
+        if not (cfg.tma or cfg.wgmma) and v.accepts(problem, pair[1], precision) and pair not in out:
+            out.append(pair)
+    return out
+
+
 def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | None = None):
     """(variant, config) pairs of an fp32 tune: each variant's config_space on the target (default: the one in
     effect, the GPU this runs on); with `keep`, about that many per variant, the cheapest under its cost model - a
@@ -104,6 +123,8 @@ def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | 
         if not variants or v.name in variants:
             cfgs = v.config_space(problem, target, "fp32", keep=keep, tiles=tiles)
             out += [(v.name, c) for c in (as_planned(problem, cfgs, target) if v.name == depthwise.NAME else cfgs)]
+    if not variants or implicit_gemm.NAME in variants:
+        out += col2im_candidates(problem, "fp32", keep, target)
     return out
 
 
@@ -122,6 +143,7 @@ def tc_candidates(problem, precision, keep=None, tuned=None, target: Target | No
             if tuned is not None and tuned not in cfgs and v.accepts(problem, tuned, precision):
                 cfgs.append(tuned)
             out += [(v.name, c) for c in cfgs]
+    out += col2im_candidates(problem, precision, keep, target)
     if problem.Cg > 1 and depthwise.VARIANT.applies(problem, precision):
         out += depthwise_candidates(problem, precision, keep, tuned, target)
     return out

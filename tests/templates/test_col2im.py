@@ -18,9 +18,11 @@ from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
 from kernelgen import planner, settings
+from kernelgen.tuning import tuner
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
 from kernelgen.templates import implicit_gemm
+from kernelgen.target import KNOWN_TARGETS
 from kernelgen.templates.config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
 from harness import assert_close as check_close, direction_inputs, launch_poisoned, tolerance
 
@@ -153,3 +155,19 @@ def test_planner_rule(precision, dtype):
     assert _gpu_plan(wide, precision).decided_by != "col2im"
     with mock.patch.object(planner, "gpu_present", lambda: False):
         assert planner.make_plan(stem, "cpu", None, None, precision).decided_by != "col2im"
+
+
+def test_a_tune_times_col2im_tiles_beside_the_other_variants():
+    """A tune's entry weighs the col2im tiles against the stride classes' (tuner.col2im_candidates), so the rule's
+    "unless a tune measured it" compares the two; a wide backward-data gets none."""
+    target = KNOWN_TARGETS["h100"]
+    stem = make_problem("bwd_data", (16, 224, 224, 3), (64, 7, 7, 3), stride=2, padding=3)
+    pairs = tuner.candidates(stem, keep=4, target=target)
+    folded = [c for v, c in pairs if c.col2im]
+    assert folded and all(v == "implicit_gemm" for v, c in pairs if c.col2im)
+    assert any(v == "ks_deconv" for v, _ in pairs)
+    assert all(c.split_k == 1 and not c.tma for c in folded)
+    half = replace(stem, dtype="float16")
+    assert any(c.col2im and not c.tma for _, c in tuner.tc_candidates(half, "fp16", keep=4, target=target))
+    wide = make_problem("bwd_data", (16, 56, 56, 64), (64, 3, 3, 64), padding=1)
+    assert not any(c.col2im for _, c in tuner.candidates(wide, keep=4, target=target))
