@@ -34,7 +34,8 @@ from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
-from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc
+from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv
+from kernelgen.templates.tile_space import gemm_shape
 from kernelgen.tuning import database, depthwise_model_predict, perf_model_predict
 
 BACKENDS = ("cuda", "cpu")
@@ -411,7 +412,8 @@ def _fp32_variants(problem, algo):
 
 
 def _fp32_choice(problem, backend, algo, config, target: Target) -> Choice:
-    """The chain at fp32: config= -> tuned (exactly) -> nearest tuned (automatic variant) -> model -> default."""
+    """The chain at fp32: config= -> tuned (exactly) -> nearest tuned (automatic variant) -> model -> default; on
+    the GPU a forward or backward-data grid under half a wave then split (_split_small_grid)."""
     variants = _fp32_variants(problem, algo)
     variant = variants[0]
     if config is not None:
@@ -420,7 +422,32 @@ def _fp32_choice(problem, backend, algo, config, target: Target) -> Choice:
         chosen = _tuned_fp32(problem, variant, algo is not None) or _model_choice(problem, variants, "fp32", target)
     else:
         chosen = _cpu_tuned(problem, "fp32", target, {v.name for v in variants})
-    return chosen or _default(problem, variant, backend, "fp32", target)
+    chosen = chosen or _default(problem, variant, backend, "fp32", target)
+    return _split_small_grid(problem, chosen, target) if backend == "cuda" else chosen
+
+
+SMALL_GRID_WAVES = 4  # blocks per SM a split small grid is given (pix2pix's batch-1 up4 split 2 / 4 / 8 ways - 1, 2,
+# 4 blocks a SM - ran at 0.56 / 0.89 / 0.98 of cuDNN, unsplit 0.30: 2026-11-28_h100_split_k_small_grid_ad255c1)
+
+
+def _split_small_grid(problem, chosen: Choice, target: Target) -> Choice:
+    """A forward or backward-data fp32 plan that no tune measured (model, nearest entry, default) whose grid fills
+    under half the SMs (a batch-1 layer with many channels): its reduction split over split_k blocks that add into
+    the zeroed output, the largest power of two that keeps it within SMALL_GRID_WAVES blocks a SM, each split keeping 8 or more
+    BK slices (the fp32 tile space splits only backward-weight, and Winograd its own).  chosen itself elsewhere."""
+    config = chosen.config
+    if problem.direction == "bwd_weight" or chosen.decided_by in ("tuned", "config=") or problem.activation or \
+            chosen.variant not in (implicit_gemm.NAME, ks_deconv.NAME) or config.split_k > 1 or config.col2im:
+        return chosen
+    M, N, K, groups = ks_deconv.ks_shape(problem) if chosen.variant == ks_deconv.NAME else gemm_shape(problem)
+    blocks, slices, split = -(-M // config.BM) * -(-N // config.BN) * groups, -(-K // config.BK), 1
+    while blocks * split * 2 <= SMALL_GRID_WAVES * target.sm_count and slices // (2 * split) >= 8 and split < 16:
+        split *= 2
+    if blocks * 2 > target.sm_count or split == 1:
+        return chosen
+    return Choice(chosen.variant, replace(config, split_k=split), chosen.decided_by,
+                  f"{chosen.reason}; its {blocks} blocks fill under half of {target.sm_count} SMs: the reduction split "
+                  f"{split} ways (split_k)")
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:
