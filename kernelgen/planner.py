@@ -3,6 +3,8 @@
 One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
+  "col2im"           backward-data with at most 4 channels a group on the GPU, unless a tune measured the problem:
+                     the GEMM over dy's pixels with the col2im in its epilogue (_col2im_choice);
   "tuned"            the tuned database's entry for exactly this problem (and precision) on this GPU - or, on the
                      CPU backend, the entry first-call autotuning (tuning/autotune.py) measured on this machine;
   "nearest tuned K"  fp32: the entry of the nearest tuned problem K, where it is near enough (tuning/database.py);
@@ -11,6 +13,8 @@ says why; kernelgen.explain shows both):
                      (depthwise: its own fitted model, tuning/depthwise_model.py);
   "untuned sm_90 TMA tile"  fp16 on an sm_90 GPU without a model: the TMA tile measured best on average;
   "default"          the variant's cost-model default.
+An fp32 forward or backward-data grid under half a wave that no tune measured is then split over its reduction
+(_split_small_grid); the reason says so.
 With the autotune setting on, kernelgen.api hands a plan that no tuned entry decided to tuning/autotune.py, which
 times it against the next candidates, records the fastest verified one and plans again (then "tuned" decides).
 The database and model links are per GPU: they answer where a GPU is present (the model also offline where the
@@ -433,8 +437,8 @@ SMALL_GRID_WAVES = 4  # blocks per SM a split small grid is given (pix2pix's bat
 def _split_small_grid(problem, chosen: Choice, target: Target) -> Choice:
     """A forward or backward-data fp32 plan that no tune measured (model, nearest entry, default) whose grid fills
     under half the SMs (a batch-1 layer with many channels): its reduction split over split_k blocks that add into
-    the zeroed output, the largest power of two that keeps it within SMALL_GRID_WAVES blocks a SM, each split keeping 8 or more
-    BK slices (the fp32 tile space splits only backward-weight, and Winograd its own).  chosen itself elsewhere."""
+    the zeroed output, the largest power of two within SMALL_GRID_WAVES blocks a SM, each split keeping 8 or more BK
+    slices (the fp32 tile space splits only backward-weight, and Winograd its own).  chosen itself elsewhere."""
     config = chosen.config
     if problem.direction == "bwd_weight" or chosen.decided_by in ("tuned", "config=") or problem.activation or \
             chosen.variant not in (implicit_gemm.NAME, ks_deconv.NAME) or config.split_k > 1 or config.col2im:

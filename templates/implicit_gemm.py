@@ -410,7 +410,8 @@ def col2im_view(p, cfg: TileConfig) -> GemmView:
 
     params = (Buffer("dy", (M * p.K,), p.dtype), Buffer("w", (p.K * Ng,), p.dtype),
               Buffer(dx, (p.N * _prod(p.in_size) * p.C,), dx_dtype, role="out"))
-    return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
+    a = Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0)
+    return GemmView(M, Ng, Kr, p.groups, a, Operand("mn", b_inv, b_elem),
                     store, params, p.dtype, doc=f"implicit-GEMM backward-data, col2im: dx[{p.N} x {p.in_size} x {p.C}] "
                     f"+= (dy[{M} x {p.K}] * w[{p.K} x {Ng}]) folded", meta={"zero_output": True, "col2im": True},
                     batch=("M", _prod(p.out_size)))
