@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kernelgen.target import Target, as_target
 
-from . import conv_v2, depthwise, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
+from . import conv_v2, depthwise, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd, winograd_wgrad
 from .config import CPU_DEFAULT, CUDA_DEFAULT, TileConfig  # noqa: F401 (re-exported)
 from .variant import Variant
 
@@ -19,13 +19,19 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (ks_deconv.VARIANT, implicit_
 TENSOR_CORE_VARIANTS: dict[str, Variant] = {implicit_gemm_tc.VARIANT.name: implicit_gemm_tc.VARIANT}
 
 
+# variants planned only where a call forces them (algo=): never automatic candidates until a GPU run has measured
+# them against the others (templates/winograd_wgrad.py)
+OPT_IN_VARIANTS: dict[str, Variant] = {winograd_wgrad.VARIANT.name: winograd_wgrad.VARIANT}
+
+
 def get_variant(name) -> Variant:
+    names = sorted(VARIANTS) + sorted(OPT_IN_VARIANTS)
     if not isinstance(name, str):
-        raise TypeError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}")
-    try:
-        return VARIANTS[name] if name in VARIANTS else TENSOR_CORE_VARIANTS[name]
-    except KeyError:
-        raise ValueError(f"algo must be None or one of {sorted(VARIANTS)}, got {name!r}") from None
+        raise TypeError(f"algo must be None or one of {names}, got {name!r}")
+    for table in (VARIANTS, OPT_IN_VARIANTS, TENSOR_CORE_VARIANTS):
+        if name in table:
+            return table[name]
+    raise ValueError(f"algo must be None or one of {names}, got {name!r}")
 
 
 def computes(variant: Variant, problem) -> bool:

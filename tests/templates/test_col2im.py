@@ -58,7 +58,7 @@ def cases(draw):
     return p, kw, config
 
 
-@hsettings(max_examples=8, deadline=None)
+@hsettings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_cpu_random_shapes(data):
     p, kw, config = data.draw(cases())

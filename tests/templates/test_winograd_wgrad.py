@@ -1,0 +1,108 @@
+"""Winograd backward-weight (templates/winograd_wgrad.py, algo="winograd_wgrad") against the float64 reference.
+
+The CPU backend over a hypothesis strategy of shapes (1-D / 2-D / 3-D, filter widths 2-7, padding, groups, state
+counts, register tiles, float32 and float64) into NaN-poisoned outputs; split-K in the CUDA simulator (the blocks add
+into the zeroed dw); the CUDA default on a GPU.  It is opt-in: never an automatic candidate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from kernelgen.api import make_plan
+from kernelgen.problem import make_problem
+from kernelgen.target import KNOWN_TARGETS, target_for
+from kernelgen.templates import OPT_IN_VARIANTS, candidates, get_variant, winograd_wgrad
+from kernelgen.templates.config import TileConfig
+from harness import assert_close, run_direction
+
+TOL = 1e-4  # float32 through the transforms (the forward Winograd's bound); float64: the dtype's own
+
+
+def check(p, kw, config, backend, rng):
+    plan, got, want = run_direction(p, {**kw, "groups": p.groups}, backend, winograd_wgrad.NAME, config, rng)
+    assert plan.variant == winograd_wgrad.NAME
+    assert_close(got, want, p.dtype, f"{p.key()} {config} {backend}", tol=TOL if p.dtype == "float32" else None)
+
+
+@st.composite
+def cases(draw):
+    ndim = draw(st.sampled_from((1, 2, 2, 3)))
+    width = draw(st.integers(2, 7))  # (7: 8 states, two dy items a tile)
+    filt = tuple(draw(st.integers(1, 3)) for _ in range(ndim - 1)) + (width,)
+    padding = tuple(draw(st.integers(0, f - 1)) for f in filt)
+    sizes = tuple(draw(st.integers(max(1, f - 2 * pd), 8 if ndim < 3 else 5)) for f, pd in zip(filt[:-1], padding))
+    sizes += (draw(st.integers(max(1, width - 2 * padding[-1]), 19)),)
+    groups, cg, kg = draw(st.sampled_from((1, 1, 2))), draw(st.integers(1, 6)), draw(st.integers(1, 9))
+    kw = dict(padding=padding, groups=groups)
+    p = make_problem("bwd_weight", (draw(st.integers(1, 2)), *sizes, groups * cg), (groups * kg, *filt, cg),
+                     dtype=draw(st.sampled_from(("float32", "float32", "float64"))), **kw)
+    states = draw(st.sampled_from([a for a in (4, 8) if a - width + 1 >= 2]))  # (16: slow CPU compiles)
+    config = TileConfig(BM=draw(st.sampled_from((4, 8))), BN=draw(st.sampled_from((4, 8))),
+                        BK=draw(st.sampled_from((2, 4))), TM=2, TN=draw(st.sampled_from((1, 2))), states=states,
+                        smem_pad=draw(st.sampled_from((0, 1))))
+    return p, kw, config
+
+
+@hsettings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_cpu_random_shapes(data):
+    p, kw, config = data.draw(cases())
+    check(p, kw, config, "cpu", np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw", [
+    ((2, 10, 14, 8), (8, 3, 3, 8), dict(padding=1)),        # VGG's 3x3, a ragged last width tile
+    ((1, 4, 5, 9, 3), (4, 3, 3, 3, 3), dict(padding=1)),    # C3D's 3x3x3
+    ((2, 23, 6), (5, 7, 6), dict(padding=3)),                # a 1-D 7-tap layer
+])
+def test_cpu_network_shapes(x_shape, w_shape, kw, rng):
+    p = make_problem("bwd_weight", x_shape, w_shape, **kw)
+    check(p, kw, get_variant(winograd_wgrad.NAME).default_config(p, target_for("cpu")), "cpu", rng)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("config", [TileConfig(BM=4, BN=4, BK=4, TM=2, TN=2, states=4, split_k=3),
+                                    TileConfig(BM=8, BN=4, BK=2, TM=2, TN=1, states=8, split_k=2, smem_pad=1)],
+                         ids=str)
+def test_simulator_split(config, rng):
+    kw = dict(padding=1)
+    check(make_problem("bwd_weight", (1, 5, 9, 3), (5, 3, 3, 3), **kw), kw, config, "cuda", rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_shape, w_shape", [((8, 56, 56, 64), (64, 3, 3, 64)), ((16, 14, 14, 256), (256, 3, 3, 256))])
+def test_gpu_default(x_shape, w_shape, rng):
+    kw = dict(padding=1)
+    p = make_problem("bwd_weight", x_shape, w_shape, **kw)
+    check(p, kw, None, "cuda", rng)
+
+
+def test_opt_in_only():
+    p = make_problem("bwd_weight", (8, 28, 28, 64), (64, 3, 3, 64), padding=1)
+    v = get_variant(winograd_wgrad.NAME)
+    assert winograd_wgrad.NAME in OPT_IN_VARIANTS and v.applies(p)
+    assert winograd_wgrad.NAME not in [c.name for c in candidates(p)]
+    assert make_plan(p, "cpu").variant != winograd_wgrad.NAME
+    cuda = v.default_config(p, KNOWN_TARGETS["h100"])
+    assert cuda.split_k > 1 and v.accepts(p, cuda) and v.config_space(p, KNOWN_TARGETS["h100"])
+
+
+@pytest.mark.parametrize("change, what", [(dict(stride=2), "stride 1, dilation 1"),
+                                          (dict(dilation=2), "stride 1, dilation 1")])
+def test_refused_problems(change, what):
+    p = make_problem("bwd_weight", (1, 9, 9, 4), (4, 3, 3, 4), padding=1, **change)
+    assert not get_variant(winograd_wgrad.NAME).applies(p)
+    with pytest.raises(ValueError, match=what):
+        winograd_wgrad.build(p, TileConfig(BM=4, BN=4, BK=4, TM=2, TN=2))
+
+
+def test_refused_configs():
+    p = make_problem("bwd_weight", (1, 9, 9, 4), (4, 3, 3, 4), padding=1)
+    for bad in (dict(stages=2), dict(state_groups=2), dict(states=16, BM=64, BN=64, BK=16, TM=8, TN=8)):
+        cfg = TileConfig(**{**dict(BM=4, BN=4, BK=4, TM=2, TN=2), **bad})
+        assert not get_variant(winograd_wgrad.NAME).accepts(p, cfg)
+    with pytest.raises(ValueError, match="algo"):
+        make_plan(make_problem("fwd", (1, 9, 9, 4), (4, 3, 3, 4)), "cpu", winograd_wgrad.NAME)
