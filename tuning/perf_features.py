@@ -16,7 +16,7 @@ import numpy as np
 from kernelgen.problem import ConvProblem
 from kernelgen.storage import HALF_DTYPES
 from kernelgen.target import Target
-from kernelgen.templates import conv_v2, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
+from kernelgen.templates import conv_v2, implicit_gemm, implicit_gemm_tc, ks_deconv, sk_dilated, winograd
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.tile_space import estimated_registers, gemm_shape
 from kernelgen.templates.winograd_tiled import conv_geometry, shared_bytes as winograd_shared_bytes
@@ -91,6 +91,9 @@ def gemm_of(problem: ConvProblem, variant: str, config: TileConfig) -> Gemm:
     """The GEMM the variant runs on the problem."""
     if variant == winograd.NAME:
         return _winograd_gemm(problem, config)
+    if getattr(config, "col2im", 0):  # the GEMM over dy's pixels (implicit_gemm.col2im_view), whatever the stride
+        M, N, K, G = gemm_shape(implicit_gemm.col2im_gemm(problem))
+        return Gemm(M, N, G, 1, 1, K)
     if variant == ks_deconv.NAME or (variant == implicit_gemm_tc.NAME and ks_deconv.applies(problem)):
         M, N, K, G = ks_deconv.ks_shape(problem)
         return Gemm(M, N, G, 1, 1, K)
