@@ -233,12 +233,13 @@ CPU_TILE = dict(BM=8, BN=8, BK=4, TM=2, TN=2)
 
 
 def split_for(p, cfg: TileConfig, target: Target) -> int:
-    """The split_k that gives the grid about two blocks a SM, each split keeping 8 or more steps (1 to 64)."""
+    """The split_k that gives the grid two or more blocks a SM (two fit at 128 registers), each split keeping 8 or
+    more steps (1 to 64)."""
     blocks = _cdiv(p.Kg, cfg.BM) * _cdiv(p.Cg, cfg.BN) * p.groups * p.filter_size[0] * p.filter_size[1]
     nsteps = _cdiv(p.N * p.out_size[0] * p.out_size[1] * _cdiv(p.out_size[2], states_of(p, cfg) -
                                                                   p.filter_size[2] + 1), cfg.BK)
     split = 1
-    while blocks * split * 2 <= 2 * target.sm_count and nsteps // (2 * split) >= 8 and split < 64:
+    while blocks * split < 2 * target.sm_count and nsteps // (2 * split) >= 8 and split < 64:
         split *= 2
     return split
 
