@@ -72,10 +72,15 @@ def shipped_device(device_key: str) -> str:
     """The device whose shipped files (database, models) serve device_key: its own where kernelgen ships a database
     for it, else a shipped device of the same architecture ("sm_90_NVIDIA H200" reads the H100's: the same SMs, so
     the same tiles win), else device_key itself (nothing shipped: the links fall through to the defaults)."""
-    if (SHIPPED / db_name(device_key)).exists():
+    return _shipped_device(SHIPPED, device_key)
+
+
+@lru_cache(maxsize=32)
+def _shipped_device(shipped: Path, device_key: str) -> str:  # (keyed by the directory: plan_with swaps SHIPPED)
+    if (shipped / db_name(device_key)).exists():
         return device_key
     arch = re.match(r"sm_\d+_", device_key)
-    for path in sorted(SHIPPED.glob(f"{arch.group(0)}*.json") if arch else ()):
+    for path in sorted(shipped.glob(f"{arch.group(0)}*.json") if arch else ()):
         try:
             device = json.loads(path.read_text()).get("device", "")
         except (OSError, ValueError, AttributeError):
