@@ -17,7 +17,7 @@ cuDNN's Winograd backward-filter does.  3x3 at 8 states: n = 6, 18 multiplies pe
 The block owns BM output channels x BN input channels of one filter row (t, r) (the grid's z axis, with the group
 and the split-K index); each reduction step gathers BK tiles, transforms them into shared U[alpha][BK][BM] and
 V[alpha][BK][BN], and its threads add alpha x TM x TN register products - winograd_tiled's forward schedule with
-(tiles, k) -> (k, c) and (filter rows, channels) -> tiles.  Stride 1, dilation 1; float32 / float64 arrays; the
+(tiles, k) -> (k, c) and (filter rows, channels) -> tiles.  Stride 1, any dilation; float32 / float64 arrays; the
 reduction split over split_k blocks that add into a zeroed dw.  Not among the planner's automatic candidates
 (templates.OPT_IN_VARIANTS): algo="winograd_wgrad" only, until a GPU run has measured it.
 """
@@ -39,13 +39,13 @@ DTYPES = ("float32", "float64")
 _TID, _E, _A, _I, _J = (Var(nm) for nm in ("tid", "e", "a", "i", "j"))
 # U, V in shared memory; the accumulators, fragments and one pair's staged items in registers
 _Buffers = namedtuple("_Buffers", "U V acc uf vf gy dx")
-Geometry = namedtuple("Geometry", "p cfg alpha n matrices TW tiles nsteps per_split EU EV buf")
+Geometry = namedtuple("Geometry", "p cfg alpha n matrices TW tiles nsteps per_split EU EV buf dil")
 
 
 def unmet(p, cfg: TileConfig | None = None):
     """What this template needs that problem p (and cfg, when given) lacks: an empty list where it builds."""
     why = [w for bad, w in ((p.direction != "bwd_weight", "a backward-weight problem"),
-                            (any(s != 1 for s in p.stride) or any(d != 1 for d in p.dilation), "stride 1, dilation 1"),
+                            (any(s != 1 for s in p.stride), "stride 1"),
                             (p.dtype not in DTYPES, "float32 or float64 arrays"),
                             (not 2 <= p.filter_size[2] <= 9, "a filter 2-9 wide")) if bad]
     if cfg is not None and not why:
@@ -82,7 +82,8 @@ def _geometry(p, cfg: TileConfig) -> Geometry:
     alpha = states_of(p, cfg)
     n = alpha - S + 1
     _, OH, OW = p.out_size
-    TW = _cdiv(OW, n)
+    dil = p.dilation[2]  # a dilated width: dil interleaved correlations, a tile's items dil apart (_tile)
+    TW = dil * _cdiv(_cdiv(OW, dil), n)
     tiles = p.N * p.out_size[0] * OH * TW
     nsteps = _cdiv(tiles, cfg.BK)
     NT, pad, dt = cfg.threads, cfg.smem_pad, p.dtype
@@ -92,18 +93,21 @@ def _geometry(p, cfg: TileConfig) -> Geometry:
                    reg("acc", (alpha, cfg.TM, cfg.TN)), reg("uf", (cfg.TM,)), reg("vf", (cfg.TN,)),
                    reg("gy", (n,)), reg("dx", (alpha,)))
     return Geometry(p, cfg, alpha, n, winograd_matrices(S, n), TW, tiles, nsteps, _cdiv(nsteps, cfg.split_k),
-                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf)
+                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf, dil)
 
 
 def _tile(g: Geometry, kk):
-    """(image, out-depth, out-row, first output column, in range) of reduction tile ks * BK + kk."""
+    """(image, out-depth, out-row, first output column, in range) of reduction tile ks * BK + kk.  Along a width
+    dilated dil times, a tile's n output columns (and the x items its taps read) are dil apart: width tile tw is
+    residue tw % dil, n columns from (tw // dil) * n of that residue's."""
     p = g.p
     OD, OH, _ = p.out_size
     tile = Var("ks") * g.cfg.BK + kk
     tw, rest = tile % g.TW, tile // g.TW
     oh, rest = rest % OH, rest // OH
     od, nb = rest % OD, rest // OD
-    return nb, od, oh, tw * g.n, tile < g.tiles
+    w0 = tw * g.n if g.dil == 1 else tw % g.dil + (tw // g.dil) * (g.n * g.dil)
+    return nb, od, oh, w0, tile < g.tiles
 
 
 def _u_pair(g: Geometry, e):
@@ -132,8 +136,9 @@ def _stage_u(g: Geometry):
     row = ((nb * p.out_size[0] + od) * OH + oh) * OW
     items = []
     for j in range(g.n):
-        inside = ok + ([w0 + j < OW] if OW % g.n else [])
-        items.append(buf.gy.store(j, _select(inside, _load("dy", (row + w0 + j) * p.K + k))))
+        w = w0 + j * g.dil
+        inside = ok + ([w < OW] if OW % g.n or g.dil > 1 else [])
+        items.append(buf.gy.store(j, _select(inside, _load("dy", (row + w) * p.K + k))))
     pre, values = _transform(g.matrices[1], [buf.gy[j] for j in range(g.n)], "g")
     body = items + pre + [buf.U.store((a, kk, m), values[a]) for a in range(g.alpha)]
     return _unroll("e", g.EU, _guarded(g, body, in_block, cfg.BK * cfg.BM))
@@ -147,16 +152,16 @@ def _stage_v(g: Geometry):
     kk, cn, in_block = _v_pair(g, _E)
     nb, od, oh, w0, live = _tile(g, kk)
     c = Var("bn") * cfg.BN + cn
-    d, h = od + Var("t") - pd, oh + Var("r") - ph
+    d, h = od + Var("t") * p.dilation[0] - pd, oh + Var("r") * p.dilation[1] - ph
     ok = [live] + ([c < p.Cg] if p.Cg % cfg.BN else []) + ([d >= 0, d < ID] if pd else []) + \
         ([h >= 0, h < IH] if ph else [])
     row = ((nb * ID + d) * IH + h) * IW
     chan = Var("gk") * p.Cg + c
-    last = (g.TW - 1) * g.n + g.alpha - 1 - pw  # the last window's last column
+    last = (g.TW - 1) % g.dil + ((g.TW - 1) // g.dil * g.n + g.alpha - 1) * g.dil - pw  # the last window's end
     items = []
     for i in range(g.alpha):
-        w = w0 + (i - pw)
-        inside = ok + ([w >= 0] if i < pw else []) + ([w < IW] if last > IW - 1 else [])
+        w = w0 + (i * g.dil - pw)
+        inside = ok + ([w >= 0] if i * g.dil < pw else []) + ([w < IW] if last > IW - 1 else [])
         items.append(buf.dx.store(i, _select(inside, _load("x", (row + w) * p.C + chan))))
     pre, values = _transform(g.matrices[2], [buf.dx[i] for i in range(g.alpha)], "bt")
     body = items + pre + [buf.V.store((a, kk, cn), values[a]) for a in range(g.alpha)]
