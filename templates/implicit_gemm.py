@@ -372,7 +372,8 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
 def col2im_view(p, cfg: TileConfig) -> GemmView:
     """Backward-data over dy's pixels, the col2im in the epilogue (TileConfig.col2im):
         t[m, (tap, c)] = sum over k of dy[m, k] * w[k, tap, c]    m = (n, od, oh, ow)
-        dx[n, o * stride - pad + tap * dil, c] += t[m, (tap, c)]  (atomically, into a zeroed dx)
+        dx[n, o * stride - pad + tap * dil, c] += t[m, (tap, c)]  (atomically, into a zeroed dx; stored where taps
+                                                                   never meet, a strided 1x1)
     The products are backward_data_view's, grouped by the dy pixel they read: the tile's columns are taps x C
     (147 for a 7x7 filter over C = 3) where that view's are C of a BN-wide tile, and dy is read as stored (no
     stride classes, no bounds tests).  The cost is an atomic add per (pixel, tap, c), one per Kg products."""
@@ -394,8 +395,10 @@ def col2im_view(p, cfg: TileConfig) -> GemmView:
     def b_elem(inv, kk, kt, row):
         return all_of([kk < Kr] if Kr % cfg.BK else []), Load("w", (inv["col"] + kk * Ng,))
 
-    # 16-bit dx adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes and rounds into dx
-    widened = p.dtype in HALF_DTYPES
+    # taps that never meet ((f - 1) * dil < stride on every axis: a strided 1x1) store; overlapping ones add
+    # atomically, 16-bit dx into a float32 workspace (no 16-bit atomic adds) the launcher zeroes and rounds into dx
+    disjoint = all((f - 1) * d < st for f, d, st in zip(p.filter_size, p.dilation, p.stride))
+    widened = p.dtype in HALF_DTYPES and not disjoint
     dx, dx_dtype = ("dx" + WIDE_SUFFIX, "float32") if widened else ("dx", p.dtype)
 
     def store(m, n, g, value, split):
@@ -405,7 +408,7 @@ def col2im_view(p, cfg: TileConfig) -> GemmView:
         inside = [a >= 0 for a, need in zip(at, below) if need] + \
             [a < i for a, i, need in zip(at, p.in_size, past) if need]
         add = Store(dx, ((img * _prod(p.in_size) + _flatten(at, p.in_size)) * p.C + g * p.Cg + n % p.Cg,), value,
-                    "atomic")
+                    False if disjoint else "atomic")
         return [If(all_of(inside), (add,))] if inside else [add]
 
     params = (Buffer("dy", (M * p.K,), p.dtype), Buffer("w", (p.K * Ng,), p.dtype),

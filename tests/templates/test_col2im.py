@@ -21,6 +21,7 @@ from kernelgen import planner, settings
 from kernelgen.tuning import tuner
 from kernelgen.api import get_launcher, make_plan
 from kernelgen.problem import make_problem
+from kernelgen.render_cuda import render_cuda
 from kernelgen.templates import implicit_gemm
 from kernelgen.target import KNOWN_TARGETS
 from kernelgen.templates.config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
@@ -85,9 +86,26 @@ def test_cpu_tensor_core_tiles(precision, dtype, base, rng):
     assert get_launcher(plan).widened == (("dx",) if dtype == "float16" else ())
 
 
+@pytest.mark.parametrize("dtype, precision, base", [("float32", "fp32", SMALL), ("float16", "fp16", CPU_TC16_DEFAULT)])
+@pytest.mark.parametrize("w_shape", [(24, 1, 1, 16), (8, 2, 2, 16)])
+def test_cpu_taps_that_never_meet_store(dtype, precision, base, w_shape, rng):
+    """A strided 1x1 (ResNet's downsample) or 2x2 at stride 2: each dx element gets one product or none, so the
+    epilogue stores (no atomics, float16 dx without the workspace) into the zeroed dx."""
+    kw = dict(stride=2)
+    p = make_problem("bwd_data", (2, 10, 9, 16), w_shape, dtype=dtype, **kw)
+    plan = run(p, kw, replace(base, col2im=1), "cpu", rng, precision)
+    launcher = get_launcher(plan)
+    assert launcher.zero_output and launcher.widened == ()
+    cuda = render_cuda(plan.kernel_ir(), target=KNOWN_TARGETS["h100"])
+    assert "cuda.atomic" not in cuda and "cuda.atomic" in render_cuda(make_plan(
+        make_problem("bwd_data", (2, 10, 9, 16), (8, 3, 3, 16), stride=2, padding=1), "cpu", "implicit_gemm",
+        SMALL).kernel_ir(), target=KNOWN_TARGETS["h100"])  # (overlapping taps add)
+
+
 @pytest.mark.sim  # (fp32 tiles only: the simulator has no mma.sync)
 @pytest.mark.parametrize("x_shape, w_shape, kw", [((1, 6, 5, 3), (8, 3, 3, 3), dict(stride=2, padding=1)),
-                                                  ((1, 9, 2), (6, 4, 2), dict(stride=3, padding=2, dilation=2))])
+                                                  ((1, 9, 2), (6, 4, 2), dict(stride=3, padding=2, dilation=2)),
+                                                  ((1, 7, 6, 4), (6, 1, 1, 4), dict(stride=2))])
 def test_simulator(x_shape, w_shape, kw, rng):
     config = TileConfig(BM=16, BN=8, BK=4, TM=2, TN=2, col2im=1)
     run(make_problem("bwd_data", x_shape, w_shape, **kw), kw, config, "cuda", rng)
