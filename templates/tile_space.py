@@ -115,6 +115,15 @@ def fits(cfg, target: Target):
             and smem <= target.static_shared_per_block and estimated_registers(cfg) <= target.max_registers_per_thread)
 
 
+def fill_split(blocks: int, slices: int, target: Target, per_sm: int, most: int) -> int:
+    """The split-K factor a grid of `blocks` is given (a power of two up to `most`): the largest that keeps it within
+    per_sm blocks a SM and each split at 8 or more of the `slices` BK slices of its reduction (1: none)."""
+    split = 1
+    while blocks * split * 2 <= per_sm * target.sm_count and slices // (2 * split) >= 8 and split < most:
+        split *= 2
+    return split
+
+
 def split_choices(problem, bm, bn, bk, target: Target):
     """split-K factors that give the grid about one or two waves of blocks (backward-weight only)."""
     if problem.direction != "bwd_weight":

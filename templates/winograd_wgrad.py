@@ -29,6 +29,7 @@ from kernelgen.ir import Barrier, Buffer, Comment, Const, For, If, Kernel, Var, 
 from kernelgen.target import STATIC_SHARED_BYTES, Target, as_target
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.gemm_schedule import _cdiv
+from kernelgen.templates.tile_space import fill_split
 from kernelgen.templates.winograd_tiled import _assign, _combo, _load, _store, _transform, _unroll
 from kernelgen.templates.winograd_transforms import STATES, winograd_matrices
 
@@ -74,6 +75,14 @@ def shared_bytes(cfg, alpha, itemsize=4):
     return itemsize * alpha * cfg.BK * (cfg.BM + cfg.BN + 2 * cfg.smem_pad)
 
 
+def width_tiles(p, n):
+    """(width tiles a dy row, tiles in all): n output columns a tile; a width dilated dil times is dil interleaved
+    correlations, each tiled on its own (a tile's items dil apart: _tile)."""
+    dil = p.dilation[2]
+    TW = dil * _cdiv(_cdiv(p.out_size[2], dil), n)
+    return TW, p.N * p.out_size[0] * p.out_size[1] * TW
+
+
 def _geometry(p, cfg: TileConfig) -> Geometry:
     why = unmet(p, cfg)
     if why:
@@ -81,10 +90,7 @@ def _geometry(p, cfg: TileConfig) -> Geometry:
     S = p.filter_size[2]
     alpha = states_of(p, cfg)
     n = alpha - S + 1
-    _, OH, OW = p.out_size
-    dil = p.dilation[2]  # a dilated width: dil interleaved correlations, a tile's items dil apart (_tile)
-    TW = dil * _cdiv(_cdiv(OW, dil), n)
-    tiles = p.N * p.out_size[0] * OH * TW
+    TW, tiles = width_tiles(p, n)
     nsteps = _cdiv(tiles, cfg.BK)
     NT, pad, dt = cfg.threads, cfg.smem_pad, p.dtype
     reg = lambda name, shape: Buffer(name, shape, dt, "register")
@@ -93,7 +99,7 @@ def _geometry(p, cfg: TileConfig) -> Geometry:
                    reg("acc", (alpha, cfg.TM, cfg.TN)), reg("uf", (cfg.TM,)), reg("vf", (cfg.TN,)),
                    reg("gy", (n,)), reg("dx", (alpha,)))
     return Geometry(p, cfg, alpha, n, winograd_matrices(S, n), TW, tiles, nsteps, _cdiv(nsteps, cfg.split_k),
-                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf, dil)
+                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf, p.dilation[2])
 
 
 def _tile(g: Geometry, kk):
@@ -238,15 +244,11 @@ CPU_TILE = dict(BM=8, BN=8, BK=4, TM=2, TN=2)
 
 
 def split_for(p, cfg: TileConfig, target: Target) -> int:
-    """The split_k that gives the grid two or more blocks a SM (two fit at 128 registers), each split keeping 8 or
-    more steps (1 to 64)."""
+    """The split_k that gives the grid up to four blocks a SM (two resident at 128 registers: two waves), each
+    split keeping 8 or more steps (1 to 64)."""
     blocks = _cdiv(p.Kg, cfg.BM) * _cdiv(p.Cg, cfg.BN) * p.groups * p.filter_size[0] * p.filter_size[1]
-    nsteps = _cdiv(p.N * p.out_size[0] * p.out_size[1] * _cdiv(p.out_size[2], states_of(p, cfg) -
-                                                                  p.filter_size[2] + 1), cfg.BK)
-    split = 1
-    while blocks * split < 2 * target.sm_count and nsteps // (2 * split) >= 8 and split < 64:
-        split *= 2
-    return split
+    _, tiles = width_tiles(p, states_of(p, cfg) - p.filter_size[2] + 1)
+    return fill_split(blocks, _cdiv(tiles, cfg.BK), target, 4, 64)
 
 
 class WinogradWgrad:
