@@ -75,11 +75,10 @@ def to_json(models: dict, device: str, fitted_on: dict) -> dict:
 
 @lru_cache(maxsize=8)
 def models_for(device: str) -> dict:
-    """{tensor dtype: perf_model_predict.Model} of a device (the user's cache dir first, then the shipped file): the
-    fitted weights (database.shipped_device's file where none ships for this device), and the residuals each
-    training problem's configs left (they correct the same config's score on
-    nearby problems, as the GEMM model's do).  {} where no file reads as one: a missing or unreadable file is no
-    model, never an error."""
+    """{tensor dtype: perf_model_predict.Model} of a device (the user's cache dir first, then the shipped file:
+    database.shipped_device's where none ships for this device): the fitted weights, and the residuals each training
+    problem's configs left (they correct the same config's score on nearby problems, as the GEMM model's do).  {}
+    where no file reads as one: a missing or unreadable file is no model, never an error."""
     for path in (model_path(device, database.user_db_dir()), model_path(database.shipped_device(device))):
         try:
             data = json.loads(path.read_text())

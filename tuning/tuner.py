@@ -29,8 +29,8 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from multiprocessing import get_context
 
 import numpy as np
