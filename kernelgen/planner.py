@@ -39,8 +39,8 @@ from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv
-from kernelgen.templates.tile_space import fill_split, gemm_shape
-from kernelgen.tuning import database, depthwise_model_predict, perf_model_predict
+from kernelgen.templates.tile_space import fill_split
+from kernelgen.tuning import database, depthwise_model_predict, perf_features, perf_model_predict
 
 BACKENDS = ("cuda", "cpu")
 
@@ -443,9 +443,9 @@ def _split_small_grid(problem, chosen: Choice, target: Target) -> Choice:
     if problem.direction == "bwd_weight" or chosen.decided_by in ("tuned", "config=") or problem.activation or \
             chosen.variant not in (implicit_gemm.NAME, ks_deconv.NAME) or config.split_k > 1 or config.col2im:
         return chosen
-    M, N, K, groups = ks_deconv.ks_shape(problem) if chosen.variant == ks_deconv.NAME else gemm_shape(problem)
-    blocks = -(-M // config.BM) * -(-N // config.BN) * groups
-    split = fill_split(blocks, -(-K // config.BK), target, SMALL_GRID_WAVES, 16)
+    g = perf_features.gemm_of(problem, chosen.variant, config)  # (KS-deconv: per stride class)
+    blocks = -(-g.M // config.BM) * -(-g.N // config.BN) * g.groups
+    split = fill_split(blocks, g.taps * -(-g.inner // config.BK), target, SMALL_GRID_WAVES, 16)
     if blocks * 2 > target.sm_count or split == 1:
         return chosen
     return Choice(chosen.variant, replace(config, split_k=split), chosen.decided_by,

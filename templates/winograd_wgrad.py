@@ -30,7 +30,7 @@ from kernelgen.target import STATIC_SHARED_BYTES, Target, as_target
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.gemm_schedule import _cdiv
 from kernelgen.templates.tile_space import fill_split
-from kernelgen.templates.winograd_tiled import _assign, _combo, _load, _store, _transform, _unroll
+from kernelgen.templates.winograd_tiled import _assign, _combo, _guarded, _load, _store, _transform, _unroll
 from kernelgen.templates.winograd_transforms import STATES, winograd_matrices
 
 NAME = "winograd_wgrad"
@@ -40,7 +40,7 @@ DTYPES = ("float32", "float64")
 _TID, _E, _A, _I, _J = (Var(nm) for nm in ("tid", "e", "a", "i", "j"))
 # U, V in shared memory; the accumulators, fragments and one pair's staged items in registers
 _Buffers = namedtuple("_Buffers", "U V acc uf vf gy dx")
-Geometry = namedtuple("Geometry", "p cfg alpha n matrices TW tiles nsteps per_split EU EV buf dil")
+Geometry = namedtuple("Geometry", "p cfg alpha n matrices TW tiles nsteps per_split EU EV buf dil NT")
 
 
 def unmet(p, cfg: TileConfig | None = None):
@@ -99,7 +99,7 @@ def _geometry(p, cfg: TileConfig) -> Geometry:
                    reg("acc", (alpha, cfg.TM, cfg.TN)), reg("uf", (cfg.TM,)), reg("vf", (cfg.TN,)),
                    reg("gy", (n,)), reg("dx", (alpha,)))
     return Geometry(p, cfg, alpha, n, winograd_matrices(S, n), TW, tiles, nsteps, _cdiv(nsteps, cfg.split_k),
-                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf, p.dilation[2])
+                    _cdiv(cfg.BK * cfg.BM, NT), _cdiv(cfg.BK * cfg.BN, NT), buf, p.dilation[2], NT)
 
 
 def _tile(g: Geometry, kk):
@@ -125,10 +125,6 @@ def _u_pair(g: Geometry, e):
 def _v_pair(g: Geometry, e):
     idx = _TID + e * g.cfg.threads
     return idx // g.cfg.BN, idx % g.cfg.BN, idx < g.cfg.BK * g.cfg.BN
-
-
-def _guarded(g: Geometry, stmts, in_block, total):
-    return list(stmts) if total % g.cfg.threads == 0 else [If(in_block, tuple(stmts))]
 
 
 def _stage_u(g: Geometry):
