@@ -22,9 +22,6 @@ test and no 4-byte fallback, whose predicated-off instructions still occupy the 
 copy_async16_l2: copy_async16 through L2 only (cp.async.cg, nothing allocated in L1); not used by the templates
 yet: scripts/tma_check.py measures its copy stream against the L1-allocating one (PERF_NOTES #34).
 
-shared_load2(a, i) / shared_load4(a, i) -> 2 / 4 consecutive words of a float32 shared array (ir.VectorLoad from
-shared memory: a thread's register fragment of a k-major tile) as one 8 / 16-byte load.
-
 store_pair16(a, i, v0, v1): float16 a[i], a[i + 1] = v0, v1 (ir.Store.pair): one 4-byte store where aligned;
 store_pair_bf16 the same into an array of bfloat16 bits.
 
@@ -57,12 +54,6 @@ if settings.get("cuda_simulator"):
 
     def copy_async_commit():
         pass
-
-    def shared_load2(a, i):
-        return a[i], a[i + 1]
-
-    def shared_load4(a, i):
-        return a[i], a[i + 1], a[i + 2], a[i + 3]
 
     load4_aligned, copy_async16 = load4, copy_async4
     copy_async16_l2 = copy_async16
@@ -308,26 +299,6 @@ else:
 
     store_pair16 = _pair_store(types.float16, "f16")
     store_pair_bf16 = _pair_store(types.uint16, "bf16")
-
-    def _shared_load(n):
-        """n float32 words of a shared array as one n x 4-byte load (LDS.64 / LDS.128): the array is declared 16-byte
-        aligned (render_cuda) and the template keeps i a multiple of n (ir.VectorLoad's promise).  A plain LLVM vector
-        load, not inline PTX, so NVVM schedules it as any other load between the block's barriers."""
-        def typer(typingctx, a, i):
-            if not (isinstance(a, types.Array) and a.dtype == types.float32 and isinstance(i, types.Integer)):
-                return None
-
-            def codegen(context, builder, sig, args):
-                _, ptr = _element_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-                vec = ir.VectorType(_F32, n)
-                shared = builder.bitcast(builder.addrspacecast(ptr, ir.PointerType(_F32, 3)), ir.PointerType(vec, 3))
-                value = builder.load(shared, align=4 * n)
-                return context.make_tuple(builder, sig.return_type,
-                                          [builder.extract_element(value, ir.Constant(_I32, j)) for j in range(n)])
-            return types.UniTuple(types.float32, n)(a, i), codegen
-        return intrinsic(typer)
-
-    shared_load2, shared_load4 = _shared_load(2), _shared_load(4)
 
 
     # bfloat16 storage (uint16 bit patterns: numba has no bfloat16): a bf16 is the upper half of a float32 word, so

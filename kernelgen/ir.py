@@ -133,9 +133,7 @@ class VectorLoad(Stmt):
     is 16-byte aligned, which the kernel tests, since a caller's array may start anywhere).  `dst` are
     register-buffer elements (Loads; Vars after register scalarisation), written.  The template promises
     that the elements share `cond` and that `index` is a multiple of len(dst).  From a storage-only buffer
-    (float16) the dst receive float32 values, like a Load.  From a float32 shared buffer (cond True: a thread's
-    register fragment, gemm_compute.fragment_loads), CUDA declares the buffer 16-byte aligned and reads 2 or 4
-    words as one 8 / 16-byte shared load."""
+    (float16) the dst receive float32 values, like a Load."""
     dst: Tuple[Expr, ...]
     buf: str
     index: Expr

@@ -5,8 +5,7 @@ from kernelgen.fresh_names import fresh_names
 
 from . import settings
 from .ir import (Assign, AsyncCopy, AsyncProxyFence, AsyncWait, BinOp, Call, Const, For, Kernel, MbarrierExpect,
-                 MbarrierInit, Pipeline, Select, TensorCopy, Var, VectorLoad, WarpgroupCommit, WarpgroupFence,
-                 WarpgroupMma, WarpgroupWait)
+                 MbarrierInit, Pipeline, Select, TensorCopy, Var, WarpgroupCommit, WarpgroupFence, WarpgroupMma, WarpgroupWait)
 from .ir_walk import walk_stmts
 from .passes import lower
 from .render_base import SourcePrinter, launch_constants
@@ -126,16 +125,7 @@ class CudaPrinter(SourcePrinter):
         return text
 
     def vector_load(self, s, depth):
-        buf = self.kernel.buffer(s.buf)
-        dtype = buf.dtype
-        if buf.scope == "shared":  # a fragment of a tile declared 16-byte aligned: no test, no fallback
-            if dtype != "float32" or len(s.dst) not in (2, 4) or s.cond != Const(True):
-                return super().vector_load(s, depth)
-            fn = f"shared_load{len(s.dst)}"
-            self.memory_helpers.add(fn)
-            dst = ", ".join(self.expr(d) for d in s.dst)
-            self.emit(depth, f"{dst} = {fn}({s.buf}, {self.index(s.buf, (s.index,))})")
-            return
+        dtype = self.kernel.buffer(s.buf).dtype
         if dtype == "float32" and len(s.dst) == 4:
             fn = "load4"
         elif dtype == "float16" and len(s.dst) in (2, 4, 8):  # 4, 8 or 16 bytes of float16, widened
@@ -302,8 +292,6 @@ class CudaPrinter(SourcePrinter):
         # 16-byte asynchronous copies need 16-byte aligned shared rows (numba aligns to the element size), tensor
         # copies 128-byte aligned ones (1024 for the 128-byte swizzle, whose pattern follows the address)
         align = {s.dst: 16 for s in walk_stmts(k.body) if isinstance(s, AsyncCopy) and s.width == 4}
-        align |= {s.buf: 16 for s in walk_stmts(k.body) if isinstance(s, VectorLoad)
-                  and k.buffer(s.buf).scope == "shared"}
         align |= {b: 16 for s in walk_stmts(k.body) if isinstance(s, WarpgroupMma) for b in (s.a, s.b)}  # descriptors
         for s in walk_stmts(k.body):
             if isinstance(s, TensorCopy):
@@ -329,8 +317,7 @@ class CudaPrinter(SourcePrinter):
             if dynamic and b in pooled:
                 continue
             kind = "shared" if b.scope == "shared" else "local"
-            # (numba's simulator refuses an alignment: its shared arrays are NumPy arrays, and its loads are Python's)
-            at = f", alignment={align[b.name]}" if b.name in align and not settings.get("cuda_simulator") else ""
+            at = f", alignment={align[b.name]}" if b.name in align else ""
             self.emit(1, f"{b.name} = cuda.{kind}.array({b.shape}, {_NUMBA_TYPE.get(b.dtype, b.dtype)}{at})")
         self.stmts(block, 1)
         self.dynamic = dynamic

@@ -210,8 +210,7 @@ _ALL = (
             "(kernelgen/torch/native.cpp, built once in the background with torch's C++ extension tools); off: the "
             "Python path"),
     Setting("cuda_simulator", "NUMBA_ENABLE_CUDASIM", False, parse_bool,
-            "numba's CUDA simulator (numba reads it once, at its first CUDA import); CUDA sources rendered for it "
-            "declare no shared-array alignment, which it refuses", affects_code=True),
+            "numba's CUDA simulator (numba reads it once, at its first CUDA import)"),
     # --- tests and benchmarks -----------------------------------------------------------------------
     Setting("fuzz_examples", "KERNELGEN_FUZZ", 0, int, "extra hypothesis examples for the API fuzz suite",
             affects_calls=False),

@@ -68,9 +68,6 @@ class TileConfig:
     that tap reaches (atomically, into a zeroed dx: the col2im of Caffe's deconvolution, fused), so C = 3 makes
     taps x 3 columns of the tile instead of 3 of a BN-wide one.  Not with TMA boxes or split_k.  0 by default and
     then absent from string and dict.
-    frag_vec=1 (fp32 register tiles: GEMM, Winograd): each thread reads its TM and TN fragment words of a k step as
-    16-byte (8-byte) shared loads where TM / TN and the padded row are multiples of 4 (2), instead of one 4-byte load a
-    word (gemm_compute.fragment_loads).  0 by default and then absent from string and dict.
     """
     BM: int = 64
     BN: int = 64
@@ -92,7 +89,6 @@ class TileConfig:
     b_mn: int = 0
     a_mn: int = 0
     col2im: int = 0
-    frag_vec: int = 0
 
     @property
     def tensor_core(self):
@@ -154,9 +150,6 @@ class TileConfig:
         if self.col2im not in (0, 1) or self.col2im and (self.tma or self.split_k > 1 or self.state_groups > 1):
             raise ValueError(f"TileConfig: col2im must be 0 or 1, and 1 needs tma=0, split_k=1 and state_groups=1 "
                              f"(its epilogue adds atomically already; its operands have no TMA boxes), got {self}")
-        if self.frag_vec not in (0, 1) or self.frag_vec and self.tensor_core:
-            raise ValueError(f"TileConfig: frag_vec must be 0 or 1, and 1 is for fp32 register tiles (WM = WN = 0; "
-                             f"tensor-core tiles read their fragments by their layouts), got {self}")
         return self
 
     def as_dict(self):
@@ -164,8 +157,7 @@ class TileConfig:
         if not self.tensor_core:  # fp32 configs keep the dicts (database entries) they always had
             del d["WM"], d["WN"]
         # newer fields: absent while unused (keys, entries unchanged)
-        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn", "a_mn", "col2im",
-                  "frag_vec"):
+        for k in ("states", "swizzle", "min_blocks", "async_copy", "wgmma", "tma", "b_mn", "a_mn", "col2im"):
             if not d[k]:
                 del d[k]
         if d["state_groups"] == 1:
@@ -203,8 +195,6 @@ class TileConfig:
             s += "_BMN"
         if self.col2im:
             s += "_C2I"
-        if self.frag_vec:
-            s += "_FV"
         return s
 
     @classmethod
@@ -229,8 +219,6 @@ class TileConfig:
                 kw["a_mn"] = 1
             elif part == "C2I":
                 kw["col2im"] = 1
-            elif part == "FV":
-                kw["frag_vec"] = 1
             elif m and m.group(1) == "TMA":
                 kw["tma"] = int(m.group(2) or 1)
             elif m and m.group(1) in fields and m.group(2):

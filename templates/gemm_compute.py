@@ -12,7 +12,7 @@ Each kind's rules on the config sit here, beside make_compute; its rules on the 
 """
 from __future__ import annotations
 
-from kernelgen.ir import Assign, Buffer, Const, For, If, Var, VectorLoad, all_of, as_expr
+from kernelgen.ir import Assign, Buffer, Const, For, If, Var, all_of
 from kernelgen.templates.warp_mma import WarpMma
 from kernelgen.templates.warpgroup_mma import WarpgroupGemm
 
@@ -39,27 +39,6 @@ def check_warpgroup(cfg):
                       or cfg.swizzle or cfg.smem_pad or cfg.BK not in ((32, 64) if cfg.tma else (8, 16, 32))):
         raise ValueError(f"TileConfig: wgmma needs WM a multiple of 64, WN <= 256, async_copy=1 or tma=1, "
                          f"swizzle=0, smem_pad=0 and BK in (8, 16, 32) (tma: 32 or 64); got {cfg}")
-
-
-def fragment_loads(frag, tile, lead, first, count, vector, loop=None):
-    """frag[0..count) = tile[lead + (first + 0..count,)]: a thread's TM (TN) words of one k step of a k-major shared
-    tile.  vector (TileConfig.frag_vec): 16-byte (8-byte) ir.VectorLoads where count and the row are multiples of 4 (2)
-    and the tile is float32 - first is a multiple of count (ty * TM), so every load is aligned - else a Load a word.
-    One LDS.128 replaces four LDS: the fp32 tiles' k steps issue 12 shared loads for 32 FMAs (TM8 x TN4), which
-    bounds them near half the FMA rate (PTX of 2026-11-28: only scalar ld.shared.f32).  loop (a Var): the word loads
-    as one unrolled loop over it (the Winograd templates' form) rather than listed."""
-    row = tile.shape[-1]
-    width = next((w for w in (4, 2) if vector and tile.dtype == "float32" and not count % w and not row % w), 1)
-    if width == 1 and loop is not None:
-        return [For(loop.name, count, (frag.store(loop, tile[tuple(lead) + (first + loop,)]),), "unroll")]
-    if width == 1:
-        return [frag.store(i, tile[tuple(lead) + (first + i,)]) for i in range(count)]
-    flat = as_expr(0)
-    for n, i in zip(tile.shape, lead):
-        flat = flat * n + i
-    flat = flat * row + first
-    return [VectorLoad(tuple(frag[i + w] for w in range(width)), tile.name, flat + i, Const(True))
-            for i in range(0, count, width)]
 
 
 class Fp32Tile:
@@ -89,8 +68,8 @@ class Fp32Tile:
         TM, TN = self.cfg.TM, self.cfg.TN
         ty, tx, kk = Var("ty"), Var("tx"), Var("kk")
         return [For("kk", self.cfg.BK, tuple(
-            fragment_loads(self.a_frag, As, (stage, kk), ty * TM, TM, self.cfg.frag_vec)
-            + fragment_loads(self.b_frag, Bs, (stage, kk), tx * TN, TN, self.cfg.frag_vec)
+            [self.a_frag.store(i, As[stage, kk, ty * TM + i]) for i in range(TM)]
+            + [self.b_frag.store(j, Bs[stage, kk, tx * TN + j]) for j in range(TN)]
             + [self.acc.store((i, j), self.a_frag[i] * self.b_frag[j], accumulate=True)
                for i in range(TM) for j in range(TN)]), "unroll")]
 

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from kernelgen.ir import (Assign, Barrier, Buffer, Comment, Const, For, If, Kernel, Load, Store, Var, all_of, as_expr,
                           select)
 from kernelgen.templates.config import TileConfig
-from kernelgen.templates.gemm_compute import fragment_loads
 from kernelgen.templates.gemm_schedule import _cdiv
 from kernelgen.templates.implicit_gemm import epilogue_value
 from kernelgen.templates.winograd_transforms import row_pairs, winograd_matrices
@@ -362,8 +361,8 @@ def _products(s, st):
     ty, tx, sg, kc = Var("ty"), Var("tx"), Var("sg"), Var("kc")
     state = (lambda a: sg * AL + a) if s.SG > 1 else (lambda a: a)
     return [_unroll("kc", cfg.BK, [_unroll("a", AL, [
-        *fragment_loads(buf.vf, buf.V, st + (state(_AV), kc), ty * TM, TM, cfg.frag_vec, _IV),
-        *fragment_loads(buf.uf, buf.U, st + (state(_AV), kc), tx * TN, TN, cfg.frag_vec, _JV),
+        _unroll("i", TM, [buf.vf.store(_IV, buf.V[st + (state(_AV), kc, ty * TM + _IV)])]),
+        _unroll("j", TN, [buf.uf.store(_JV, buf.U[st + (state(_AV), kc, tx * TN + _JV)])]),
         _unroll("i", TM, [_unroll("j", TN, [buf.acc.store((_AV, _IV, _JV), buf.vf[_IV] * buf.uf[_JV],
                                                            accumulate=True)])])])])]
 

@@ -28,7 +28,6 @@ from collections import namedtuple
 from kernelgen.ir import Barrier, Buffer, Comment, Const, For, If, Kernel, Var, all_of, select
 from kernelgen.target import STATIC_SHARED_BYTES, Target, as_target
 from kernelgen.templates.config import TileConfig
-from kernelgen.templates.gemm_compute import fragment_loads
 from kernelgen.templates.gemm_schedule import _cdiv
 from kernelgen.templates.tile_space import fill_split
 from kernelgen.templates.winograd_tiled import _assign, _combo, _guarded, _load, _store, _transform, _unroll
@@ -179,8 +178,8 @@ def _products(g: Geometry):
     cfg, buf = g.cfg, g.buf
     ty, tx, kc = Var("ty"), Var("tx"), Var("kc")
     return [_unroll("kc", cfg.BK, [_unroll("a", g.alpha, [
-        *fragment_loads(buf.uf, buf.U, (_A, kc), ty * cfg.TM, cfg.TM, cfg.frag_vec, _I),
-        *fragment_loads(buf.vf, buf.V, (_A, kc), tx * cfg.TN, cfg.TN, cfg.frag_vec, _J),
+        _unroll("i", cfg.TM, [buf.uf.store(_I, buf.U[_A, kc, ty * cfg.TM + _I])]),
+        _unroll("j", cfg.TN, [buf.vf.store(_J, buf.V[_A, kc, tx * cfg.TN + _J])]),
         _unroll("i", cfg.TM, [_unroll("j", cfg.TN, [buf.acc.store((_A, _I, _J), buf.uf[_I] * buf.vf[_J],
                                                                 accumulate=True)])])])])]
 

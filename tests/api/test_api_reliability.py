@@ -77,7 +77,7 @@ def test_every_code_setting_enters_the_kernel_key():
     plan = make_plan(make_problem("fwd", (2, 8, 8, 16), (16, 3, 3, 16), padding=1), "cpu")
     base = plan.key()
     flipped = {"index32": False, "winograd_16_states": True, "winograd_states": (4, 8), "ks_deconv_trim": True,
-               "tma_drain_each_round": False, "target": "a100", "cuda_simulator": not settings.get("cuda_simulator")}
+               "tma_drain_each_round": False, "target": "a100"}
     assert set(flipped) == {s.name for s in settings.CODE_SETTINGS}
     for name, value in flipped.items():
         with settings.scope(**{name: value}):
