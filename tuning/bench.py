@@ -381,7 +381,8 @@ def main(argv=None):
     ap.add_argument("--directions", default="fwd,bwd_data,bwd_weight")
     ap.add_argument("--layers", default="", help="comma-separated layer names (default: all)")
     ap.add_argument("--algo", default=None, help="force a variant; several, comma-separated, are benched "
-                    "side by side on the problems each applies to")
+                    "side by side on the problems each applies to; an empty name is the planner's own choice "
+                    "(--algo winograd_wgrad, : that variant against the plan)")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="kernelgen precision; tf32 also turns torch's TF32 switches on for cuDNN, fp16/bf16 run "
@@ -412,8 +413,9 @@ def main(argv=None):
         except ValueError as e:
             ap.error(str(e))
     tc = TorchConv(tf32=args.precision == "tf32", dtype=CUDNN_DTYPES.get(args.precision))
-    jobs, plans = plan_jobs(layers, args.directions.split(","), args.algo.split(",") if args.algo else [None],
-                            alternatives, args.precision, [None] + (args.against or []))
+    algos = [a.strip() or None for a in args.algo.split(",")] if args.algo else [None]
+    jobs, plans = plan_jobs(layers, args.directions.split(","), algos, alternatives, args.precision,
+                            [None] + (args.against or []))
     rows = []
     for (layer, d, a, alt, source), plan in tqdm(list(zip(jobs, plans)), desc="bench", unit="problem"):
         label = {"forced": a} if a else {}
