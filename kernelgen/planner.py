@@ -3,8 +3,12 @@
 One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
-  "col2im"           backward-data with at most 4 channels a group on the GPU, unless a tune measured the problem:
-                     the GEMM over dy's pixels with the col2im in its epilogue (_col2im_choice);
+  "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet, on the
+                     GPU, unless a tune measured the problem: the GEMM over dy's pixels with the col2im in its
+                     epilogue (_col2im_choice);
+  "winograd backward-weight"  fp32 backward-weight the Winograd template suits (winograd_wgrad.suits: stride 1,
+                     16 or more channels and filters a group, a width its tiles fill) on the GPU, unless a tune timed
+                     it on the problem (_winograd_wgrad_choice);
   "tuned"            the tuned database's entry for exactly this problem (and precision) on this GPU - or, on the
                      CPU backend, the entry first-call autotuning (tuning/autotune.py) measured on this machine;
   "nearest tuned K"  fp32: the entry of the nearest tuned problem K, where it is near enough (tuning/database.py);
@@ -38,7 +42,8 @@ from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
-from kernelgen.templates import candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv
+from kernelgen.templates import (candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv,
+                                 winograd_wgrad)
 from kernelgen.templates.tile_space import fill_split
 from kernelgen.tuning import database, depthwise_model_predict, perf_features, perf_model_predict
 
@@ -343,10 +348,27 @@ def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None
     variant = get_variant(inner.variant)
     if config.tma or config.wgmma or not variant.accepts(problem, config, precision):
         return None
-    return Choice(variant.name, config, "col2im", f"backward-data with {problem.C} input channels: the GEMM over dy's "
-                  f"pixels, {gemm.K} columns (taps x channels) where the stride classes' view has {problem.C}, the "
-                  f"col2im in its epilogue; its tile is the one {inner.decided_by!r} chose for the same GEMM as the "
-                  f"1x1 forward {gemm.key()}")
+    why = (f"a {'x'.join(map(str, problem.filter_size))} filter strided {'x'.join(map(str, problem.stride))}, "
+           f"whose taps never meet" if implicit_gemm.taps_never_meet(problem) else f"{problem.C} input channels")
+    return Choice(variant.name, config, "col2im", f"backward-data with {why}: the GEMM over dy's pixels, {gemm.K} "
+                  f"columns (taps x channels), the col2im in its epilogue; its tile is the one {inner.decided_by!r} "
+                  f"chose for the same GEMM as the 1x1 forward {gemm.key()}")
+
+
+def _winograd_wgrad_choice(problem, backend, target: Target) -> Choice | None:
+    """fp32 backward-weight that winograd_wgrad.suits, no config given, on the GPU: the Winograd backward-weight's
+    default tile, unless the tuned entry for exactly this problem timed that template (then "tuned" decides)."""
+    if backend != "cuda" or not gpu_present() or not winograd_wgrad.suits(problem):
+        return None
+    db = _tuned_db()
+    if db is not None and db.exact(problem, tuned_device(), "fp32", winograd_wgrad.NAME) is not None:
+        return None
+    config = winograd_wgrad.VARIANT.default_config(problem, target)
+    S = problem.filter_size[2]
+    return Choice(winograd_wgrad.NAME, config, "winograd backward-weight", f"stride-1 backward-weight, {problem.Cg} "
+                  f"channels and {problem.Kg} filters a group, a width of {problem.out_size[2]}: F({S}, "
+                  f"{winograd_wgrad.states_of(problem, config) - S + 1}) with the roles of filter and data exchanged, "
+                  f"split {config.split_k} ways")
 
 
 def _depthwise_plan(problem, backend, config, precision, target: Target, why=None) -> Plan:
@@ -475,7 +497,8 @@ def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Pla
                     target, folded.decided_by, folded.reason)
     if precision != "fp32":
         return _tensor_core_plan(problem, backend, algo, config, precision, target)
-    choice = _fp32_choice(problem, backend, algo, config, target)
+    automatic = algo is None and config is None and _winograd_wgrad_choice(problem, backend, target)
+    choice = automatic or _fp32_choice(problem, backend, algo, config, target)
     if backend != "cuda" and choice.config.split_k > 1:
         raise ValueError(f"config.split_k must be 1 on the {backend} backend, got {choice.config.split_k}")
     return Plan(problem, choice.variant, choice.config, backend, target=target, decided_by=choice.decided_by,

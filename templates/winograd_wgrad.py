@@ -18,8 +18,9 @@ The block owns BM output channels x BN input channels of one filter row (t, r) (
 and the split-K index); each reduction step gathers BK tiles, transforms them into shared U[alpha][BK][BM] and
 V[alpha][BK][BN], and its threads add alpha x TM x TN register products - winograd_tiled's forward schedule with
 (tiles, k) -> (k, c) and (filter rows, channels) -> tiles.  Stride 1, any dilation; float32 / float64 arrays; the
-reduction split over split_k blocks that add into a zeroed dw.  Not among the planner's automatic candidates
-(templates.OPT_IN_VARIANTS): algo="winograd_wgrad" only, until a GPU run has measured it.
+reduction split over split_k blocks that add into a zeroed dw.  Not among the variants the chain ranks
+(templates.OPT_IN_VARIANTS: the tuner and the model know nothing of it); the planner takes it by its own rule
+(suits; kernelgen.planner._winograd_wgrad_choice), or algo="winograd_wgrad".
 """
 from __future__ import annotations
 
@@ -60,6 +61,23 @@ def unmet(p, cfg: TileConfig | None = None):
         elif shared_bytes(cfg, alpha or 4, 8 if p.dtype == "float64" else 4) > STATIC_SHARED_BYTES:
             why.append(f"shared U and V within {STATIC_SHARED_BYTES} bytes")
     return why
+
+
+# The planner's rule (suits), from one H200 run of both tables (2026-11-28_h200_winograd_wgrad_vs_plan_*, default tile
+# against the planned or tuned GEMM, same process): it ran 1.2-1.8x faster than gpu_md's tuned entries where the
+# output width fills its width tiles (14 of 18 columns or more) or is dilated, and tied (0.97-0.99) at widths 4-8;
+# then, held out, every unseen row the rule takes ran faster (1.06-3.5x: VGG, U-Net, DeepLab's dilated layer4, 1-D
+# and (2+1)-D rows).  Fewer than 16 channels or filters a group (first layers, narrow groups: 0.01-0.36x) leave the
+# 64 x 32 tile mostly idle.
+MIN_CHANNELS, MIN_WIDTH_FILL = 16, 0.75
+
+
+def suits(p) -> bool:
+    """Does the planner take this template for p (float32 on the GPU, no tune that timed it)?"""
+    if unmet(p) or p.dtype != "float32" or min(p.Cg, p.Kg) < MIN_CHANNELS:
+        return False
+    n = default_states(p.filter_size[2]) - p.filter_size[2] + 1
+    return p.dilation[2] > 1 or p.out_size[2] >= MIN_WIDTH_FILL * width_tiles(p, n)[0] * n
 
 
 def default_states(S):

@@ -59,7 +59,7 @@ def cases(draw):
     return p, kw, config
 
 
-@hsettings(max_examples=6, deadline=None)
+@hsettings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_cpu_random_shapes(data):
     p, kw, config = data.draw(cases())
@@ -116,7 +116,8 @@ def test_simulator(x_shape, w_shape, kw, rng):
 @pytest.mark.parametrize("x_shape, w_shape, kw", [
     ((4, 64, 64, 3), (64, 7, 7, 3), dict(stride=2, padding=3)),
     ((8, 64, 64, 3), (64, 4, 4, 3), dict(stride=2, padding=1)),
-    ((2, 8, 28, 28, 3), (64, 3, 3, 3, 3), dict(padding=1))])
+    ((2, 8, 28, 28, 3), (64, 3, 3, 3, 3), dict(padding=1)),
+    ((8, 28, 28, 64), (128, 1, 1, 64), dict(stride=2))])
 def test_gpu_planned(dtype, precision, x_shape, w_shape, kw, rng):
     """The planner's own col2im tile on the GPU (the rule: no tune has measured these problems)."""
     p = make_problem("bwd_data", x_shape, w_shape, dtype=dtype, **kw)
@@ -171,6 +172,11 @@ def test_planner_rule(precision, dtype):
     assert _gpu_plan(stem, precision, exact=measured).decided_by != "col2im"  # a tune measured this problem
     wide = make_problem("bwd_data", (16, 56, 56, 64), (64, 3, 3, 64), padding=1, dtype=dtype)
     assert _gpu_plan(wide, precision).decided_by != "col2im"
+    downsample = make_problem("bwd_data", (64, 56, 56, 256), (512, 1, 1, 256), stride=2, dtype=dtype)  # ResNet-50's
+    plan = _gpu_plan(downsample, precision)
+    assert plan.decided_by == "col2im" and plan.config.col2im and "taps never meet" in plan.reason
+    overlapping = make_problem("bwd_data", (16, 56, 56, 64), (128, 3, 3, 64), stride=2, padding=1, dtype=dtype)
+    assert _gpu_plan(overlapping, precision).decided_by != "col2im"
     with mock.patch.object(planner, "gpu_present", lambda: False):
         assert planner.make_plan(stem, "cpu", None, None, precision).decided_by != "col2im"
 

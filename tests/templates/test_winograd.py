@@ -116,7 +116,8 @@ def _case(rng, alpha, r, direction, dtype=np.float64, groups=1, pad=None, H=3, C
 
 
 # every width for 4 and 8 states; two of the slow-to-compile 16-state kernels
-@pytest.mark.parametrize("alpha,r", [(a, r) for a, r in COMBOS if a < 16 or r in (3, 9)])
+@pytest.mark.parametrize("alpha,r", [(a, r) if a < 16 else pytest.param(a, r, marks=pytest.mark.slow)  # (CI time)
+                                     for a, r in COMBOS if a < 16 or r in (3, 9)])
 def test_forward_float64_every_state_and_width(alpha, r):
     rng = np.random.default_rng()
     got, want = _case(rng, alpha, r, "fwd", groups=2 if r % 2 else 1, bias=r == 3)
@@ -166,7 +167,8 @@ def test_two_stage_many_blocks_every_axis(direction):
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("alpha,r,bound", [(4, 3, 2e-6), (8, 3, 1e-5), (8, 7, 1e-5), (16, 3, 2e-4), (16, 9, 2e-4)])
+@pytest.mark.parametrize("alpha,r,bound", [(4, 3, 2e-6), (8, 3, 1e-5), (8, 7, 1e-5), (16, 3, 2e-4),
+                                           pytest.param(16, 9, 2e-4, marks=pytest.mark.slow)])  # (CI time)
 def test_float32_accuracy(alpha, r, bound):
     rng = np.random.default_rng()
     got, want = _case(rng, alpha, r, "fwd", dtype=np.float32, C=16)
@@ -299,7 +301,8 @@ _ALL_PAIRS = ((1, "fwd"), (1, "bwd_data"), (2, "fwd"), (2, "bwd_data"))
 
 
 @pytest.mark.parametrize("alpha,r,groups,pairs", [(4, 3, 2, _ALL_PAIRS), (8, 5, 4, ((1, "fwd"), (2, "bwd_data"))),
-                                                  (8, 3, 2, ((2, "fwd"), (1, "bwd_data")))])
+                                                  pytest.param(8, 3, 2, ((2, "fwd"), (1, "bwd_data")),
+                                                               marks=pytest.mark.slow)])  # (CI time: 29 s)
 def test_state_groups_float64(alpha, r, groups, pairs):
     """States split over thread groups: each group's products and its part of AT, added into y in turn."""
     rng = np.random.default_rng()

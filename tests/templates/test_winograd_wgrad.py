@@ -11,6 +11,10 @@ import pytest
 from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
+from dataclasses import replace
+from unittest import mock
+
+from kernelgen import planner, settings
 from kernelgen.api import make_plan
 from kernelgen.problem import make_problem
 from kernelgen.target import KNOWN_TARGETS, target_for
@@ -81,6 +85,37 @@ def test_gpu_default(x_shape, w_shape, rng):
     kw = dict(padding=1)
     p = make_problem("bwd_weight", x_shape, w_shape, **kw)
     check(p, kw, None, "cuda", rng)
+
+
+def _gpu_plan(problem, tried=None):
+    """make_plan as on a GPU with the H100 database and model (offline: gpu_present patched, model "on"); `tried`
+    patches the database's answer for exactly this problem's winograd_wgrad candidates."""
+    with settings.scope(model="on"), mock.patch.object(planner, "gpu_present", lambda: True):
+        if tried is None:
+            return planner.make_plan(problem, "cuda")
+        with mock.patch.object(planner._tuned_db(), "exact", lambda *a, **k: tried):
+            return planner.make_plan(problem, "cuda")
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, taken", [
+    ((8, 28, 28, 256), (512, 3, 3, 256), dict(padding=1), True),          # VGG conv4_1
+    ((2, 33, 33, 512), (512, 3, 3, 512), dict(padding=4, dilation=4), True),  # DeepLab: dilated, any width
+    ((16, 400, 250), (250, 7, 250), dict(padding=3), True),                # wav2letter, 1-D
+    ((8, 224, 224, 3), (64, 3, 3, 3), dict(padding=1), False),             # a first layer: 3 channels
+    ((32, 7, 7, 512), (512, 3, 3, 512), dict(padding=1), False),           # width 7: 7 of 12 columns filled
+    ((32, 56, 56, 128), (128, 3, 3, 4), dict(padding=1, groups=32), False),  # 4 channels a group
+    ((8, 28, 28, 64), (64, 3, 3, 64), dict(padding=1, stride=2), False)])  # strided
+def test_planner_rule(x_shape, w_shape, kw, taken):
+    p = make_problem("bwd_weight", x_shape, w_shape, **kw)
+    plan = _gpu_plan(p)
+    assert (plan.decided_by == "winograd backward-weight") == taken and (plan.variant == winograd_wgrad.NAME) == taken
+    if taken:
+        assert plan.config == get_variant(winograd_wgrad.NAME).default_config(p, plan.target)
+        assert "with the roles of filter and data exchanged" in plan.reason
+        timed = (winograd_wgrad.NAME, plan.config)  # a tune that timed the template: the chain decides
+        assert _gpu_plan(p, tried=timed).decided_by != "winograd backward-weight"
+    assert make_plan(p, "cpu").variant != winograd_wgrad.NAME
+    assert make_plan(replace(p, dtype="float64"), "cpu").variant != winograd_wgrad.NAME
 
 
 def test_opt_in_only():

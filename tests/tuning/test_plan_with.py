@@ -20,7 +20,7 @@ def _r18_layer1():
 def test_plans_inside_read_the_directory_and_outside_the_shipped_files(tmp_path, on_h100, fresh_models):
     """An empty directory: no tuned entry and no model inside the block (the cost-model default decides); a copy
     of the shipped files: the shipped plan; after the block, the shipped files again."""
-    p = _r18_layer1().problem("bwd_weight")
+    p = _r18_layer1().problem("bwd_data")
     shipped = planner.make_plan(p, "cuda")
     assert shipped.decided_by == "tuned"
     with shipped_from(tmp_path):
@@ -48,10 +48,10 @@ def test_plan_jobs_plans_each_problem_with_each_source(tmp_path, on_h100, fresh_
     """Every problem's jobs come in pairs - shipped, then the --against directory - planned each with its own
     files (the kernels' compile replaced here: the bench's pool compiles for the GPU)."""
     monkeypatch.setattr(bench, "precompile", lambda plans, workers=None: [None] * len(plans))
-    jobs, plans = bench.plan_jobs([_r18_layer1()], ["fwd", "bwd_weight"], [None], [None], "fp32",
+    jobs, plans = bench.plan_jobs([_r18_layer1()], ["fwd", "bwd_data"], [None], [None], "fp32",
                                   [None, str(tmp_path)])
-    assert [(j[1], j[4]) for j in jobs] == [("fwd", None), ("fwd", str(tmp_path)), ("bwd_weight", None),
-                                            ("bwd_weight", str(tmp_path))]
+    assert [(j[1], j[4]) for j in jobs] == [("fwd", None), ("fwd", str(tmp_path)), ("bwd_data", None),
+                                            ("bwd_data", str(tmp_path))]
     assert [p.decided_by for p in plans] == ["tuned", "default", "tuned", "default"]
 
 

@@ -39,7 +39,7 @@ def test_entries_and_models_of_the_sibling_the_users_own_over_them(tmp_path, mon
 
 def test_an_h200_plans_a_tuned_problem_with_the_h100_entry(on_h100, monkeypatch):
     layer = next(layer for layer in shapes.load_table("resnet18_cifar")[1] if layer.name == "l1_3x3")
-    p = layer.problem("bwd_weight")
+    p = layer.problem("fwd")
     on_h100_plan = planner.make_plan(p, "cuda")
     monkeypatch.setattr(planner, "tuned_device", lambda: H200)
     plan = planner.make_plan(p, "cuda")
