@@ -334,7 +334,7 @@ def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None
     measured it).  Its tile is the one the chain picks for the same GEMM as a 1x1 forward convolution
     (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view has none: the template's default
     tile where the chain picks one).  None where the rule does not apply."""
-    db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem) else None
+    db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem, precision) else None
     if db is None or db.exact(problem, tuned_device(), precision) is not None:
         return None
     gemm = implicit_gemm.col2im_gemm(problem)

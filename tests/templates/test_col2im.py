@@ -120,6 +120,8 @@ def test_simulator(x_shape, w_shape, kw, rng):
     ((8, 28, 28, 64), (128, 1, 1, 64), dict(stride=2))])
 def test_gpu_planned(dtype, precision, x_shape, w_shape, kw, rng):
     """The planner's own col2im tile on the GPU (the rule: no tune has measured these problems)."""
+    if precision == "fp16" and kw.get("stride") == 2 and w_shape[1] == 1:
+        pytest.skip("a strided 1x1 at fp16 takes its stride classes' TMA tile")
     p = make_problem("bwd_data", x_shape, w_shape, dtype=dtype, **kw)
     inputs, want = direction_inputs(p, kw, rng)
     plan = make_plan(p, "cuda", None, None, precision)
@@ -174,7 +176,10 @@ def test_planner_rule(precision, dtype):
     assert _gpu_plan(wide, precision).decided_by != "col2im"
     downsample = make_problem("bwd_data", (64, 56, 56, 256), (512, 1, 1, 256), stride=2, dtype=dtype)  # ResNet-50's
     plan = _gpu_plan(downsample, precision)
-    assert plan.decided_by == "col2im" and plan.config.col2im and "taps never meet" in plan.reason
+    if precision == "fp16":  # (its stride classes' TMA tile measured faster)
+        assert plan.decided_by != "col2im"
+    else:
+        assert plan.decided_by == "col2im" and plan.config.col2im and "taps never meet" in plan.reason
     overlapping = make_problem("bwd_data", (16, 56, 56, 64), (128, 3, 3, 64), stride=2, padding=1, dtype=dtype)
     assert _gpu_plan(overlapping, precision).decided_by != "col2im"
     with mock.patch.object(planner, "gpu_present", lambda: False):
