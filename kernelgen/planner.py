@@ -3,9 +3,9 @@
 One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
-  "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet, on the
-                     GPU, unless a tune measured the problem: the GEMM over dy's pixels with the col2im in its
-                     epilogue (_col2im_choice);
+  "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet (fp32 /
+                     TF32), on the GPU, unless a tune measured the problem: the GEMM over dy's pixels with the col2im
+                     in its epilogue (_col2im_choice);
   "winograd backward-weight"  fp32 backward-weight the Winograd template suits (winograd_wgrad.suits: stride 1,
                      16 or more channels and filters a group, a width its tiles fill) on the GPU, unless a tune timed
                      it on the problem (_winograd_wgrad_choice);
@@ -30,14 +30,10 @@ cache's key (tinygrad's realize.py keeps one such key the same way); which link 
 """
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from kernelgen import compile_profile, settings
-from kernelgen.problem import ConvProblem
-from kernelgen.render_cpu import render_cpu
-from kernelgen.render_cuda import render_cuda
+from kernelgen.plan import Plan, device_key, forget_rendered  # noqa: F401 (re-exported)
 from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
 from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
@@ -53,15 +49,6 @@ BACKENDS = ("cuda", "cpu")
 def resolve_precision(precision):
     """A call's precision: its own argument, else the setting in force (kernelgen.set_precision / scope)."""
     return settings.get("precision") if precision is None else check_precision(precision)
-
-
-def device_key(backend, target: Target | None = None):
-    """What a kernel's key holds of the device: "cpu", or the CUDA Target itself (every fact of it: a device-read
-    target keys its own facts, an offline one its table entry), marked "cudasim" under numba's simulator."""
-    if backend != "cuda":
-        return "cpu"
-    target = target or target_for(backend)
-    return ("cudasim", target) if settings.get("cuda_simulator") else target
 
 
 def tuned_device():
@@ -93,68 +80,6 @@ def tuned_tensor_core_config(problem, precision):
     `python -m kernelgen tune TABLE --precision ...`), or None."""
     db = _tuned_db()
     return None if db is None else db.tuned_config(problem, tuned_device(), implicit_gemm_tc.NAME, precision)
-
-
-@dataclass(frozen=True)
-class Plan:
-    problem: ConvProblem
-    variant: str
-    config: object
-    backend: str
-    precision: str | None = None  # None: the variant's own (fp32, or tf32 for a tensor-core variant)
-    target: Target | None = None  # None: the target in effect for the backend (target_for)
-    # which link of the resolution chain chose the config, and why (not part of key() or of equality: the same
-    # source is the same kernel, however it was chosen)
-    decided_by: str = field(default="", compare=False)
-    reason: str = field(default="", compare=False)
-
-    def __post_init__(self):
-        own = get_variant(self.variant).precisions
-        if self.precision is None:
-            object.__setattr__(self, "precision", own[0])
-        elif self.precision not in own:
-            raise ValueError(f"variant {self.variant!r} computes in {own}, not precision={self.precision!r}")
-        if self.target is None:
-            object.__setattr__(self, "target", target_for(self.backend))
-
-    def key(self):
-        """Everything the rendered source depends on: the problem, variant, config, backend and device (the
-        Target), the variant's own extra (Winograd's state count), the precision and every code-changing setting."""
-        return (self.problem, self.variant, self.config, self.backend, device_key(self.backend, self.target),
-                get_variant(self.variant).key_extra(self.problem), self.precision, settings.code_token())
-
-    def kernel_ir(self):
-        return get_variant(self.variant).build(self.problem, self.config, self.precision)
-
-    def render(self):
-        """The kernel's module source, from the last few rendered (a large tile's takes seconds to build and print,
-        and explain() asks for it on every call)."""
-        key = self.key()
-        with _RENDERED_LOCK:
-            source = _RENDERED.get(key)
-            if source is not None:
-                _RENDERED.move_to_end(key)
-                return source
-        with compile_profile.stage("ir"):
-            k = self.kernel_ir()
-        with compile_profile.stage("print"):  # (less its passes, stages of their own)
-            source = render_cuda(k, target=self.target) if self.backend == "cuda" else render_cpu(k)
-        with _RENDERED_LOCK:
-            _RENDERED[key] = source
-            while len(_RENDERED) > _RENDERED_KEEP:
-                _RENDERED.popitem(last=False)
-        return source
-
-
-_RENDERED: OrderedDict = OrderedDict()  # Plan.key() -> source, least recently used first
-_RENDERED_LOCK = threading.Lock()
-_RENDERED_KEEP = 16  # sources of large tiles are ~200 KB
-
-
-def forget_rendered():
-    """Drop the rendered sources kept here (Plan.render's): the next render builds the IR and prints again."""
-    with _RENDERED_LOCK:
-        _RENDERED.clear()
 
 
 @dataclass(frozen=True)
