@@ -4,8 +4,8 @@ One resolution chain, in this order, the first link that answers deciding (Plan.
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
   "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet (fp32 /
-                     TF32), on the GPU, unless a tune measured the problem: the GEMM over dy's pixels with the col2im
-                     in its epilogue (_col2im_choice);
+                     TF32), on the GPU, unless a tune timed col2im tiles on the problem: the GEMM over dy's pixels
+                     with the col2im in its epilogue (_col2im_choice);
   "winograd backward-weight"  fp32 backward-weight the Winograd template suits (winograd_wgrad.suits: stride 1,
                      16 or more channels and filters a group, a width its tiles fill) on the GPU, unless a tune timed
                      it on the problem (_winograd_wgrad_choice);
@@ -255,12 +255,12 @@ def _narrow_groups_reason(problem, backend, precision, target: Target):
 def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None:
     """Backward-data with few input channels (implicit_gemm.col2im_suits: a first layer's, an image-producing
     transposed convolution's), no config given, on the GPU: the implicit GEMM over dy's pixels with the col2im in
-    its epilogue (TileConfig.col2im), unless the tuned database has an entry for exactly this problem (a tune
-    measured it).  Its tile is the one the chain picks for the same GEMM as a 1x1 forward convolution
+    its epilogue (TileConfig.col2im), unless the tune of exactly this problem timed col2im tiles (database.measured:
+    then its entry decides; a tune from before the col2im view did not).  Its tile is the one the chain picks for the same GEMM as a 1x1 forward convolution
     (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view has none: the template's default
     tile where the chain picks one).  None where the rule does not apply."""
     db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem, precision) else None
-    if db is None or db.exact(problem, tuned_device(), precision) is not None:
+    if db is None or any(c.col2im for _, c in db.measured(problem, tuned_device(), precision)):
         return None
     gemm = implicit_gemm.col2im_gemm(problem)
     if precision == "fp32":
@@ -286,7 +286,7 @@ def _winograd_wgrad_choice(problem, backend, target: Target) -> Choice | None:
     if backend != "cuda" or not gpu_present() or not winograd_wgrad.suits(problem):
         return None
     db = _tuned_db()
-    if db is not None and db.exact(problem, tuned_device(), "fp32", winograd_wgrad.NAME) is not None:
+    if db is not None and any(v == winograd_wgrad.NAME for v, _ in db.measured(problem, tuned_device())):
         return None
     config = winograd_wgrad.VARIANT.default_config(problem, target)
     S = problem.filter_size[2]

@@ -227,6 +227,13 @@ def resolve(problem, device_key: str, preferred=None):
     return (*hit, "nearest", best_key)
 
 
+def measured(problem, device_key: str, precision="fp32") -> list:
+    """(variant, TileConfig) of every candidate the tune of exactly this problem at `precision` timed, the winner
+    first ([] where no tune did): the planner's rules step aside where a tune weighed their kind of kernel."""
+    e = entries_for(device_key).get(entry_key(problem, precision))
+    return [] if e is None or precision_of(e) != precision else list(_ranked(e))
+
+
 def tuned_config(problem, device_key: str, variant, precision="fp32"):
     """The fastest measured config of one variant for exactly this problem at `precision` (a call that
     forces the variant with algo=, or a tensor-core call), or None."""

@@ -154,13 +154,13 @@ def test_config_string_round_trip():
     assert "col2im" not in TileConfig().as_dict() and SMALL.as_dict()["col2im"] == 1
 
 
-def _gpu_plan(problem, precision, exact=None):
-    """make_plan as on a GPU with the H100 database and model (offline: gpu_present patched, model "on"); `exact`
-    patches the database's answer for exactly this problem."""
+def _gpu_plan(problem, precision, measured=None):
+    """make_plan as on a GPU with the H100 database and model (offline: gpu_present patched, model "on"); `measured`
+    patches what the tune of exactly this problem timed (database.measured)."""
     with settings.scope(model="on"), mock.patch.object(planner, "gpu_present", lambda: True):
-        if exact is None:
+        if measured is None:
             return planner.make_plan(problem, "cuda", None, None, precision)
-        with mock.patch.object(planner._tuned_db(), "exact", lambda *a, **k: exact):
+        with mock.patch.object(planner._tuned_db(), "measured", lambda *a, **k: measured):
             return planner.make_plan(problem, "cuda", None, None, precision)
 
 
@@ -170,8 +170,10 @@ def test_planner_rule(precision, dtype):
     plan = _gpu_plan(stem, precision)
     assert plan.decided_by == "col2im" and plan.config.col2im and not plan.config.tma and plan.config.split_k == 1
     assert "147 columns" in plan.reason and plan.precision == precision
-    measured = ("ks_deconv", TileConfig()) if precision == "fp32" else ("implicit_gemm_tc", CUDA_TC_DEFAULT)
-    assert _gpu_plan(stem, precision, exact=measured).decided_by != "col2im"  # a tune measured this problem
+    other = ("ks_deconv", TileConfig()) if precision == "fp32" else ("implicit_gemm_tc", CUDA_TC_DEFAULT)
+    assert _gpu_plan(stem, precision, measured=[other]).decided_by == "col2im"  # a tune that timed no col2im tile
+    timed = [other, (plan.variant, plan.config)]
+    assert _gpu_plan(stem, precision, measured=timed).decided_by != "col2im"  # a tune weighed col2im: it decides
     wide = make_problem("bwd_data", (16, 56, 56, 64), (64, 3, 3, 64), padding=1, dtype=dtype)
     assert _gpu_plan(wide, precision).decided_by != "col2im"
     downsample = make_problem("bwd_data", (64, 56, 56, 256), (512, 1, 1, 256), stride=2, dtype=dtype)  # ResNet-50's

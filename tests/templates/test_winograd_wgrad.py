@@ -89,11 +89,11 @@ def test_gpu_default(x_shape, w_shape, rng):
 
 def _gpu_plan(problem, tried=None):
     """make_plan as on a GPU with the H100 database and model (offline: gpu_present patched, model "on"); `tried`
-    patches the database's answer for exactly this problem's winograd_wgrad candidates."""
+    patches what the tune of exactly this problem timed (database.measured)."""
     with settings.scope(model="on"), mock.patch.object(planner, "gpu_present", lambda: True):
         if tried is None:
             return planner.make_plan(problem, "cuda")
-        with mock.patch.object(planner._tuned_db(), "exact", lambda *a, **k: tried):
+        with mock.patch.object(planner._tuned_db(), "measured", lambda *a, **k: tried):
             return planner.make_plan(problem, "cuda")
 
 
@@ -112,7 +112,7 @@ def test_planner_rule(x_shape, w_shape, kw, taken):
     if taken:
         assert plan.config == get_variant(winograd_wgrad.NAME).default_config(p, plan.target)
         assert "with the roles of filter and data exchanged" in plan.reason
-        timed = (winograd_wgrad.NAME, plan.config)  # a tune that timed the template: the chain decides
+        timed = [("implicit_gemm", TileConfig()), (winograd_wgrad.NAME, plan.config)]  # a tune timed it: the chain
         assert _gpu_plan(p, tried=timed).decided_by != "winograd backward-weight"
     assert make_plan(p, "cpu").variant != winograd_wgrad.NAME
     assert make_plan(replace(p, dtype="float64"), "cpu").variant != winograd_wgrad.NAME

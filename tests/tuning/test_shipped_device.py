@@ -2,6 +2,7 @@
 (database.shipped_device): an H200 plans with the H100's entries and models, its own autotuned entries over them."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from kernelgen import planner
@@ -45,3 +46,14 @@ def test_an_h200_plans_a_tuned_problem_with_the_h100_entry(on_h100, monkeypatch)
     plan = planner.make_plan(p, "cuda")
     assert plan.decided_by == "tuned" and plan.config == on_h100_plan.config
     assert f"shipped entries of {H100}" in plan.reason
+
+
+def test_measured_lists_what_the_tune_of_exactly_the_problem_timed(on_h100):
+    """database.measured: the winner first, then every timed candidate; [] for a problem no tune measured (the
+    planner's col2im and Winograd backward-weight rules step aside only where a tune timed their kernels)."""
+    layer = next(layer for layer in shapes.load_table("gpu_md")[1] if layer.name == "r50_stem_7x7")
+    p = layer.problem("bwd_data")
+    pairs = database.measured(p, H100)
+    assert len(pairs) > 1 and pairs[0] == database.exact(p, H100) and not any(c.col2im for _, c in pairs)
+    assert database.measured(p, H100, "tf32") and database.measured(p, H100, "tf32") != pairs
+    assert database.measured(dataclasses.replace(p, N=p.N + 1), H100) == []
