@@ -3,9 +3,9 @@
 One resolution chain, in this order, the first link that answers deciding (Plan.decided_by names it, Plan.reason
 says why; kernelgen.explain shows both):
   "config="          the caller's explicit config;
-  "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet (fp32 /
-                     TF32), on the GPU, unless a tune timed col2im tiles on the problem: the GEMM over dy's pixels
-                     with the col2im in its epilogue (_col2im_choice);
+  "col2im"           backward-data with at most 4 channels a group, or strided with taps that never meet where the
+                     chain plans no TMA tile, on the GPU, unless a tune timed col2im tiles on the problem: the GEMM
+                     over dy's pixels with the col2im in its epilogue (_col2im_choice);
   "winograd backward-weight"  fp32 backward-weight the Winograd template suits (winograd_wgrad.suits: stride 1,
                      16 or more channels and filters a group, a width its tiles fill) on the GPU, unless a tune timed
                      it on the problem (_winograd_wgrad_choice);
@@ -256,11 +256,15 @@ def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None
     """Backward-data with few input channels (implicit_gemm.col2im_suits: a first layer's, an image-producing
     transposed convolution's), no config given, on the GPU: the implicit GEMM over dy's pixels with the col2im in
     its epilogue (TileConfig.col2im), unless the tune of exactly this problem timed col2im tiles (database.measured:
-    then its entry decides; a tune from before the col2im view did not).  Its tile is the one the chain picks for the same GEMM as a 1x1 forward convolution
-    (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view has none: the template's default
-    tile where the chain picks one).  None where the rule does not apply."""
-    db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem, precision) else None
+    then its entry decides; a tune from before the col2im view did not) - or, for a strided filter whose taps never
+    meet, unless the chain's own plan is a TMA tile (measured faster).  Its tile is the one the chain picks for the
+    same GEMM as a 1x1 forward convolution (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view
+    has none: the template's default tile where the chain picks one).  None where the rule does not apply."""
+    db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem) else None
     if db is None or any(c.col2im for _, c in db.measured(problem, tuned_device(), precision)):
+        return None
+    if precision != "fp32" and not implicit_gemm.few_channels(problem) and \
+            _tensor_core_choice(problem, backend, None, precision, target).config.tma:
         return None
     gemm = implicit_gemm.col2im_gemm(problem)
     if precision == "fp32":
@@ -273,8 +277,9 @@ def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None
     variant = get_variant(inner.variant)
     if config.tma or config.wgmma or not variant.accepts(problem, config, precision):
         return None
-    why = (f"a {'x'.join(map(str, problem.filter_size))} filter strided {'x'.join(map(str, problem.stride))}, "
-           f"whose taps never meet" if implicit_gemm.taps_never_meet(problem) else f"{problem.C} input channels")
+    why = (f"{problem.C} input channels" if implicit_gemm.few_channels(problem) else
+           f"a {'x'.join(map(str, problem.filter_size))} filter strided {'x'.join(map(str, problem.stride))}, whose "
+           f"taps never meet")
     return Choice(variant.name, config, "col2im", f"backward-data with {why}: the GEMM over dy's pixels, {gemm.K} "
                   f"columns (taps x channels), the col2im in its epilogue; its tile is the one {inner.decided_by!r} "
                   f"chose for the same GEMM as the 1x1 forward {gemm.key()}")

@@ -425,12 +425,10 @@ def col2im_unmet(p):
     return ["a backward-data problem"] if p.direction != "bwd_data" else []
 
 
-# The planner's rule (kernelgen.planner._col2im_choice): backward-data of at most this many input channels a group,
-# with at least COL2IM_MIN_COLUMNS columns (taps x channels) and COL2IM_MIN_FILTERS filters a group (products per
-# atomic add) - a network's first layer (C = 1 or 3) seen from backward-data, or a transposed convolution that
-# produces an image (dcgan's and pix2pix's last layer) - and any strided backward-data whose taps never meet (a
-# strided 1x1; ResNet-50's batch-64 downsample, H200: fp32 0.52 -> 1.69x cuDNN, TF32 0.24 -> 0.57-0.62) at fp32 and
-# TF32 (at fp16 its stride classes' TMA tile ran 1.6x faster than the col2im tile, which has no TMA: 0.61 vs 0.40)
+# The planner's rule (planner._col2im_choice): backward-data of at most this many input channels a group, with at
+# least COL2IM_MIN_COLUMNS columns (taps x channels) and COL2IM_MIN_FILTERS filters a group (products per atomic add):
+# a first layer (C = 1 or 3), an image-producing transposed convolution; and strided backward-data whose taps never
+# meet (a strided 1x1) unless the chain's own plan is a TMA tile (docs/variants.md has the measurements)
 COL2IM_MAX_CHANNELS, COL2IM_MIN_COLUMNS, COL2IM_MIN_FILTERS = 4, 16, 16
 
 
@@ -439,15 +437,16 @@ def taps_never_meet(p) -> bool:
     return all((f - 1) * d < st for f, d, st in zip(p.filter_size, p.dilation, p.stride))
 
 
-def col2im_suits(p, precision="fp32") -> bool:
-    """Is p a backward-data problem the planner computes with TileConfig.col2im at `precision` (the rule above;
-    groups 1)?"""
-    if p.direction != "bwd_data" or p.groups != 1:
-        return False
-    if max(p.stride) > 1 and taps_never_meet(p):
-        return precision in ("fp32", "tf32")
+def few_channels(p) -> bool:
+    """The rule's first clause: few input channels a group, enough filters and columns (a first layer)."""
     columns = _prod(p.filter_size) * p.Cg
     return p.Cg <= COL2IM_MAX_CHANNELS and p.Kg >= COL2IM_MIN_FILTERS and columns >= COL2IM_MIN_COLUMNS
+
+
+def col2im_suits(p) -> bool:
+    """Is p a backward-data problem the planner computes with TileConfig.col2im (the rule above; groups 1)?"""
+    return (p.direction == "bwd_data" and p.groups == 1
+            and (few_channels(p) or max(p.stride) > 1 and taps_never_meet(p)))
 
 
 def col2im_gemm(p):

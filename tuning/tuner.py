@@ -98,7 +98,7 @@ def col2im_candidates(problem, precision, keep=None, target: Target | None = Non
     (implicit_gemm.col2im_suits): the tiles a tune of the same GEMM as a 1x1 forward tries (implicit_gemm.col2im_gemm;
     `keep` of them), with col2im=1 - no split, no TMA boxes - so a tune's entry weighs it against the other
     variants' configs.  [] elsewhere."""
-    if not implicit_gemm.col2im_suits(problem, precision):
+    if not implicit_gemm.col2im_suits(problem):
         return []
     target = target or target_for("cuda")
     v = implicit_gemm.VARIANT if precision == "fp32" else implicit_gemm_tc.VARIANT
