@@ -19,8 +19,9 @@ and the split-K index); each reduction step gathers BK tiles, transforms them in
 V[alpha][BK][BN], and its threads add alpha x TM x TN register products - winograd_tiled's forward schedule with
 (tiles, k) -> (k, c) and (filter rows, channels) -> tiles.  Stride 1, any dilation; float32 / float64 arrays; the
 reduction split over split_k blocks that add into a zeroed dw.  Not among the variants the chain ranks
-(templates.OPT_IN_VARIANTS: the tuner and the model know nothing of it); the planner takes it by its own rule
-(suits; kernelgen.planner._winograd_wgrad_choice), or algo="winograd_wgrad".
+(templates.OPT_IN_VARIANTS: the performance model leaves its records out); the planner takes it by its own rule
+(suits; kernelgen.planner._winograd_wgrad_choice), a tune times it where that rule would
+(tuner.winograd_wgrad_candidates), and algo="winograd_wgrad" forces it.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from kernelgen import planner, reference, settings
 from kernelgen.storage import PRECISIONS, poisoned, random_storage, stored_values
 from kernelgen.target import Target, device_name, target_for
 from kernelgen.templates import TENSOR_CORE_VARIANTS, candidates as variant_candidates, depthwise, implicit_gemm, \
-    implicit_gemm_tc
+    implicit_gemm_tc, winograd_wgrad
 from kernelgen.templates.tile_space import TILES, WIDE_TILES
 
 from . import bench, database
@@ -110,6 +110,16 @@ def col2im_candidates(problem, precision, keep=None, target: Target | None = Non
     return out
 
 
+def winograd_wgrad_candidates(problem, keep=None, target: Target | None = None):
+    """(variant, config) pairs of the Winograd backward-weight where the planner's rule takes it (winograd_wgrad.suits:
+    the template is opt-in, no automatic candidate): its config_space (states and splits), `keep` of them, so a tune's
+    entry weighs it against the GEMM variants (and the rule then leaves the problem to that entry).  [] elsewhere."""
+    if not winograd_wgrad.suits(problem):
+        return []
+    return [(winograd_wgrad.NAME, c) for c in winograd_wgrad.VARIANT.config_space(problem, target or target_for("cuda"),
+                                                                                   keep=keep)]
+
+
 def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | None = None):
     """(variant, config) pairs of an fp32 tune: each variant's config_space on the target (default: the one in
     effect, the GPU this runs on); with `keep`, about that many per variant, the cheapest under its cost model - a
@@ -125,6 +135,8 @@ def candidates(problem, variants=None, tiles=TILES, keep=None, target: Target | 
             out += [(v.name, c) for c in (as_planned(problem, cfgs, target) if v.name == depthwise.NAME else cfgs)]
     if not variants or implicit_gemm.NAME in variants:
         out += col2im_candidates(problem, "fp32", keep, target)
+    if not variants or winograd_wgrad.NAME in variants:
+        out += winograd_wgrad_candidates(problem, keep, target)
     return out
 
 

@@ -20,6 +20,7 @@ from kernelgen.problem import make_problem
 from kernelgen.target import KNOWN_TARGETS, target_for
 from kernelgen.templates import OPT_IN_VARIANTS, candidates, get_variant, winograd_wgrad
 from kernelgen.templates.config import TileConfig
+from kernelgen.tuning import tuner
 from harness import assert_close, run_direction
 
 TOL = 1e-4  # float32 through the transforms (the forward Winograd's bound); float64: the dtype's own
@@ -116,6 +117,20 @@ def test_planner_rule(x_shape, w_shape, kw, taken):
         assert _gpu_plan(p, tried=timed).decided_by != "winograd backward-weight"
     assert make_plan(p, "cpu").variant != winograd_wgrad.NAME
     assert make_plan(replace(p, dtype="float64"), "cpu").variant != winograd_wgrad.NAME
+
+
+def test_a_tune_times_it_where_the_rule_takes_it():
+    """tuner.candidates adds the template's states and splits where the planner's rule would take it, so a tune's
+    entry weighs it (and the rule then leaves the problem to that entry); nowhere else."""
+    h100 = KNOWN_TARGETS["h100"]
+    vgg = make_problem("bwd_weight", (8, 28, 28, 256), (512, 3, 3, 256), padding=1)
+    pairs = tuner.candidates(vgg, keep=4, target=h100)
+    ours = [c for v, c in pairs if v == winograd_wgrad.NAME]
+    assert ours and any(v != winograd_wgrad.NAME for v, _ in pairs)
+    assert len({c.states for c in ours}) > 1 and all(get_variant(winograd_wgrad.NAME).accepts(vgg, c) for c in ours)
+    first = make_problem("bwd_weight", (8, 224, 224, 3), (64, 3, 3, 3), padding=1)
+    assert not any(v == winograd_wgrad.NAME for v, _ in tuner.candidates(first, keep=4, target=h100))
+    assert not any(v == winograd_wgrad.NAME for v, _ in tuner.candidates(vgg, ("implicit_gemm",), keep=4, target=h100))
 
 
 def test_opt_in_only():
