@@ -261,7 +261,7 @@ def _col2im_choice(problem, backend, precision, target: Target) -> Choice | None
     same GEMM as a 1x1 forward convolution (implicit_gemm.col2im_gemm), split_k 1 and without TMA boxes (col2im_view
     has none: the template's default tile where the chain picks one).  None where the rule does not apply."""
     db = _tuned_db() if backend == "cuda" and implicit_gemm.col2im_suits(problem) else None
-    if db is None or any(c.col2im for _, c in db.measured(problem, tuned_device(), precision)):
+    if db is None or any(getattr(c, "col2im", 0) for _, c in db.measured(problem, tuned_device(), precision)):
         return None
     if precision != "fp32" and not implicit_gemm.few_channels(problem) and \
             _tensor_core_choice(problem, backend, None, precision, target).config.tma:
