@@ -267,10 +267,11 @@ def test_untuned_fp16_on_sm_90_takes_the_tma_tile(monkeypatch):
     tile = TileConfig(128, 64, 64, WM=64, WN=64, stages=8, wgmma=1, tma=2)
     assert plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1).config == tile
     assert plan("bwd_data", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, stride=2).config == replace(tile, b_mn=1)
-    for d in ("fwd", "bwd_data"):
-        stem = make_problem(d, (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
-        assert api.make_plan(stem, "cuda", precision="fp16").config == implicit_gemm_tc.default_config(stem, "cuda",
-                                                                                                      "fp16")
+    stem = make_problem("fwd", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
+    assert api.make_plan(stem, "cuda", precision="fp16").config == implicit_gemm_tc.default_config(stem, "cuda", "fp16")
+    stem_dx = make_problem("bwd_data", (32, 224, 224, 3), (64, 7, 7, 3), padding=3, stride=2, dtype="float16")
+    plan_dx = api.make_plan(stem_dx, "cuda", precision="fp16")  # C = 3: the col2im rule comes first (no tune timed
+    assert plan_dx.decided_by == "col2im" and not plan_dx.config.tma  # a col2im tile on it)
     assert not plan("fwd", (32, 28, 28, 128), (128, 3, 3, 128), "tf32", padding=1).config.tma
     tuned = TileConfig(128, 128, 64, WM=64, WN=128, stages=6, wgmma=1, tma=1)
     monkeypatch.setattr(planner, "tuned_tensor_core_config", lambda p, prec: tuned)
