@@ -30,7 +30,7 @@ from pathlib import Path
 from kernelgen.problem import ConvProblem
 from kernelgen.runtime.cache import cache_dir
 from kernelgen.storage import check_precision
-from kernelgen.templates import get_variant
+from kernelgen.templates import get_variant, winograd_wgrad
 from kernelgen.templates.config import TileConfig
 from kernelgen.templates.depthwise_config import DepthwiseConfig, is_depthwise_config
 
@@ -171,12 +171,16 @@ def _usable(problem, variant, cfg, precision="fp32"):
     return v.applies(problem, precision) and v.accepts(problem, cfg, precision)
 
 
-def _pick(problem, entry, variant=None, precision="fp32"):
+def _pick(problem, entry, variant=None, precision="fp32", transfer=False):
     """The fastest candidate of the entry (of `variant`, if given) usable under the current settings
-    at `precision`; None for an entry tuned at another precision."""
+    at `precision`; None for an entry tuned at another precision.  transfer (the entry is a neighbour's): not the
+    Winograd backward-weight where its rule would not take the problem (winograd_wgrad.suits: few channels, a width
+    its tiles waste, measured 0.01-0.99x of the GEMM there)."""
     if precision_of(entry) != precision:
         return None
     for v, cfg in _ranked(entry):
+        if transfer and v == winograd_wgrad.NAME and not winograd_wgrad.suits(problem):
+            continue
         if (variant is None or v == variant) and _usable(problem, v, cfg, precision):
             return v, cfg
     return None
@@ -221,7 +225,7 @@ def resolve(problem, device_key: str, preferred=None):
     # it helped, so beyond that the cost-model default decides
     if best is None or best_d > NEAREST_MAX_DISTANCE:
         return None
-    hit = _pick(problem, best)
+    hit = _pick(problem, best, transfer=True)
     if hit is None or (problem.direction != "bwd_weight" and hit[1].split_k > 1):
         return None
     return (*hit, "nearest", best_key)

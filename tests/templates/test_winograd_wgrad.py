@@ -158,3 +158,21 @@ def test_refused_configs():
         assert not get_variant(winograd_wgrad.NAME).accepts(p, cfg)
     with pytest.raises(ValueError, match="algo"):
         make_plan(make_problem("fwd", (1, 9, 9, 4), (4, 3, 3, 4)), "cpu", winograd_wgrad.NAME)
+
+
+def test_a_neighbour_s_winner_transfers_only_where_the_rule_would_take_it(monkeypatch):
+    """The nearest tuned entry's Winograd backward-weight winner reaches a problem only where winograd_wgrad.suits
+    it; elsewhere the neighbour's fastest other candidate."""
+    from kernelgen.tuning import database
+    near = make_problem("bwd_weight", (32, 28, 28, 16), (16, 3, 3, 16), padding=1)
+    ours = get_variant(winograd_wgrad.NAME).default_config(near, KNOWN_TARGETS["h100"])
+    gemm = TileConfig(BM=64, BN=64, BK=8, TM=4, TN=4, split_k=4)
+    entry = {"variant": winograd_wgrad.NAME, "config": ours.as_dict(), "ms": 0.1, "problem": near.__dict__,
+             "tried": [{"variant": winograd_wgrad.NAME, "config": str(ours), "ms": 0.1},
+                       {"variant": "implicit_gemm", "config": str(gemm), "ms": 0.2}]}
+    monkeypatch.setattr(database, "entries_for", lambda device: {near.key(): entry})
+    wide = make_problem("bwd_weight", (32, 28, 28, 20), (20, 3, 3, 20), padding=1)     # 20 channels: the rule's
+    narrow = make_problem("bwd_weight", (32, 28, 28, 14), (14, 3, 3, 14), padding=1)   # 14: not
+    assert winograd_wgrad.suits(wide) and not winograd_wgrad.suits(narrow)
+    assert database.resolve(wide, "any")[:3] == (winograd_wgrad.NAME, ours, "nearest")
+    assert database.resolve(narrow, "any")[:3] == ("implicit_gemm", gemm, "nearest")
