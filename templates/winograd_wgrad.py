@@ -75,8 +75,8 @@ MIN_CHANNELS, MIN_WIDTH_FILL = 16, 0.75
 
 def suits(p) -> bool:
     """Does the planner take this template for p (float32 on the GPU, no tune that timed it)?"""
-    if unmet(p) or p.dtype != "float32" or min(p.Cg, p.Kg) < MIN_CHANNELS:
-        return False
+    if p.dtype != "float32" or min(p.Cg, p.Kg) < MIN_CHANNELS or unmet(p, TileConfig(**CUDA_DEFAULT_TILE)):
+        return False  # (the default tile at 16 states, filters 8-9 wide, outgrows static shared memory)
     n = default_states(p.filter_size[2]) - p.filter_size[2] + 1
     return p.dilation[2] > 1 or p.out_size[2] >= MIN_WIDTH_FILL * width_tiles(p, n)[0] * n
 

@@ -102,6 +102,7 @@ def _gpu_plan(problem, tried=None):
     ((8, 28, 28, 256), (512, 3, 3, 256), dict(padding=1), True),          # VGG conv4_1
     ((2, 33, 33, 512), (512, 3, 3, 512), dict(padding=4, dilation=4), True),  # DeepLab: dilated, any width
     ((16, 400, 250), (250, 7, 250), dict(padding=3), True),                # wav2letter, 1-D
+    ((16, 400, 64), (64, 9, 64), dict(padding=4), False),                  # 9 wide: 16 states, no default tile
     ((8, 224, 224, 3), (64, 3, 3, 3), dict(padding=1), False),             # a first layer: 3 channels
     ((32, 7, 7, 512), (512, 3, 3, 512), dict(padding=1), False),           # width 7: 7 of 12 columns filled
     ((32, 56, 56, 128), (128, 3, 3, 4), dict(padding=1, groups=32), False),  # 4 channels a group
