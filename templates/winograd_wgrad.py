@@ -74,7 +74,8 @@ MIN_CHANNELS, MIN_WIDTH_FILL = 16, 0.75
 
 
 def suits(p) -> bool:
-    """Does the planner take this template for p (float32 on the GPU, no tune that timed it)?"""
+    """Is p a problem the planner's rule takes this template for?  (The rule's other conditions - a GPU, fp32, no
+    tune that timed the template on p - are the planner's checks: planner._winograd_wgrad_choice.)"""
     if p.dtype != "float32" or min(p.Cg, p.Kg) < MIN_CHANNELS or unmet(p, TileConfig(**CUDA_DEFAULT_TILE)):
         return False  # (the default tile at 16 states, filters 8-9 wide, outgrows static shared memory)
     n = default_states(p.filter_size[2]) - p.filter_size[2] + 1
