@@ -23,6 +23,8 @@ tma_load_im2col_4d(dst, i, tmap, c, w, h, n, dw, dh, bar, j): the im2col tensor 
           pixelsPerColumn pixels x channelsPerPixel channels starting at channel c of base pixel (n, h, w)
           (walking w, then h, then n through the map's bounding box) each read at (h + dh, w + dw): one filter
           tap of an implicit-GEMM A tile, padding included (zeros).
+tma_load_im2col_5d(dst, i, tmap, c, w, h, d, n, dw, dh, dd, bar, j): the same for a 5-D map (C, W, H, D, N), a 3-D
+          convolution's x: base pixel (n, d, h, w) walking w, h, d, then n, each read at (d + dd, h + dh, w + dw).
 """
 from __future__ import annotations
 
@@ -156,6 +158,26 @@ def tma_load_im2col_4d(typingctx, dst, i, tmap, c, w, h, n, dw, dh, bar, j):
                     name="tma_load_im2col_4d")
         return context.get_dummy_value()
     return types.void(dst, i, tmap, c, w, h, n, dw, dh, bar, j), codegen
+
+
+@intrinsic
+def tma_load_im2col_5d(typingctx, dst, i, tmap, c, w, h, d, n, dw, dh, dd, bar, j):
+    if not (all(isinstance(a, types.Array) for a in (dst, tmap, bar)) and _is_int(i, c, w, h, d, n, dw, dh, dd, j)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dst_addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        m = _global_address(context, builder, sig.args[2], args[2])
+        coords = [context.cast(builder, args[k], sig.args[k], types.int32) for k in (3, 4, 5, 6, 7)]
+        offsets = [context.cast(builder, args[k], sig.args[k], types.int16) for k in (8, 9, 10)]
+        b = shared_address(context, builder, sig.args[11], args[11], sig.args[12], args[12])
+        text = ("cp.async.bulk.tensor.5d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes "
+                "[$0], [$1, {$2, $3, $4, $5, $6}], [$7], {$8, $9, $10};")
+        builder.asm(ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32, _I32, _I32, _I32, _I32, _I32, _I16, _I16, _I16]),
+                    text, "r,l,r,r,r,r,r,r,h,h,h,~{memory}", [dst_addr, m, *coords, b, *offsets], side_effect=True,
+                    name="tma_load_im2col_5d")
+        return context.get_dummy_value()
+    return types.void(dst, i, tmap, c, w, h, d, n, dw, dh, dd, bar, j), codegen
 
 
 @intrinsic

@@ -7,7 +7,8 @@ The im2col walk is the reading that scripts/tma_check.py checks on the H100: `pi
 (w, h, n), w fastest, within [lower, size - 1 + upper] per spatial dim, each read at (h + dh, w + dw); a map's
 traversal steps (a strided convolution's) take w and h that many apart, back to the lower corner when they pass
 the upper one (as TileLang's Hopper im2col convolution reads it; the H100 agrees: the strided shapes of
-tests/templates/test_tma_fp16.py pass there, BENCHMARKS.md 2026-11-25)."""
+tests/templates/test_tma_fp16.py pass there, BENCHMARKS.md 2026-11-25).  A 5-D map, a 3-D convolution's x as
+(C, W, H, D, N), walks w, h, then d, then n, each pixel read at (d + dd, h + dh, w + dw)."""
 from __future__ import annotations
 
 from numba import njit
@@ -68,3 +69,26 @@ def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, 
             if h > H - 1 + upper_h:
                 h = lower_h
                 n += 1
+
+
+@njit(cache=True)
+def tma_im2col_5d(dst, d0, src, C, W, H, D, N, lower_w, lower_h, lower_d, upper_w, upper_h, upper_d, channels, pixels,
+                  step_w, step_h, step_d, c, w, h, d, n, dw, dh, dd, swizzle):
+    """`pixels` rows of `channels` channels of the channels-last src[N, D, H, W, C]: the 4-D walk with a depth."""
+    for p in range(pixels):
+        di, hi, wi = d + dd, h + dh, w + dw
+        for e in range(channels):
+            ch = c + e
+            inside = 0 <= ch < C and 0 <= wi < W and 0 <= hi < H and 0 <= di < D and 0 <= n < N
+            dst[d0 + _place(p, e, channels, swizzle)] = src[(((n * D + di) * H + hi) * W + wi) * C + ch] \
+                if inside else 0
+        w += step_w
+        if w > W - 1 + upper_w:
+            w = lower_w
+            h += step_h
+            if h > H - 1 + upper_h:
+                h = lower_h
+                d += step_d
+                if d > D - 1 + upper_d:
+                    d = lower_d
+                    n += 1

@@ -11,8 +11,8 @@ if settings.get("cuda_simulator"):
                                   "backend or an sm_90 GPU")
 
     mbarrier_init = mbarrier_init_fence = mbarrier_expect_tx = mbarrier_try_wait = mbarrier_arrive = _unavailable
-    tma_load_2d = tma_load_4d = tma_load_im2col_4d = named_barrier = _unavailable
+    tma_load_2d = tma_load_4d = tma_load_im2col_4d = tma_load_im2col_5d = named_barrier = _unavailable
 else:
     from ._cuda_tma_intrinsics import (mbarrier_arrive, mbarrier_expect_tx, mbarrier_init,  # noqa: F401
                                        mbarrier_init_fence, mbarrier_try_wait, named_barrier, tma_load_2d,
-                                       tma_load_4d, tma_load_im2col_4d)
+                                       tma_load_4d, tma_load_im2col_4d, tma_load_im2col_5d)

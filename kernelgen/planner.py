@@ -220,7 +220,7 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
                          f"got {config}")
     config.validate()
     implicit_gemm_tc.check_config(config, precision)
-    check_split_k(problem.dtype, config, problem.direction)
+    check_split_k(problem, config)
     missing = [kind for kind, used in (("wgmma", config.wgmma), ("tma", config.tma)) if used and not target.has(kind)]
     if backend == "cuda" and missing:  # (the CPU backend emulates both)
         raise ValueError(f"config: {' and '.join(missing)} tiles need a GPU that has them (sm_90), and the target is "

@@ -90,10 +90,11 @@ class CpuPrinter(SourcePrinter):
             fn, geometry = "tma_tiled_2d", [*m.dims, m.strides[0] // m.itemsize, *m.box]
         elif m.mode == "tiled" and len(m.dims) == 4:
             fn, geometry = "tma_tiled_4d", [*m.dims, *(st // m.itemsize for st in m.strides), *m.box]
-        elif m.mode == "im2col" and len(m.dims) == 4:
-            fn, geometry = "tma_im2col_4d", [*m.dims, *m.lower, *m.upper, *m.box, *(m.traversal or (1, 1))]
+        elif m.mode == "im2col" and len(m.dims) in (4, 5):
+            fn = f"tma_im2col_{len(m.dims)}d"
+            geometry = [*m.dims, *m.lower, *m.upper, *m.box, *(m.traversal or (1,) * len(m.lower))]
         else:
-            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D im2col boxes, got "
+            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D and 5-D im2col boxes, got "
                              f"{m.mode} {m.dims}")
         self.tma_helpers.add(fn)
         coords = [self.expr(e) for e in s.coords + s.offsets]

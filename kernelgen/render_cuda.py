@@ -187,11 +187,11 @@ class CudaPrinter(SourcePrinter):
 
     def tensor_copy(self, s, depth):
         m, (di,) = s.tmap, s.dst_index
-        fn = {("tiled", 2): "tma_load_2d", ("tiled", 4): "tma_load_4d", ("im2col", 4): "tma_load_im2col_4d"}.get(
-            (m.mode, len(m.dims)))
+        fn = {("tiled", 2): "tma_load_2d", ("tiled", 4): "tma_load_4d", ("im2col", 4): "tma_load_im2col_4d",
+              ("im2col", 5): "tma_load_im2col_5d"}.get((m.mode, len(m.dims)))
         if fn is None:
-            raise ValueError(f"TensorCopy {m.name}: 2-D and 4-D tiled and 4-D im2col boxes are rendered, got {m.mode} "
-                             f"{m.dims}")
+            raise ValueError(f"TensorCopy {m.name}: 2-D and 4-D tiled and 4-D and 5-D im2col boxes are rendered, "
+                             f"got {m.mode} {m.dims}")
         self.tma_helpers.add(fn)
         where = ", ".join(self.expr(e) for e in s.coords + s.offsets)
         self.emit(depth, f"{fn}({s.dst}, {self.expr(di)}, {m.name}, {where}, {s.bar}, {self.expr(s.bar_index)})")

@@ -59,13 +59,15 @@ def check_dtype_precision(dtype, precision):
 WIDE_SUFFIX = "__fp32"
 
 
-def check_split_k(dtype, config, direction=None):
-    """Split-K adds partial sums into the output atomically: that needs a float32 output.  Backward-weight on float16
-    tensors adds into a float32 workspace the launcher rounds into dw (WIDE_SUFFIX); any other float16 output
-    cannot split."""
-    if dtype in HALF_DTYPES and config.split_k > 1 and direction != "bwd_weight":
-        raise ValueError(f"config: split_k must be 1 for {dtype} tensors outside backward-weight (split-K adds "
-                         f"partial sums into the output, which must then be float32), got {config}")
+def check_split_k(problem, config):
+    """Split-K adds partial sums into the output atomically: that needs a float32 output.  On float16 / bfloat16
+    tensors the blocks add into a float32 workspace the launcher zeroes and rounds into the output (WIDE_SUFFIX):
+    backward-weight's dw, the forward's y and a stride-1 backward-data's dx; a strided backward-data (KS-deconv's
+    classes) cannot split there."""
+    strided = problem.direction == "bwd_data" and max(problem.stride) > 1
+    if problem.dtype in HALF_DTYPES and config.split_k > 1 and strided:
+        raise ValueError(f"config: split_k must be 1 for a strided backward-data on {problem.dtype} tensors (split-K "
+                         f"adds partial sums into the output, which must then be float32), got {config}")
 
 
 def widen_bits(bits):

@@ -78,24 +78,33 @@ def encode_tiled(address, dtype, dims, strides, box, *, swizzle=None) -> np.ndar
     return out
 
 
+# the driver's range of an im2col map's corners per rank (cuTensorMapEncodeIm2col): 4-D -128..127, 5-D -16..15
+IM2COL_CORNER = {4: 128, 5: 16}
+
+
 def encode_im2col(address, dtype, dims, strides, lower, upper, channels, pixels, *, swizzle=None,
                   traversal=()) -> np.ndarray:
-    """The im2col tensor map of a 4-D channels-last tensor dims = (C, W, H, N): a copy brings `pixels` pixels
-    x `channels` channels, the pixels walking the bounding box of base positions [lower, (W, H) - 1 + upper]
-    (per spatial dim, innermost first; for a convolution lower = -padding, upper = padding - (R - 1) dilation),
-    `traversal` (w, h) apart (a convolution's stride; () = 1).  Returned as 16 uint64 words."""
+    """The im2col tensor map of a channels-last tensor dims = (C, W, H, N), or (C, W, H, D, N) for a 3-D
+    convolution: a copy brings `pixels` pixels x `channels` channels, the pixels walking the bounding box of base
+    positions [lower, (W, H[, D]) - 1 + upper] (per spatial dim, innermost first; for a convolution lower =
+    -padding, upper = padding - (R - 1) dilation), `traversal` apart per spatial dim (a convolution's stride; () =
+    1).  Returned as 16 uint64 words."""
     dt, rank, gdim, gstride, estride = _common(address, dtype, dims, strides, swizzle, traversal)
-    if rank != 4 or len(lower) != 2 or len(upper) != 2:
-        raise ValueError(f"dims: expected (C, W, H, N) with 2 lower and 2 upper corners, got {dims}, {lower}, {upper}")
-    if not all(-128 <= v < 128 for v in (*lower, *upper)):
-        raise ValueError(f"lower, upper: a 4-D im2col corner must lie in -128..127, got {lower}, {upper}")
+    if rank not in IM2COL_CORNER or len(lower) != rank - 2 or len(upper) != rank - 2:
+        raise ValueError(f"dims: expected (C, W, H, N) or (C, W, H, D, N) with a lower and an upper corner per "
+                         f"spatial dim, got {dims}, {lower}, {upper}")
+    bound = IM2COL_CORNER[rank]
+    if not all(-bound <= v < bound for v in (*lower, *upper)):
+        raise ValueError(f"lower, upper: a {rank}-D im2col corner must lie in {-bound}..{bound - 1}, got {lower}, "
+                         f"{upper}")
     if not (1 <= channels <= 256 and 1 <= pixels <= 1024):
         raise ValueError(f"channels, pixels: expected 1..256 and 1..1024, got {channels}, {pixels}")
     out = _map_buffer()
     cu = _driver()
+    corners = ctypes.c_int * (rank - 2)
     _check(cu, cu.cuTensorMapEncodeIm2col(
         out.ctypes.data_as(ctypes.c_void_p), dt, rank, ctypes.c_void_p(address), gdim, gstride,
-        (ctypes.c_int * 2)(*lower), (ctypes.c_int * 2)(*upper), ctypes.c_uint32(channels), ctypes.c_uint32(pixels),
+        corners(*lower), corners(*upper), ctypes.c_uint32(channels), ctypes.c_uint32(pixels),
         estride, 0, SWIZZLE[swizzle], _L2_PROMOTION_128B, 0), "encode_im2col")
     return out
 

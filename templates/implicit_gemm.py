@@ -75,6 +75,14 @@ def epilogue_value(p, value, bias_index, split=None):
     return value
 
 
+def _split_output(name, p, cfg: TileConfig):
+    """(buffer, dtype) a view stores its output in: a split 16-bit output adds into a float32 workspace (there are
+    no 16-bit atomic adds) that the launcher zeroes and rounds into the caller's array (storage.WIDE_SUFFIX)."""
+    if p.dtype in HALF_DTYPES and cfg.split_k > 1:
+        return name + WIDE_SUFFIX, "float32"
+    return name, p.dtype
+
+
 def forward_view(p, cfg: TileConfig) -> GemmView:
     TRS = _prod(p.filter_size)
     M, Ng, Kr = p.N * _prod(p.out_size), p.Kg, TRS * p.Cg
@@ -102,16 +110,18 @@ def forward_view(p, cfg: TileConfig) -> GemmView:
         pred = ([kk < Kr] if Kr % cfg.BK else [])
         return all_of(pred), Load("w", (inv["base"] + kk,))
 
+    y, y_dtype = _split_output("y", p, cfg)
+
     def store(m, n, g, value, split):
         ch = g * p.Kg + n
-        return [Store("y", (m * p.K + ch,), epilogue_value(p, value, ch, split),
+        return [Store(y, (m * p.K + ch,), epilogue_value(p, value, ch, split),
                       "atomic" if split is not None else False)]
 
     params = [Buffer("x", (p.N * _prod(p.in_size) * p.C,), p.dtype),
               Buffer("w", (p.K * Kr,), p.dtype)]
     if p.has_bias:
         params.append(Buffer("bias", (p.K,), p.dtype))
-    params.append(Buffer("y", (M * p.K,), p.dtype, role="out"))
+    params.append(Buffer(y, (M * p.K,), y_dtype, role="out"))
     vec = p.Cg % 4 == 0  # a tap's channels in chunks of 4: consecutive addresses of x and of w
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=vec), Operand("k", b_inv, b_elem, vector=vec),
                     store, tuple(params), p.dtype, doc=f"implicit-GEMM forward: y[{M} x {p.K}] = x * w",
@@ -146,16 +156,64 @@ def tma_unmet(p):
     if p.dtype not in ("float32",) + HALF_DTYPES:
         return ["float32, float16 or bfloat16 arrays"]
     row = swizzled_row(p.dtype)
+    corners = _im2col_corners(f)
+    bound = 16 if has_depth(f) else 128  # the driver's range of a 5-D (a 3-D convolution's) and a 4-D map's corners
     return [w for bad, w in ((f.groups != 1, "groups=1"),
-                             (f.in_size[0] != 1 or f.filter_size[0] != 1, "a 1-D or 2-D convolution"),
-                             (f.stride[0] != 1 or max(f.stride) > 8, "stride 1 to 8"),
+                             (max(f.stride) > 8, "stride 1 to 8"),
+                             (not all(-bound <= c < bound for c in corners), f"im2col corners (-padding, padding - "
+                                                                              f"dilation x (filter - 1)) in "
+                                                                              f"{-bound}..{bound - 1}"),
                              (f.Cg % row, f"channels a multiple of {row} (of the reduction, {p.dtype})")) if bad]
+
+
+def has_depth(f):
+    """Does convolution f have a depth (a 3-D one whose x is a 5-D (C, W, H, D, N) im2col map)?"""
+    return f.in_size[0] > 1 or f.filter_size[0] > 1 or f.padding[0] > 0
+
+
+def _im2col_corners(f):
+    """The lower and upper corners of f's x as an im2col map, innermost first: (w, h[, d]) each."""
+    dims = range(3 if has_depth(f) else 2)
+    lower = tuple(-f.padding[2 - i] for i in dims)
+    upper = tuple(f.padding[2 - i] - (f.filter_size[2 - i] - 1) * f.dilation[2 - i] for i in dims)
+    return lower + upper
+
+
+def im2col_map(name, source, f, e, box, dtype, rounding=""):
+    """x of convolution f (channels-last, e bytes an element) as an im2col TensorMap of `box` (channels, pixels):
+    (C, W, H, N), or (C, W, H, D, N) where f has a depth; the window corners f.stride apart."""
+    n = 3 if has_depth(f) else 2
+    sizes = f.in_size[::-1][:n]  # (W, H[, D])
+    dims, strides, step = (f.C, *sizes, f.N), [], e * f.C
+    for size in sizes:
+        strides.append(step)
+        step *= size
+    strides.append(step)
+    corners = _im2col_corners(f)
+    walk = f.stride[::-1][:n]
+    return TensorMap(name, source, "im2col", dims, tuple(strides), box, corners[:n], corners[n:], 128, rounding,
+                     dtype=dtype, traversal=walk if max(walk) > 1 else ())
+
+
+def im2col_box(f, m, c, tap):
+    """(coords, offsets) of the im2col box of output pixel m's window (its corner), channel c, at filter tap `tap`
+    (Exprs; the tap flat over f's filter, w fastest)."""
+    (_, fh, fw), (_, dh, dw) = f.filter_size[-3:], f.dilation[-3:]
+    (od, oh, ow), (sd, sh, sw), (pd, ph, pw) = f.out_size, f.stride, f.padding
+    n, wo = m // (od * oh * ow), m % ow
+    ho = (m % (oh * ow)) // ow
+    if not has_depth(f):
+        return (c, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh)
+    do = (m % (od * oh * ow)) // (oh * ow)
+    return ((c, wo * sw - pw, ho * sh - ph, do * sd - pd, n),
+            ((tap % fw) * dw, ((tap // fw) % fh) * dh, (tap // (fw * fh)) * f.dilation[0]))
 
 
 def forward_tma(p, cfg: TileConfig, m0, n0):
     """The forward operands as TMA boxes (TileConfig.tma): A's slice kt is the im2col box of BM output pixels x BK
     channels (128 bytes: 32 float32, 64 float16) at one filter tap (x seen as (C, W, H, N), base pixel = the first
-    pixel's window corner, the tap as the offsets, the corners `stride` apart), B's the tiled box of BN filters x
+    pixel's window corner, the tap as the offsets, the corners `stride` apart; a 3-D convolution's x as (C, W, H, D,
+    N): im2col_map), B's the tiled box of BN filters x
     BK of their k (w seen as Kr x K).  Float32 maps read copies of x and w rounded to TF32 (TensorMap.rounding):
     once per call, where rounding the landed boxes would round each pixel of x once per filter tap, in the compute
     threads' time.  A stride-1 backward-data is the forward convolution tma_forward_problem names: its maps read
@@ -164,32 +222,27 @@ def forward_tma(p, cfg: TileConfig, m0, n0):
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     f = tma_forward_problem(p)
-    (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = f.filter_size, f.padding, f.dilation, f.stride
-    (_, H, W), (_, OH, OW) = f.in_size, f.out_size
-    Kr = fh * fw * f.C
+    taps = _prod(f.filter_size)
+    Kr = taps * f.C
     ROW, e = swizzled_row(p.dtype), 4 if p.dtype == "float32" else 2  # a slice's channels; bytes per element
     if cfg.BK != ROW:
         raise ValueError(f"config: tma={cfg.tma} on {p.dtype} arrays needs BK={ROW} (a 128-byte row), got {cfg}")
     rounding = "tf32" if p.dtype == "float32" else ""  # 16-bit operands are exact as stored
-    # a strided forward walks the window corners `stride` apart (the map's traversal steps)
-    a = TensorMap("x_map", "x", "im2col", (f.C, W, H, f.N), (e * f.C, e * W * f.C, e * H * W * f.C), (ROW, cfg.BM),
-                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, rounding, dtype=p.dtype,
-                  traversal=(sw, sh) if sw * sh > 1 else ())
+    a = im2col_map("x_map", "x", f, e, (ROW, cfg.BM), p.dtype, rounding)
     b = TensorMap("w_map", "w", "tiled", (Kr, f.K), (e * Kr,), (ROW, cfg.BN), swizzle=128, rounding=rounding,
                   dtype=p.dtype)
     if p.direction == "bwd_data":
-        a, b = replace(a, name="dy_map", source="dy"), replace(b, flip=(p.K, fh * fw, p.C))
-    n, ho, wo = m0 // (OH * OW), (m0 % (OH * OW)) // OW, m0 % OW
+        a, b = replace(a, name="dy_map", source="dy"), replace(b, flip=(p.K, taps, p.C))
     chunks = f.C // ROW  # channel slices per filter tap
 
     def a_box(kt, part=0):
-        tap = kt // chunks
-        return (((kt % chunks) * ROW, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh))
+        return im2col_box(f, m0, (kt % chunks) * ROW, kt // chunks)
 
     if cfg.b_mn:  # backward-data reading w as stored, MN-major (TileConfig.b_mn): no flipped copy
-        if p.direction != "bwd_data":
-            raise ValueError(f"config: b_mn=1 reads a backward-data filter as stored; {p.direction} reads w K-major "
-                             f"already, got {cfg}")
+        if p.direction != "bwd_data" or has_depth(f):
+            raise ValueError(f"config: b_mn=1 reads a backward-data filter as stored (a 1-D or 2-D convolution's; a "
+                             f"forward reads w K-major already), got {p.key()} with {cfg}")
+        _, fh, fw = f.filter_size
 
         def b_box(kt):  # f's flipped tap kt // chunks = (r, s) is w's tap (fh - 1 - r, fw - 1 - s)
             tap = kt // chunks
@@ -310,11 +363,13 @@ def backward_data_view(p, cfg: TileConfig) -> GemmView:
         pred = [kk < Kr] if Kr % cfg.BK else []
         return all_of(pred), Load("w", (inv["col"] + (k * TRS + tap) * p.Cg,))
 
+    dx, dx_dtype = _split_output("dx", p, cfg)
+
     def store(m, n, g, value, split):
-        return [Store("dx", (m * p.C + g * p.Cg + n,), value, "atomic" if split is not None else False)]
+        return [Store(dx, (m * p.C + g * p.Cg + n,), value, "atomic" if split is not None else False)]
 
     params = (Buffer("dy", (p.N * _prod(p.out_size) * p.K,), p.dtype), Buffer("w", (p.K * TRS * p.Cg,), p.dtype),
-              Buffer("dx", (M * p.C,), p.dtype, role="out"))
+              Buffer(dx, (M * p.C,), dx_dtype, role="out"))
     return GemmView(M, Ng, Kr, p.groups, Operand("k", a_inv, a_elem, vector=p.Kg % 4 == 0), Operand("mn", b_inv, b_elem),
                     store, params, p.dtype, doc=f"implicit-GEMM backward-data: dx[{M} x {p.C}] = dy * w^T",
                     tma=lambda cfg, ctx: forward_tma(p, cfg, ctx.m0, ctx.n0), pairs=True,
@@ -353,10 +408,7 @@ def backward_weight_view(p, cfg: TileConfig) -> GemmView:
         off = o[0] * _prod(p.in_size) * p.C + _flatten(coords, p.in_size) * p.C + inv["c"]
         return all_of(pred), Load("x", (off,))
 
-    # split 16-bit backward-weight adds into a float32 workspace (no 16-bit atomic adds) that the launcher zeroes
-    # and rounds into the caller's dw (kernelgen.storage.WIDE_SUFFIX)
-    widened = p.dtype in HALF_DTYPES and cfg.split_k > 1
-    dw, dw_dtype = ("dw" + WIDE_SUFFIX, "float32") if widened else ("dw", p.dtype)
+    dw, dw_dtype = _split_output("dw", p, cfg)
 
     def store(m, n, g, value, split):
         return [Store(dw, ((g * p.Kg + m) * Ng + n,), value, "atomic" if split is not None else False)]

@@ -29,7 +29,7 @@ from .tma_schedule import swizzled_row
 def tma_unmet(p):
     """What the TMA schedules (TileConfig.tma) need that problem p lacks, from the module whose boxes build it:
     KS-deconv's classes for a strided backward-data, else the implicit GEMM's views (an empty list: they build);
-    a 3-D problem with a 2-D form as that form (implicit_gemm.computed)."""
+    a 3-D problem with a 2-D form as that form (implicit_gemm.computed), any other through 5-D im2col maps."""
     p = implicit_gemm.computed(p)
     if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
         return ks_deconv.tma_unmet(p)
@@ -150,12 +150,12 @@ def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(
     """split-K factors of a tensor-core tile: backward-weight's (tile_space.split_choices); for the other directions
     1, and where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that
     fill about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA
-    boxes must not run past the filter), the nearest such to each target.  A float16 output: 1 only (split-K adds
-    partial sums into the output atomically, which needs float32: kernelgen.storage.check_split_k), but for
-    backward-weight, whose split adds into a float32 workspace (implicit_gemm.backward_weight_view)."""
+    boxes must not run past the filter), the nearest such to each target.  A float16 output adds its splits into a
+    float32 workspace (kernelgen.storage.check_split_k); a strided backward-data's (KS-deconv's classes) cannot
+    split."""
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk, target)
-    if problem.dtype in HALF_DTYPES:
+    if problem.dtype in HALF_DTYPES and problem.direction == "bwd_data" and max(problem.stride) > 1:
         return [1]
     M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
@@ -227,7 +227,8 @@ def tma_candidate_configs(problem, precision, target: Target):
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    b_mn = B_MN_WHERE_ALLOWED and precision != "tf32" and problem.direction == "bwd_data" \
+    flat = not implicit_gemm.has_depth(implicit_gemm.computed(problem))  # (b_mn's map of w is a 2-D filter's)
+    b_mn = B_MN_WHERE_ALLOWED and precision != "tf32" and problem.direction == "bwd_data" and flat \
         and problem.C % 8 == 0  # rows of w as stored: a multiple of 16 bytes
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,
                        b_mn=int(b_mn and bn % 64 == 0 and wn % 64 == 0))
@@ -263,7 +264,7 @@ def fits_storage(problem, cfg):
     """Can a tensor-core config compute the problem's storage dtype (float16: no split-K but backward-weight's, no
     float32 async copies), as the planner checks?"""
     try:
-        check_split_k(problem.dtype, cfg, problem.direction)
+        check_split_k(problem, cfg)
     except ValueError:
         return False
     return config_ok(problem, cfg)

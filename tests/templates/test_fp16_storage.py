@@ -186,45 +186,51 @@ def test_cuda_rendering_of_float16_loads():
     assert "load4(x, " in f32_src  # (what float16 must not use)
 
 
-def test_float16_backward_weight_splits_into_a_float32_workspace():
-    """Backward-weight with a long reduction splits it on float16 tensors too: no 16-bit atomic adds, so the blocks
-    add into a float32 workspace (dw + WIDE_SUFFIX) the launcher zeroes and rounds into dw.  Any other float16 output
-    refuses split-K naming config, and the renderers refuse atomics into float16."""
+def test_float16_splits_into_a_float32_workspace():
+    """A long reduction splits on float16 tensors too: no 16-bit atomic adds, so the blocks add into a float32
+    workspace (dw / y / dx + WIDE_SUFFIX) the launcher zeroes and rounds into the output.  A strided backward-data
+    (KS-deconv's classes) refuses split-K naming config, and the renderers refuse atomics into float16."""
     kw = dict(padding=1)
     p32 = make_problem("bwd_weight", (32, 28, 28, 64), (64, 3, 3, 64), **kw)
     p16 = make_problem("bwd_weight", (32, 28, 28, 64), (64, 3, 3, 64), dtype="float16", **kw)
     assert make_plan(p32, "cuda", precision="fp16").config.split_k > 1
     assert make_plan(p16, "cuda", precision="fp16").config.split_k > 1
     split = TileConfig(64, 32, 16, split_k=4, stages=2, WM=32, WN=16, swizzle=1)
-    assert make_plan(p16, "cuda", config=split, precision="fp16").config == split
-    kernel = implicit_gemm_tc.build(p16, split, "fp16")
-    dw = kernel.params[-1]
-    assert (dw.name, dw.dtype, dw.role) == ("dw" + WIDE_SUFFIX, "float32", "out") and kernel.meta["zero_output"]
-    assert "cuda.atomic.add(dw" + WIDE_SUFFIX in render_cuda(kernel, cache=False)
+    for direction, out in (("bwd_weight", "dw"), ("fwd", "y"), ("bwd_data", "dx")):
+        p = replace(p16, direction=direction)
+        assert make_plan(p, "cuda", config=split, precision="fp16").config == split
+        kernel = implicit_gemm_tc.build(p, split, "fp16")
+        wide = kernel.params[-1]
+        assert (wide.name, wide.dtype, wide.role) == (out + WIDE_SUFFIX, "float32", "out") and kernel.meta["zero_output"]
+        assert f"cuda.atomic.add({out}{WIDE_SUFFIX}" in render_cuda(kernel, cache=False)
+    strided = make_problem("bwd_data", (32, 28, 28, 64), (64, 3, 3, 64), dtype="float16", stride=2, **kw)
+    with pytest.raises(ValueError, match="config: split_k must be 1 for a strided backward-data on float16"):
+        make_plan(strided, "cuda", config=split, precision="fp16")
     f16 = make_problem("fwd", (32, 28, 28, 64), (64, 3, 3, 64), dtype="float16", **kw)
-    with pytest.raises(ValueError, match="config: split_k must be 1 for float16 tensors outside backward-weight"):
-        make_plan(f16, "cuda", config=split, precision="fp16")
-    with pytest.raises(ValueError, match="y stores float16"):
-        render_cuda(implicit_gemm_tc.build(f16, split, "fp16"), cache=False)
+    kernel = implicit_gemm_tc.build(f16, split, "fp16")
+    atomics_into_half = replace(kernel, params=(*kernel.params[:-1], replace(kernel.params[-1], dtype="float16")))
+    with pytest.raises(ValueError, match="stores float16"):
+        render_cuda(atomics_into_half, cache=False)
 
 
-@pytest.mark.parametrize("split_k", [2, 3])
-def test_float16_split_backward_weight_matches_float64(split_k, rng):
+@pytest.mark.parametrize("direction, split_k", [("bwd_weight", 3), ("fwd", 3), ("bwd_data", 2)])
+def test_float16_split_matches_float64(direction, split_k, rng):
     """The split kernel's arithmetic on the CPU backend, its blocks in turn (render_cpu(parallel=False): the adds
     are plain +=), against the float64 reference, the output poisoned; twice (the workspace is zeroed each call)."""
     kw = dict(padding=1)
-    p = make_problem("bwd_weight", (2, 6, 6, 16), (16, 3, 3, 16), dtype="float16", **kw)
-    x, dy = half(rng, p.x_shape), half(rng, p.y_shape)
-    want = reference("bwd_weight", x, np.empty(p.w_shape), dy, kw)
+    p = make_problem(direction, (2, 6, 6, 16), (16, 3, 3, 16), dtype="float16", **kw)
+    inputs = {"x": half(rng, p.x_shape), "w": half(rng, p.w_shape), "dy": half(rng, p.y_shape)}
+    out = {"fwd": "y", "bwd_data": "dx", "bwd_weight": "dw"}[direction]
+    want = reference(direction, inputs["x"], inputs["w"], inputs["dy"], kw)
     cfg = TileConfig(32, 16, 16, split_k=split_k, stages=2, WM=16, WN=8)
     source = render_cpu(implicit_gemm_tc.build(p, cfg, "fp16"), parallel=False)
     launcher = KERNELS.get(("test_fp16_split", p, cfg), lambda: source, lambda m: Launcher.from_module(m, "cpu"))
-    assert launcher.widened == ("dw",) and launcher.outputs == ("dw",) and launcher.zero_output
+    assert launcher.widened == (out,) and launcher.outputs == (out,) and launcher.zero_output
     for _ in range(2):
-        dw = poisoned(int(np.prod(p.w_shape)), np.float16)
-        launcher({"x": x.reshape(-1), "dy": dy.reshape(-1), "dw": dw})
-        assert dw.dtype == np.float16 and np.isfinite(dw.astype(np.float32)).all()
-        assert norm_err(dw.reshape(p.w_shape), want) <= tolerance("float16", "fp16")
+        got = poisoned(int(np.prod(p.output_shape)), np.float16)
+        launcher({**{k: v.reshape(-1) for k, v in inputs.items() if k != out}, out: got})
+        assert got.dtype == np.float16 and np.isfinite(got.astype(np.float32)).all()
+        assert norm_err(got.reshape(p.output_shape), want) <= tolerance("float16", "fp16")
 
 
 # --- refusals, before any kernel ------------------------------------------------------------------------

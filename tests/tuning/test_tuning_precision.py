@@ -497,8 +497,8 @@ def test_gpu_bench_fp16_runs_on_float16(torch, precision):
 
 def test_fp16_tma_candidates_on_float16_arrays():
     """fp16 on float16 arrays tries the TMA tiles with BK 64 (a 128-byte row of float16), the 128 x 256 one too,
-    never split (float16 outputs take no atomic adds); backward-weight its own tiles (both operands MN-major), split
-    into its float32 workspace."""
+    unsplit on a grid that fills the SMs; backward-weight its own tiles (both operands MN-major), split into its
+    float32 workspace."""
     from kernelgen.templates import implicit_gemm_tc
     kw = dict(padding=1, dtype="float16")
     fwd = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), **kw)
