@@ -17,8 +17,8 @@ says why; kernelgen.explain shows both):
                      (depthwise: its own fitted model, tuning/depthwise_model.py);
   "untuned sm_90 TMA tile"  fp16 on an sm_90 GPU without a model: the TMA tile measured best on average;
   "default"          the variant's cost-model default.
-An fp32 forward or backward-data grid under half a wave that no tune measured is then split over its reduction
-(_split_small_grid); the reason says so.
+A forward or backward-data grid under half a wave that no tune measured is then split over its reduction (fp32:
+_split_small_grid; 16-bit, into a float32 workspace: _split_small_half_grid); the reason says so.
 With the autotune setting on, kernelgen.api hands a plan that no tuned entry decided to tuning/autotune.py, which
 times it against the next candidates, records the fastest verified one and plans again (then "tuned" decides).
 The database and model links are per GPU: they answer where a GPU is present (the model also offline where the
@@ -36,7 +36,7 @@ from kernelgen import compile_profile, settings
 from kernelgen.plan import Plan, device_key, forget_rendered  # noqa: F401 (re-exported)
 from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
-from kernelgen.storage import PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
+from kernelgen.storage import HALF_DTYPES, PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import (candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv,
                                  winograd_wgrad)
@@ -214,6 +214,8 @@ def _tensor_core_plan(problem, backend, algo, config, precision, target: Target)
         raise ValueError(f"precision={precision!r} is implemented by algo={implicit_gemm.NAME!r} only, got "
                          f"algo={algo!r}")
     choice = _tensor_core_choice(problem, backend, config, precision, target)
+    if backend == "cuda":
+        choice = _split_small_half_grid(problem, choice, target)
     config = choice.config
     if not config.tensor_core:
         raise ValueError(f"config must be a tensor-core TileConfig (WM, WN > 0) for precision={precision!r}, "
@@ -403,6 +405,28 @@ def _split_small_grid(problem, chosen: Choice, target: Target) -> Choice:
     return Choice(chosen.variant, replace(config, split_k=split), chosen.decided_by,
                   f"{chosen.reason}; its {blocks} blocks fill under half of {target.sm_count} SMs: the reduction split "
                   f"{split} ways (split_k)")
+
+
+def _split_small_half_grid(problem, chosen: Choice, target: Target) -> Choice:
+    """A 16-bit forward or stride-1 backward-data tensor-core plan that no tune measured (model, untuned TMA tile,
+    default) whose grid fills under half the SMs: its reduction split into the float32 workspace
+    (storage.check_split_k), as many ways as keep to one block a SM (a TMA tile's shared memory holds one) and 8 or
+    more BK slices a split, a divisor of the slices on TMA boxes (they must not run past the filter).  The model
+    never ranks such splits (no tune measured one before 2026-11-28: perf_model_predict.choose); the A/B that set
+    this rule: c3d conv5a's 14 blocks split 9 ran forward 0.38 -> 1.03 of cuDNN, backward-data 0.33 -> 0.64
+    (tuning/results/2026-11-28_h200_fp16_split_3d_tma_*)."""
+    config, strided = chosen.config, problem.direction == "bwd_data" and max(problem.stride) > 1
+    if problem.dtype not in HALF_DTYPES or problem.direction == "bwd_weight" or strided or problem.activation or \
+            chosen.decided_by in ("tuned", "config=") or config.split_k > 1 or config.col2im:
+        return chosen
+    m, n, k, groups = implicit_gemm_tc.tc_gemm_shape(problem)
+    blocks, slices = -(-m // config.BM) * -(-n // config.BN) * groups, -(-k // config.BK)
+    fits = [s for s in range(2, target.sm_count // blocks + 1) if slices // s >= 8 and not (config.tma and slices % s)]
+    if blocks * 2 > target.sm_count or not fits:
+        return chosen
+    return Choice(chosen.variant, replace(config, split_k=max(fits)), chosen.decided_by,
+                  f"{chosen.reason}; its {blocks} blocks fill under half of {target.sm_count} SMs: the reduction split "
+                  f"{max(fits)} ways into a float32 workspace (split_k)")
 
 
 def make_plan(problem, backend, algo=None, config=None, precision="fp32") -> Plan:

@@ -156,14 +156,17 @@ def tma_unmet(p):
     if p.dtype not in ("float32",) + HALF_DTYPES:
         return ["float32, float16 or bfloat16 arrays"]
     row = swizzled_row(p.dtype)
-    corners = _im2col_corners(f)
-    bound = 16 if has_depth(f) else 128  # the driver's range of a 5-D (a 3-D convolution's) and a 4-D map's corners
-    return [w for bad, w in ((f.groups != 1, "groups=1"),
-                             (max(f.stride) > 8, "stride 1 to 8"),
-                             (not all(-bound <= c < bound for c in corners), f"im2col corners (-padding, padding - "
-                                                                              f"dilation x (filter - 1)) in "
-                                                                              f"{-bound}..{bound - 1}"),
+    return [w for bad, w in ((f.groups != 1, "groups=1"), _im2col_unmet(f),
                              (f.Cg % row, f"channels a multiple of {row} (of the reduction, {p.dtype})")) if bad]
+
+
+def _im2col_unmet(f):
+    """(bad, why): can x of convolution f be an im2col map (im2col_map)?  Window corners 1-8 apart, and corners in
+    the driver's range: -128..127 for a 4-D map, -16..15 for a 5-D one (a 3-D convolution's)."""
+    bound = 16 if has_depth(f) else 128
+    fits = all(-bound <= c < bound for c in _im2col_corners(f))
+    return (max(f.stride) > 8 or not fits,
+            f"stride 1 to 8 and im2col corners (-padding, padding - dilation x (filter - 1)) in {-bound}..{bound - 1}")
 
 
 def has_depth(f):
@@ -278,9 +281,7 @@ def backward_weight_tma_unmet(p):
     """What backward_weight_tma needs that problem p lacks (an empty list: it builds)."""
     return [w for bad, w in ((p.dtype not in HALF_DTYPES, "float16 or bfloat16 arrays (both operands MN-major: "
                                                           "the TF32 wgmma reads K-major ones only)"),
-                             (p.groups != 1, "groups=1"),
-                             (p.in_size[0] != 1 or p.filter_size[0] != 1, "a 1-D or 2-D convolution"),
-                             (p.stride[0] != 1 or max(p.stride) > 8, "stride 1 to 8"),
+                             (p.groups != 1, "groups=1"), _im2col_unmet(p),
                              (p.C % 64, "channels a multiple of 64 (a 64-column box stays in one filter tap)"),
                              (p.K % 8, "output channels a multiple of 8 (dy's rows: 16-byte multiples)")) if bad]
 
@@ -290,33 +291,28 @@ def backward_weight_tma(p, cfg: TileConfig, m0, n0):
     output pixels (n, oh, ow) in slices of BK = 64, and each operand stores that axis outermost.  A's part j is the
     tiled box of dy seen as (K, N * OH * OW): output channels m0 + 64 j .. + 63 x the slice's pixels; B's part j
     the im2col box of x at column n0 + 64 j = (tap, c): channels c .. c + 63 x the slice's pixels, the window corners
-    as the forward's (x seen as (C, W, H, N)) and the tap as the offsets.  Pixels past the last one read zeros from
-    dy's box, so their products are 0 whatever x's box holds; columns past the filter read its last tap and are not
-    stored."""
+    as the forward's (x seen as (C, W, H, N), or (C, W, H, D, N): im2col_map) and the tap as the offsets.  Pixels
+    past the last one read zeros from dy's box, so their products are 0 whatever x's box holds; columns past the
+    filter read its last tap and are not stored."""
     why = backward_weight_tma_unmet(p)
     if why:
         raise ValueError(f"config: tma={cfg.tma} needs {', '.join(why)}; got {p.key()} with {cfg}")
     if not (cfg.a_mn and cfg.b_mn and cfg.BK == 64):
         raise ValueError(f"config: tma={cfg.tma} on backward-weight reads both operands MN-major: it needs a_mn=1, "
                          f"b_mn=1 and BK 64; got {cfg}")
-    (_, fh, fw), (_, ph, pw), (_, dh, dw), (_, sh, sw) = p.filter_size, p.padding, p.dilation, p.stride
-    (_, H, W), (_, OH, OW) = p.in_size, p.out_size
-    e, BK = 2, cfg.BK
-    a = TensorMap("dy_map", "dy", "tiled", (p.K, p.N * OH * OW), (e * p.K,), (64, BK), swizzle=128, dtype=p.dtype)
-    b = TensorMap("x_map", "x", "im2col", (p.C, W, H, p.N), (e * p.C, e * W * p.C, e * H * W * p.C), (64, BK),
-                  (-pw, -ph), (pw - (fw - 1) * dw, ph - (fh - 1) * dh), 128, dtype=p.dtype,
-                  traversal=(sw, sh) if sw * sh > 1 else ())
-    ragged = (fh * fw * p.C) % cfg.BN != 0
+    e, BK, taps = 2, cfg.BK, _prod(p.filter_size)
+    a = TensorMap("dy_map", "dy", "tiled", (p.K, p.N * _prod(p.out_size)), (e * p.K,), (64, BK), swizzle=128,
+                  dtype=p.dtype)
+    b = im2col_map("x_map", "x", p, e, (64, BK), p.dtype)
+    ragged = (taps * p.C) % cfg.BN != 0
 
     def a_box(kt, part):
         return (_part_start(m0, part), kt * BK), ()
 
     def b_box(kt, part):
         col = _part_start(n0, part)
-        tap = minimum(col // p.C, fh * fw - 1) if ragged else col // p.C
-        first = kt * BK
-        n, oh, ow = first // (OH * OW), (first % (OH * OW)) // OW, first % OW
-        return (col % p.C, ow * sw - pw, oh * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh)
+        tap = minimum(col // p.C, taps - 1) if ragged else col // p.C
+        return im2col_box(p, kt * BK, col % p.C, tap)
     return TmaOperands(a, b, a_box, b_box, a_parts=cfg.BM // 64, b_parts=cfg.BN // 64, zeros_past_end=True)
 
 

@@ -146,16 +146,18 @@ def tc_gemm_shape(problem):
     return ks_deconv.ks_shape(problem) if ks_deconv.applies(problem) else gemm_shape(problem)
 
 
-def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(1, 2)):
+def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(1, 2), half=False):
     """split-K factors of a tensor-core tile: backward-weight's (tile_space.split_choices); for the other directions
     1, and where the tile leaves SMs idle (fewer blocks than SMs: the small maps of deep layers) the factors that
     fill about `waves` waves, each split keeping >= 4 slices.  divides: only factors that divide the slices (TMA
-    boxes must not run past the filter), the nearest such to each target.  A float16 output adds its splits into a
-    float32 workspace (kernelgen.storage.check_split_k); a strided backward-data's (KS-deconv's classes) cannot
-    split."""
+    boxes must not run past the filter), the nearest such to each target.  A 16-bit output splits only with `half`
+    (into a float32 workspace: kernelgen.storage.check_split_k; never a strided backward-data's, KS-deconv's
+    classes): the TMA tiles' splits, which a tune times; the mma.sync space stays unsplit, so the cheapest KEEP
+    configs the model ranks are those it was fitted on (perf_model_predict.unfitted)."""
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk, target)
-    if problem.dtype in HALF_DTYPES and problem.direction == "bwd_data" and max(problem.stride) > 1:
+    strided = problem.direction == "bwd_data" and max(problem.stride) > 1
+    if problem.dtype in HALF_DTYPES and (not half or strided):
         return [1]
     M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
@@ -205,7 +207,7 @@ def tma_bwd_weight_splits(problem, bm, bn, bk, target: Target):
 
 def tma_candidate_configs(problem, precision, target: Target):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
-    tc_split_choices; never for float16 outputs), where the target has TMA and warpgroup MMAs and the TMA boxes
+    tc_split_choices; float16 outputs into a float32 workspace), where the target has TMA and warpgroup MMAs and the TMA boxes
     build (tma_unmet): TF32 on float32 arrays, fp16 / bf16 on float16 / bfloat16 arrays; fp16 / bf16
     backward-weight: TMA_TILES_BWD_WEIGHT, split as tma_bwd_weight_splits."""
     if not (target.has("tma") and target.has("wgmma")):
@@ -233,7 +235,7 @@ def tma_candidate_configs(problem, precision, target: Target):
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,
                        b_mn=int(b_mn and bn % 64 == 0 and wn % 64 == 0))
             for bm, bn, wm, wn, st, tma in tiles
-            for sk in tc_split_choices(problem, bm, bn, bk, target, divides=True, waves=(1,))]
+            for sk in tc_split_choices(problem, bm, bn, bk, target, divides=True, waves=(1,), half=True)]
 
 
 # fp16 without a tuned entry on an sm_90 GPU (kernelgen.planner): over the 30 fp16 forward / backward-data problems of

@@ -18,6 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from kernelgen.problem import ConvProblem
+from kernelgen.storage import HALF_DTYPES
 from kernelgen.target import KNOWN_TARGETS, Target
 from kernelgen.tuning import database
 from kernelgen.tuning.perf_features import NAMES, VARIANT_NAMES, features
@@ -127,6 +128,13 @@ def model_for(device: str, precision: str) -> Model | None:
     return models_for(device).get(precision)
 
 
+def unfitted(problem, config) -> bool:
+    """Is config of a kind no fitted measurement holds, so the model cannot rank it?  A 16-bit forward or
+    backward-data split (into a float32 workspace: none could run before 2026-11-28); the planner splits such small
+    grids itself (planner._split_small_half_grid)."""
+    return config.split_k > 1 and problem.direction != "bwd_weight" and problem.dtype in HALF_DTYPES
+
+
 def choose(problem, variants, precision: str, target: Target, device: str):
     """The model's pick for `problem` at `precision`: (variant name, config) of the best-scored config among each
     variant's config space on the target (its KEEP cheapest under its own cost model) that the variant accepts, or
@@ -141,5 +149,5 @@ def choose(problem, variants, precision: str, target: Target, device: str):
                 configs = v.config_space(problem, target, precision, keep=KEEP)
             except ValueError:
                 continue
-            choices += [(v.name, c) for c in configs if v.accepts(problem, c, precision)]
+            choices += [(v.name, c) for c in configs if v.accepts(problem, c, precision) and not unfitted(problem, c)]
     return model.best(problem, choices, target) if choices else None

@@ -18,7 +18,11 @@ from harness import poisoned, random_array
 CPU_CASES = [("fwd", (2, 3, 5, 4, 64), (24, 3, 3, 3, 64), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
              ("fwd", (1, 5, 6, 5, 64), (16, 3, 1, 3, 64), dict(padding=(2, 0, 1), stride=(2, 1, 2), dilation=(2, 1, 1)),
               dict(BM=64, BN=16, WN=16, stages=3, tma=2)),
-             ("bwd_data", (2, 3, 4, 5, 24), (64, 3, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2))]
+             ("bwd_data", (2, 3, 4, 5, 24), (64, 3, 3, 3, 24), dict(padding=1), dict(BM=64, BN=24, WN=24, stages=2)),
+             # both operands MN-major: dy's tiled box, x's 5-D im2col box at the column's tap (27 x 64 columns
+             # against 128: the last box reads the filter's last tap), pixels ragged against the 64-pixel slices
+             ("bwd_weight", (2, 3, 5, 4, 64), (40, 3, 3, 3, 64), dict(padding=1, stride=(2, 1, 1)),
+              dict(BM=64, BN=128, WN=128, stages=2, a_mn=1, b_mn=1))]
 
 
 def _config(**kw):
@@ -26,11 +30,21 @@ def _config(**kw):
     return TileConfig(**{"BK": 64, "WM": 64, "wgmma": 1, "tma": 1, **kw})
 
 
-def _want(direction, x_shape, w, inputs, kw):
+def _inputs(rng, direction, p, dtype):
+    """Fresh random arrays of what `direction` reads."""
+    names = {"fwd": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}[direction]
+    shapes = {"x": p.x_shape, "w": p.w_shape, "dy": p.y_shape}
+    return {name: random_array(rng, shapes[name], dtype) for name in names}
+
+
+def _want(direction, p, inputs, kw):
     from kernelgen import reference as ref
-    f64 = lambda a: a.astype(np.float64)
-    return (ref.conv_forward(f64(inputs["x"]), f64(w), **kw) if direction == "fwd" else
-            ref.conv_backward_data(f64(inputs["dy"]), f64(w), x_shape, **kw))
+    f64 = {name: a.astype(np.float64) for name, a in inputs.items()}
+    if direction == "fwd":
+        return ref.conv_forward(f64["x"], f64["w"], **kw)
+    if direction == "bwd_data":
+        return ref.conv_backward_data(f64["dy"], f64["w"], p.x_shape, **kw)
+    return ref.conv_backward_weight(f64["x"], f64["dy"], p.w_shape, **kw)
 
 
 @pytest.mark.parametrize("direction, x_shape, w_shape, kw, tile", CPU_CASES)
@@ -42,14 +56,12 @@ def test_cpu_fp16_tma_3d(direction, x_shape, w_shape, kw, tile, rng):
     p = make_problem(direction, x_shape, w_shape, dtype="float16", **kw)
     assert p.folded_2d() is None and not implicit_gemm_tc.tma_unmet(p)
     launcher = get_launcher(make_plan(p, "cpu", config=_config(**tile), precision="fp16"))
-    a_map = launcher.tensor_maps[0]
-    assert (a_map[2], len(a_map[3])) == ("im2col", 5)  # (C, W, H, D, N)
-    w = random_array(rng, w_shape, np.float16)
-    inputs = {"x": random_array(rng, x_shape, np.float16)} if direction == "fwd" else \
-        {"dy": random_array(rng, p.y_shape, np.float16)}
+    x_map = launcher.tensor_maps[1 if direction == "bwd_weight" else 0]
+    assert (x_map[2], len(x_map[3])) == ("im2col", 5)  # (C, W, H, D, N)
+    inputs = _inputs(rng, direction, p, np.float16)
     out = poisoned(int(np.prod(p.output_shape)), np.float16)
-    launcher({**{k: v.ravel() for k, v in inputs.items()}, "w": w.ravel(), launcher.outputs[0]: out})
-    close_to_float64(out.reshape(p.output_shape), _want(direction, x_shape, w, inputs, kw))
+    launcher({**{k: v.ravel() for k, v in inputs.items()}, launcher.outputs[0]: out})
+    close_to_float64(out.reshape(p.output_shape), _want(direction, p, inputs, kw))
 
 
 def test_cpu_tf32_tma_3d_forward(rng):
@@ -84,32 +96,37 @@ def test_3d_tma_needs_corners_the_driver_takes():
 
 GPU_CASES = [((4, 8, 14, 14, 64), (64, 3, 3, 3, 64), dict(padding=1)),
              ((2, 5, 9, 11, 128), (40, 3, 3, 3, 128), dict(padding=(1, 2, 1), stride=(1, 2, 1), dilation=(1, 2, 1)))]
+GPU_TILES = {"fwd": [dict(BM=128, BN=64, WN=64, stages=4), dict(BM=128, BN=128, WN=128, stages=6, tma=2)],
+             "bwd_weight": [dict(BM=64, BN=128, WN=128, stages=6, tma=2, a_mn=1, b_mn=1),
+                            dict(BM=128, BN=128, WN=128, stages=6, tma=2, a_mn=1, b_mn=1, split_k=3)]}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
-@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
-@pytest.mark.parametrize("tile", [dict(BM=128, BN=64, WN=64, stages=4), dict(BM=128, BN=128, WN=128, stages=6, tma=2)],
-                         ids=["tma1", "tma2"])
-def test_gpu_tma_3d(tile, direction, precision, rng):
-    """The sm_90 5-D im2col copies (cp.async.bulk.tensor.5d ... im2col) through the API, both precisions."""
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weight"])
+def test_gpu_tma_3d(direction, precision, rng):
+    """The sm_90 5-D im2col copies (cp.async.bulk.tensor.5d ... im2col) through the API, both precisions
+    (backward-weight: 16-bit only, both operands MN-major), and fp16 split into its float32 workspace."""
     from numba import cuda
 
     from kernelgen.api import get_launcher, make_plan
     from kernelgen.problem import make_problem
+    if direction == "bwd_weight" and precision == "tf32":
+        pytest.skip("TF32 backward-weight on TMA: the TF32 wgmma reads K-major operands only")
     dtype = "float16" if precision == "fp16" else "float32"
-    config = _config(**tile, **({} if precision == "fp16" else {"BK": 32}))
-    for x_shape, w_shape, kw in GPU_CASES:
-        if direction == "bwd_data" and kw.get("stride", 1) != 1:
-            continue  # (a strided backward-data is KS-deconv's, 2-D only)
-        p = make_problem(direction, x_shape, w_shape, dtype=dtype, **kw)
-        launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
-        w = random_array(rng, w_shape, dtype)
-        inputs = {"x": random_array(rng, x_shape, dtype)} if direction == "fwd" else \
-            {"dy": random_array(rng, p.y_shape, dtype)}
-        out = cuda.to_device(poisoned(int(np.prod(p.output_shape)), dtype))
-        launcher({**{k: cuda.to_device(v.ravel()) for k, v in inputs.items()}, "w": cuda.to_device(w.ravel()),
-                  launcher.outputs[0]: out})
-        got = out.copy_to_host().reshape(p.output_shape).astype(np.float64)
-        want = _want(direction, x_shape, w, inputs, kw)
-        assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max(), (p.key(), config)
+    tiles = GPU_TILES["bwd_weight" if direction == "bwd_weight" else "fwd"]
+    if precision == "fp16" and direction != "bwd_weight":
+        tiles = tiles + [dict(BM=128, BN=64, WN=64, stages=8, tma=2, split_k=2)]
+    for tile in tiles:
+        config = _config(**tile, **({} if precision == "fp16" else {"BK": 32}))
+        for x_shape, w_shape, kw in GPU_CASES:
+            if direction == "bwd_data" and kw.get("stride", 1) != 1:
+                continue  # (a strided backward-data is KS-deconv's, 2-D only)
+            p = make_problem(direction, x_shape, w_shape, dtype=dtype, **kw)
+            launcher = get_launcher(make_plan(p, "cuda", config=config, precision=precision))
+            inputs = _inputs(rng, direction, p, dtype)
+            out = cuda.to_device(poisoned(int(np.prod(p.output_shape)), dtype))
+            launcher({**{k: cuda.to_device(v.ravel()) for k, v in inputs.items()}, launcher.outputs[0]: out})
+            got = out.copy_to_host().reshape(p.output_shape).astype(np.float64)
+            want = _want(direction, p, inputs, kw)
+            assert np.abs(got - want).max() <= 3e-3 * np.abs(want).max(), (p.key(), config)

@@ -1,5 +1,6 @@
-"""An fp32 forward / backward-data plan whose grid fills under half the GPU's SMs, and that no tune measured, splits
-its reduction (planner._split_small_grid); the split kernels add into the zeroed output (simulator, float64)."""
+"""A forward / backward-data plan whose grid fills under half the GPU's SMs, and that no tune measured, splits its
+reduction (fp32: planner._split_small_grid; 16-bit, into a float32 workspace: planner._split_small_half_grid); the
+split kernels add into the zeroed output (simulator, float64)."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,6 +34,26 @@ def test_full_grids_tuned_entries_activations_and_the_cpu_do_not(on_h100):
     assert planner.make_plan(small, "cuda").config.split_k == 1  # (a split output takes no activation)
     assert planner.make_plan(small.with_direction("fwd"), "cuda").config.split_k > 1
     assert planner.make_plan(small, "cpu").config.split_k == 1
+
+
+def test_a_16_bit_small_grid_splits_into_its_workspace(on_h100):
+    """c3d's conv5a (784 output pixels, 512 filters, 13824-long reduction) at fp16: the model ranks only unsplit
+    configs (perf_model_predict.unfitted), then its TMA tile's grid of under half the SMs splits by a divisor of the
+    slices, one block a SM at most; a strided backward-data, a full grid and an activation do not split."""
+    from kernelgen.tuning import perf_model_predict
+    conv5a = _layer("c3d_conv5a").problem("fwd", "float16")
+    plan = planner.make_plan(conv5a, "cuda", precision="fp16")
+    cfg = plan.config
+    blocks = -(-784 // cfg.BM) * -(-512 // cfg.BN)
+    assert cfg.tma and cfg.split_k > 1 and blocks * cfg.split_k <= 132 and (13824 // 64) % cfg.split_k == 0
+    assert plan.decided_by == "model" and "into a float32 workspace" in plan.reason
+    assert perf_model_predict.unfitted(conv5a, cfg) and not perf_model_predict.unfitted(conv5a.with_direction(
+        "bwd_weight"), cfg)
+    strided = make_problem("bwd_data", (1, 14, 14, 512), (512, 3, 3, 512), padding=1, stride=2, dtype="float16")
+    full = make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
+    relu = make_problem("fwd", (8, 2, 7, 7, 512), (512, 3, 3, 3, 512), padding=1, dtype="float16", activation="relu")
+    for p in (strided, full, relu):
+        assert planner.make_plan(p, "cuda", precision="fp16").config.split_k == 1, p.key()
 
 
 @pytest.mark.sim
