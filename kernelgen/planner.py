@@ -412,9 +412,11 @@ def _split_small_half_grid(problem, chosen: Choice, target: Target) -> Choice:
     default) whose grid fills under half the SMs: its reduction split into the float32 workspace
     (storage.check_split_k), as many ways as keep to one block a SM (a TMA tile's shared memory holds one) and 8 or
     more BK slices a split, a divisor of the slices on TMA boxes (they must not run past the filter).  The model
-    never ranks such splits (no tune measured one before 2026-11-28: perf_model_predict.choose); the A/B that set
-    this rule: c3d conv5a's 14 blocks split 9 ran forward 0.38 -> 1.03 of cuDNN, backward-data 0.33 -> 0.64
-    (tuning/results/2026-11-28_h200_fp16_split_3d_tma_*)."""
+    never ranks such splits (no tune measured one before 2026-11-28: perf_model_predict.unfitted).  Measured on the
+    H200, split against unsplit in one process (tuning/results/2026-11-28_h200_split_ab_cc8fd74.*): c3d conv5a's 56
+    blocks split 2, forward 0.81 -> 0.92 of cuDNN, backward-data 0.53 -> 0.63; EfficientNet-B0 batch-1 stage-5
+    projection 0.79 -> 0.83; ResNet-50 batch-1 layer3 backward-data (0.2 GFLOP) 1.45 -> 1.32.  Larger tiles split
+    further ran faster still (conv5a's 128 x 256 tile split 9: 1.03 / 0.64), which the rule does not choose."""
     config, strided = chosen.config, problem.direction == "bwd_data" and max(problem.stride) > 1
     if problem.dtype not in HALF_DTYPES or problem.direction == "bwd_weight" or strided or problem.activation or \
             chosen.decided_by in ("tuned", "config=") or config.split_k > 1 or config.col2im:

@@ -346,7 +346,8 @@ def test_check_result_compares_float16_in_float64():
 
 def test_fp16_tune_candidates_fit_float16_storage():
     # float16 backward-weight splits into a float32 workspace (its atomic adds need float32): split candidates, the
-    # tuned one among them; any other float16 output takes no split-K
+    # tuned one among them; the forward's and backward-data's mma.sync tiles stay unsplit (the model's space), their
+    # TMA tiles split a small grid (half=True), never a strided backward-data's
     from kernelgen.templates import implicit_gemm_tc
     bwd_w = make_problem("bwd_weight", (32, 28, 28, 128), (128, 3, 3, 128), padding=1, dtype="float16")
     split = TileConfig(64, 64, 32, WM=32, WN=16, stages=2, swizzle=1, split_k=4)
@@ -355,6 +356,9 @@ def test_fp16_tune_candidates_fit_float16_storage():
     assert cands[0][1] == implicit_gemm_tc.default_config(bwd_w, "cuda", "fp16")
     small = make_problem("fwd", (32, 7, 7, 512), (512, 3, 3, 512), padding=1, dtype="float16")
     assert implicit_gemm_tc.tc_split_choices(small, 128, 64, 16, H100) == [1]
+    assert implicit_gemm_tc.tc_split_choices(small, 128, 64, 64, H100, divides=True, half=True)[-1] > 1
+    strided = make_problem("bwd_data", (32, 14, 14, 512), (512, 3, 3, 512), padding=1, stride=2, dtype="float16")
+    assert implicit_gemm_tc.tc_split_choices(strided, 128, 64, 64, H100, divides=True, half=True) == [1]
 
 
 def test_fp16_tune_works_on_float16_problems(tiny_table, tmp_path, monkeypatch):
@@ -508,8 +512,9 @@ def test_fp16_tma_candidates_on_float16_arrays():
         tma = [c for _, c in tuner.tc_candidates(p, "fp16") if c.tma]
         want = set(implicit_gemm_tc.TMA_TILES_FP16) if p is not bwd_w else set(implicit_gemm_tc.TMA_TILES_BWD_WEIGHT)
         assert {(c.BM, c.BN, c.WM, c.WN, c.stages, c.tma) for c in tma} == want
-        for c in tma:
-            assert c.BK == 64 and (c.split_k == 1) == (p is not bwd_w) and bool(c.a_mn) == (p is bwd_w)
+        for c in tma:  # (a split where a tile's grid is under one wave: 98 blocks of 256 x 128)
+            blocks = -(-25088 // c.BM) * -(-128 // c.BN)
+            assert c.BK == 64 and (c.split_k > 1) <= (p is bwd_w or blocks < 132) and bool(c.a_mn) == (p is bwd_w)
             implicit_gemm_tc.build(p, c, "fp16")
     assert not [c for _, c in tuner.tc_candidates(make_problem("fwd", (32, 28, 28, 128), (128, 3, 3, 128),
                                                                 padding=1), "fp16") if c.tma]  # float32 arrays
