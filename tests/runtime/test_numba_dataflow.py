@@ -228,5 +228,8 @@ def test_the_block_order_is_numba_cuda_s_on_random_graphs_and_needs_no_recursion
         n = r.randint(1, 40)
         g = graph(n, [(i, r.randrange(n)) for i in range(n) for _ in range(r.randint(0, 3))])
         assert numba_dataflow.find_topo_order(g) == original(g), seed
-    chain = graph(3 * sys.getrecursionlimit(), [(i, i + 1) for i in range(3 * sys.getrecursionlimit() - 1)])
-    assert numba_dataflow.find_topo_order(chain) == list(range(3 * sys.getrecursionlimit()))
+    # deeper than the recursion limit, no deeper: numba-cuda's back-edge search (which the walk reads) copies its
+    # stack per node, quadratic in the chain (27 s of CI at 3x the limit)
+    depth = sys.getrecursionlimit() + 200
+    chain = graph(depth, [(i, i + 1) for i in range(depth - 1)])
+    assert numba_dataflow.find_topo_order(chain) == list(range(depth))

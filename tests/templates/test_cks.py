@@ -23,7 +23,8 @@ CASES = [((4, 9, 8), (3, 3, 8), dict(padding=2, dilation=2)),
          ((2, 5, 6, 5, 2), (3, 2, 2, 2, 2), dict(padding=1, dilation=2))]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("float64", marks=pytest.mark.slow)])  # (float64: the
+# random-problem tests of test_conv_cpu.py run it in CI)
 @pytest.mark.parametrize("case", CASES)
 def test_sk_dilated_cpu_all_directions(case, dtype, assert_close, run_poisoned):
     rng = np.random.default_rng()

@@ -64,6 +64,7 @@ def test_cpu_fp16_tma_3d(direction, x_shape, w_shape, kw, tile, rng):
     close_to_float64(out.reshape(p.output_shape), _want(direction, p, inputs, kw))
 
 
+@pytest.mark.slow  # (CI time: the 5-D map is the fp16 tests', the rounded copies the 2-D TF32 tests')
 def test_cpu_tf32_tma_3d_forward(rng):
     """TF32: the maps read the launcher's TF32-rounded copies of x and w (32 channels a 128-byte row)."""
     from kernelgen import reference as ref

@@ -108,9 +108,10 @@ def test_tune_resume_and_failing_candidate(tiny_table, tiny_tiles, tmp_path, mon
         return real(problem, variants, tiles, keep) + [("no_such_variant", TileConfig(16, 16, 4, 4, 2))]
 
     monkeypatch.setattr(tuner, "candidates", with_a_broken_one)
-    # one variant's candidates: each runs simulated (~3 ms a thread), and the point here is the bookkeeping
+    # one variant's two cheapest candidates (keep=2): each runs simulated, five times (0.4 s a run), and the point
+    # here is the bookkeeping (all 12 of keep's default: 81 s of CI)
     _, entries, failures = tuner.tune(str(tiny_table), db_path=db, workers=2, tiles=tiny_tiles, limit=1,
-                                      variants=("implicit_gemm",))
+                                      variants=("implicit_gemm",), keep=2)
     assert len(entries) == 1 and len(failures) == 1
     (key, entry), = entries.items()
     assert key.startswith("fwd_")
@@ -120,7 +121,7 @@ def test_tune_resume_and_failing_candidate(tiny_table, tiny_tiles, tmp_path, mon
     assert saved["format"] == database.FORMAT and key in saved["entries"]
     # resume: the finished problem is not tuned again, the rest are
     _, entries2, _ = tuner.tune(str(tiny_table), db_path=db, workers=2, tiles=tiny_tiles,
-                                directions=("fwd", "bwd_weight"), variants=("implicit_gemm",))
+                                directions=("fwd", "bwd_weight"), variants=("implicit_gemm",), keep=2)
     assert entries2[key] == json.loads(json.dumps(entry))  # kept as saved, not re-tuned
     assert len(entries2) == 2
 
