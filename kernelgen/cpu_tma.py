@@ -55,20 +55,10 @@ def tma_tiled_4d(dst, d0, src, dim0, dim1, dim2, dim3, stride1, stride2, stride3
 @njit(cache=True)
 def tma_im2col_4d(dst, d0, src, C, W, H, N, lower_w, lower_h, upper_w, upper_h, channels, pixels, step_w, step_h,
                   c, w, h, n, dw, dh, swizzle):
-    """`pixels` rows of `channels` channels of the channels-last src[N, H, W, C] (see the module docstring)."""
-    for p in range(pixels):
-        hi, wi = h + dh, w + dw
-        for e in range(channels):
-            ch = c + e
-            inside = 0 <= ch < C and 0 <= wi < W and 0 <= hi < H and 0 <= n < N
-            dst[d0 + _place(p, e, channels, swizzle)] = src[((n * H + hi) * W + wi) * C + ch] if inside else 0
-        w += step_w
-        if w > W - 1 + upper_w:
-            w = lower_w
-            h += step_h
-            if h > H - 1 + upper_h:
-                h = lower_h
-                n += 1
+    """`pixels` rows of `channels` channels of the channels-last src[N, H, W, C] (see the module docstring): the
+    5-D walk over images one deep."""
+    tma_im2col_5d(dst, d0, src, C, W, H, 1, N, lower_w, lower_h, 0, upper_w, upper_h, 0, channels, pixels, step_w,
+                  step_h, 1, c, w, h, 0, n, dw, dh, 0, swizzle)
 
 
 @njit(cache=True)
