@@ -19,7 +19,7 @@ from kernelgen.ir import Kernel
 from kernelgen.storage import HALF_DTYPES, check_split_k, stored_exactly
 from kernelgen.target import Target, as_target
 
-from . import config as tile_configs, implicit_gemm, ks_deconv
+from . import config as tile_configs, implicit_gemm, implicit_gemm_tma, ks_deconv
 from .config import CPU_TC16_DEFAULT, CPU_TC_DEFAULT, CUDA_TC_DEFAULT, TileConfig
 from .tile_space import gemm_shape, split_choices
 from .tiled_gemm import _cdiv, shared_bytes, shared_limit, tiled_gemm
@@ -33,7 +33,7 @@ def tma_unmet(p):
     p = implicit_gemm.computed(p)
     if p.direction == "bwd_data" and any(s > 1 for s in p.stride):
         return ks_deconv.tma_unmet(p)
-    return implicit_gemm.tma_unmet(p)
+    return implicit_gemm_tma.tma_unmet(p)
 
 NAME = "implicit_gemm_tc"
 DIRECTIONS = implicit_gemm.DIRECTIONS
@@ -229,7 +229,7 @@ def tma_candidate_configs(problem, precision, target: Target):
     if n <= 32:  # few GEMM columns (the stem's backward-data: C = 3): only the narrowest wgmma that holds them
         bn = -(-n // 8) * 8
         tiles = tuple((128, bn, 64, bn, 8, tma) for tma in (1, 2))
-    flat = not implicit_gemm.has_depth(implicit_gemm.computed(problem))  # (b_mn's map of w is a 2-D filter's)
+    flat = not implicit_gemm_tma.has_depth(implicit_gemm.computed(problem))  # (b_mn's map of w is a 2-D filter's)
     b_mn = B_MN_WHERE_ALLOWED and precision != "tf32" and problem.direction == "bwd_data" and flat \
         and problem.C % 8 == 0  # rows of w as stored: a multiple of 16 bytes
     return [TileConfig(bm, bn, bk, split_k=sk, stages=st, WM=wm, WN=wn, wgmma=1, tma=tma,

@@ -32,7 +32,8 @@ from kernelgen.storage import HALF_DTYPES
 from ..ir import Buffer, Call, Const, If, Load, Store, TensorMap, all_of, select
 
 from .config import TileConfig
-from .implicit_gemm import _flatten, _prod, _unflatten, b_mn_operands, reduction_split
+from .implicit_gemm import _flatten, _prod, _unflatten, reduction_split
+from .implicit_gemm_tma import b_mn_operands
 from .tile_space import TiledGemmVariant
 from .tiled_gemm import GemmView, Operand, _cdiv, tiled_gemm
 from .tma_schedule import TmaOperands, swizzled_row

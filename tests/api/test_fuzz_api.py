@@ -70,7 +70,7 @@ except ImportError:  # pragma: no cover
 
 # (the valid calls' counts are what CI's time allows - each new shape compiles kernels; KERNELGEN_FUZZ adds more,
 # scripts/gpu_run.sh fuzz thousands)
-BASE = {"conv": 18, "conv_backward_data": 12, "conv_backward_weight": 12, "deconv": 12, "explain": 45, "bad": 175}
+BASE = {"conv": 12, "conv_backward_data": 8, "conv_backward_weight": 8, "deconv": 8, "explain": 45, "bad": 175}
 EXTRA = max(0, int(kg_settings.get("fuzz_examples") or 0))
 
 

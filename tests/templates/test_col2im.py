@@ -59,7 +59,7 @@ def cases(draw):
     return p, kw, config
 
 
-@hsettings(max_examples=4, deadline=None)
+@hsettings(max_examples=3, deadline=None)
 @given(data=st.data())
 def test_cpu_random_shapes(data):
     p, kw, config = data.draw(cases())

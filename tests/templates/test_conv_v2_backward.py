@@ -58,7 +58,7 @@ def configs(draw, p):
     return TileConfig(bm, draw(st.sampled_from([2, 4, 8])), bk, 2 if bm % 2 == 0 else 1, 2)
 
 
-@settings(max_examples=8)
+@settings(max_examples=4)  # (CI time)
 @given(case=problems("bwd_data"), dtype=st.sampled_from(["float32", "float64"]), data=st.data())
 def test_conv_v2_bwd_data_cpu_matches_reference(case, dtype, data, assert_close, run_poisoned):
     rng = np.random.default_rng()
@@ -72,7 +72,7 @@ def test_conv_v2_bwd_data_cpu_matches_reference(case, dtype, data, assert_close,
     assert_close(dx, ref.conv_backward_data(dy, w, x_shape, **kw), dtype)
 
 
-@settings(max_examples=8)
+@settings(max_examples=4)  # (CI time)
 @given(case=problems("bwd_weight"), dtype=st.sampled_from(["float32", "float64"]), data=st.data())
 def test_conv_v2_bwd_weight_cpu_matches_reference(case, dtype, data, assert_close, run_poisoned):
     rng = np.random.default_rng()

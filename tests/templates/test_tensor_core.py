@@ -163,14 +163,15 @@ def test_swizzled_layout(BK):
 
 # swizzled tiles for the CPU (small code): BK 8 / 16 / 32, the chunked staging of m/n-contiguous operands
 SWIZZLED_CPU_TILES = [TileConfig(32, 16, 8, WM=16, WN=8, swizzle=1),
-                      TileConfig(32, 16, 16, WM=16, WN=8, stages=2, swizzle=1),
+                      pytest.param(TileConfig(32, 16, 16, WM=16, WN=8, stages=2, swizzle=1), marks=pytest.mark.slow),
                       TileConfig(32, 32, 32, WM=16, WN=16, swizzle=1, min_blocks=2),
                       # interleaved A rows (swizzle=2): BK 8 unpadded, BK 16 with padded pair rows
                       TileConfig(32, 16, 8, WM=16, WN=8, swizzle=2),
                       TileConfig(64, 16, 16, WM=32, WN=8, stages=2, swizzle=2),
                       # asynchronous copies (no staging registers, fragments rounded when loaded): 2 to 4 stages,
                       # element copies (ragged_groups: channels not in fours) and 16-byte chunk copies
-                      TileConfig(32, 16, 8, WM=16, WN=8, stages=3, swizzle=1, async_copy=1),
+                      pytest.param(TileConfig(32, 16, 8, WM=16, WN=8, stages=3, swizzle=1, async_copy=1),
+                                   marks=pytest.mark.slow),  # (CI time: BK 8 runs unpadded, async in the BK 32 tile)
                       # 4 stages: the slowest CPU compiles of the file (70-86 s a direction), so `slow`; 2 and 3
                       # stages take the same code path in CI, and the GPU tests run 4 (GPU_CONFIGS)
                       pytest.param(TileConfig(32, 16, 16, WM=16, WN=8, stages=4, swizzle=1, async_copy=1),
