@@ -36,7 +36,8 @@ from kernelgen import compile_profile, settings
 from kernelgen.plan import Plan, device_key, forget_rendered  # noqa: F401 (re-exported)
 from kernelgen.runtime.cache import KERNELS
 from kernelgen.runtime.launch import Launcher
-from kernelgen.storage import HALF_DTYPES, PRECISIONS, check_dtype_precision, check_precision, check_split_k  # noqa: F401
+from kernelgen.storage import (HALF_DTYPES, PRECISIONS, can_split, check_dtype_precision, check_precision,  # noqa: F401
+                              check_split_k)
 from kernelgen.target import Target, device_name, gpu_present, target_for  # noqa: F401 (re-exported)
 from kernelgen.templates import (candidates, depthwise, get_variant, implicit_gemm, implicit_gemm_tc, ks_deconv,
                                  winograd_wgrad)
@@ -417,9 +418,9 @@ def _split_small_half_grid(problem, chosen: Choice, target: Target) -> Choice:
     blocks split 2, forward 0.81 -> 0.92 of cuDNN, backward-data 0.53 -> 0.63; EfficientNet-B0 batch-1 stage-5
     projection 0.79 -> 0.83; ResNet-50 batch-1 layer3 backward-data (0.2 GFLOP) 1.45 -> 1.32.  Larger tiles split
     further ran faster still (conv5a's 128 x 256 tile split 9: 1.03 / 0.64), which the rule does not choose."""
-    config, strided = chosen.config, problem.direction == "bwd_data" and max(problem.stride) > 1
-    if problem.dtype not in HALF_DTYPES or problem.direction == "bwd_weight" or strided or problem.activation or \
-            chosen.decided_by in ("tuned", "config=") or config.split_k > 1 or config.col2im:
+    config = chosen.config
+    if problem.dtype not in HALF_DTYPES or problem.direction == "bwd_weight" or not can_split(problem) or \
+            problem.activation or chosen.decided_by in ("tuned", "config=") or config.split_k > 1 or config.col2im:
         return chosen
     m, n, k, groups = implicit_gemm_tc.tc_gemm_shape(problem)
     blocks, slices = -(-m // config.BM) * -(-n // config.BN) * groups, -(-k // config.BK)

@@ -94,8 +94,8 @@ class CpuPrinter(SourcePrinter):
             fn = f"tma_im2col_{len(m.dims)}d"
             geometry = [*m.dims, *m.lower, *m.upper, *m.box, *(m.traversal or (1,) * len(m.lower))]
         else:
-            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D and 5-D im2col boxes, got "
-                             f"{m.mode} {m.dims}")
+            raise ValueError(f"TensorCopy {m.name}: the CPU copies 2-D and 4-D tiled and 4-D and 5-D im2col boxes, "
+                             f"got {m.mode} {m.dims}")
         self.tma_helpers.add(fn)
         coords = [self.expr(e) for e in s.coords + s.offsets]
         self.emit(depth, f"{fn}({', '.join(args + [str(g) for g in geometry] + coords)}, {int(m.swizzle == 128)})")

@@ -59,13 +59,17 @@ def check_dtype_precision(dtype, precision):
 WIDE_SUFFIX = "__fp32"
 
 
+def can_split(problem) -> bool:
+    """Can problem's output take split-K?  Split-K adds partial sums into the output atomically: that needs a
+    float32 output.  On float16 / bfloat16 tensors the blocks add into a float32 workspace the launcher zeroes and
+    rounds into the output (WIDE_SUFFIX): backward-weight's dw, the forward's y and a stride-1 backward-data's dx;
+    a strided backward-data (KS-deconv's classes) has none."""
+    return problem.dtype not in HALF_DTYPES or not (problem.direction == "bwd_data" and max(problem.stride) > 1)
+
+
 def check_split_k(problem, config):
-    """Split-K adds partial sums into the output atomically: that needs a float32 output.  On float16 / bfloat16
-    tensors the blocks add into a float32 workspace the launcher zeroes and rounds into the output (WIDE_SUFFIX):
-    backward-weight's dw, the forward's y and a stride-1 backward-data's dx; a strided backward-data (KS-deconv's
-    classes) cannot split there."""
-    strided = problem.direction == "bwd_data" and max(problem.stride) > 1
-    if problem.dtype in HALF_DTYPES and config.split_k > 1 and strided:
+    """config's split-K, if any, where problem's output can take it (can_split)."""
+    if config.split_k > 1 and not can_split(problem):
         raise ValueError(f"config: split_k must be 1 for a strided backward-data on {problem.dtype} tensors (split-K "
                          f"adds partial sums into the output, which must then be float32), got {config}")
 

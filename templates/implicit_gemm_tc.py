@@ -16,7 +16,7 @@ the cost model that orders them are here too, every wave count and gate the Targ
 from __future__ import annotations
 
 from kernelgen.ir import Kernel
-from kernelgen.storage import HALF_DTYPES, check_split_k, stored_exactly
+from kernelgen.storage import HALF_DTYPES, can_split, check_split_k, stored_exactly
 from kernelgen.target import Target, as_target
 
 from . import config as tile_configs, implicit_gemm, implicit_gemm_tma, ks_deconv
@@ -156,8 +156,7 @@ def tc_split_choices(problem, bm, bn, bk, target: Target, divides=False, waves=(
     configs the model ranks are those it was fitted on (perf_model_predict.unfitted)."""
     if problem.direction == "bwd_weight":
         return split_choices(problem, bm, bn, bk, target)
-    strided = problem.direction == "bwd_data" and max(problem.stride) > 1
-    if problem.dtype in HALF_DTYPES and (not half or strided):
+    if problem.dtype in HALF_DTYPES and not (half and can_split(problem)):
         return [1]
     M, N, K, G = tc_gemm_shape(problem)
     blocks, k_tiles = _cdiv(M, bm) * _cdiv(N, bn) * G, _cdiv(K, bk)
@@ -207,8 +206,8 @@ def tma_bwd_weight_splits(problem, bm, bn, bk, target: Target):
 
 def tma_candidate_configs(problem, precision, target: Target):
     """The TMA tiles, each also split to fill about one wave where it leaves SMs idle (an even split:
-    tc_split_choices; float16 outputs into a float32 workspace), where the target has TMA and warpgroup MMAs and the TMA boxes
-    build (tma_unmet): TF32 on float32 arrays, fp16 / bf16 on float16 / bfloat16 arrays; fp16 / bf16
+    tc_split_choices; float16 outputs into a float32 workspace), where the target has TMA and warpgroup MMAs and the
+    TMA boxes build (tma_unmet): TF32 on float32 arrays, fp16 / bf16 on float16 / bfloat16 arrays; fp16 / bf16
     backward-weight: TMA_TILES_BWD_WEIGHT, split as tma_bwd_weight_splits."""
     if not (target.has("tma") and target.has("wgmma")):
         return []
@@ -263,7 +262,7 @@ def untuned_tma_config(problem, precision, target: Target | str = "cuda"):
 
 
 def fits_storage(problem, cfg):
-    """Can a tensor-core config compute the problem's storage dtype (float16: no split-K but backward-weight's, no
+    """Can a tensor-core config compute the problem's storage dtype (float16: split-K where storage.can_split, no
     float32 async copies), as the planner checks?"""
     try:
         check_split_k(problem, cfg)

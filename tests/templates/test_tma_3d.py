@@ -1,6 +1,6 @@
 """3-D convolutions on TMA: x (or dy) as a 5-D im2col map (C, W, H, D, N) whose copies walk w, h, d, then n and read
-each pixel at a filter tap's (dw, dh, dd) offsets (implicit_gemm_tma.im2col_map, im2col_box).  The 3-D problems that have
-a 2-D form take that instead (tests/templates/test_folded_3d.py); these are the ones with a filter deep and wide.
+each pixel at a filter tap's (dw, dh, dd) offsets (implicit_gemm_tma.im2col_map, im2col_box).  The 3-D problems that
+have a 2-D form take that instead (tests/templates/test_folded_3d.py); these are the ones with a filter deep and wide.
 
 On the CPU backend the copies are kernelgen.cpu_tma.tma_im2col_5d's and the MMAs are emulated; the GPU tests run the
 same kernels through the API on an sm_90 GPU.  Every case: fresh random data, a poisoned output, the float64
