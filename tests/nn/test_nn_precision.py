@@ -54,8 +54,9 @@ def inputs(kind, rng):
 
 
 @pytest.mark.parametrize("kind", ["conv", "conv_transpose"])
-@pytest.mark.parametrize("prec", ["tf32", "fp16", pytest.param("bf16", marks=pytest.mark.slow)])  # (bf16: the fp16
-# paths on bf16 operands, tests/templates/test_bf16_storage.py; CI time)
+@pytest.mark.parametrize("prec", [pytest.param("tf32", marks=pytest.mark.slow), "fp16",
+                                  pytest.param("bf16", marks=pytest.mark.slow)])  # (CI time; bf16: the fp16 paths on
+# bf16 operands, tests/templates/test_bf16_storage.py; tf32: a float32 layer's tensor-core kernels, test_tensor_core.py)
 def test_layer_and_gradients_within_the_bounds_and_not_fp32(kind, prec, rng, spy):
     layer = random_layer(kind, rng, prec)
     x, g = inputs(kind, rng)

@@ -301,7 +301,10 @@ def test_simulator_forward_and_backward_data(alpha, r):
 _ALL_PAIRS = ((1, "fwd"), (1, "bwd_data"), (2, "fwd"), (2, "bwd_data"))
 
 
-@pytest.mark.parametrize("alpha,r,groups,pairs", [(4, 3, 2, _ALL_PAIRS), (8, 5, 4, ((1, "fwd"), (2, "bwd_data"))),
+# (CI: the 4-state case the two pairs the 8-state one leaves, 38 s -> 19 s; all four with the slow tests)
+@pytest.mark.parametrize("alpha,r,groups,pairs", [(4, 3, 2, ((2, "fwd"), (1, "bwd_data"))),
+                                                  pytest.param(4, 3, 2, _ALL_PAIRS, marks=pytest.mark.slow),
+                                                  (8, 5, 4, ((1, "fwd"), (2, "bwd_data"))),
                                                   pytest.param(8, 3, 2, ((2, "fwd"), (1, "bwd_data")),
                                                                marks=pytest.mark.slow)])  # (CI time: 29 s)
 def test_state_groups_float64(alpha, r, groups, pairs):
