@@ -86,7 +86,7 @@ def im2col_map(name, source, f, e, box, dtype, rounding=""):
 def im2col_box(f, m, c, tap):
     """(coords, offsets) of the im2col box of output pixel m's window (its corner), channel c, at filter tap `tap`
     (Exprs; the tap flat over f's filter, w fastest)."""
-    (_, fh, fw), (_, dh, dw) = f.filter_size[-3:], f.dilation[-3:]
+    (_, fh, fw), (dd, dh, dw) = f.filter_size, f.dilation
     (od, oh, ow), (sd, sh, sw), (pd, ph, pw) = f.out_size, f.stride, f.padding
     n, wo = m // (od * oh * ow), m % ow
     ho = (m % (oh * ow)) // ow
@@ -94,7 +94,7 @@ def im2col_box(f, m, c, tap):
         return (c, wo * sw - pw, ho * sh - ph, n), ((tap % fw) * dw, (tap // fw) * dh)
     do = (m % (od * oh * ow)) // (oh * ow)
     return ((c, wo * sw - pw, ho * sh - ph, do * sd - pd, n),
-            ((tap % fw) * dw, ((tap // fw) % fh) * dh, (tap // (fw * fh)) * f.dilation[0]))
+            ((tap % fw) * dw, ((tap // fw) % fh) * dh, (tap // (fw * fh)) * dd))
 
 
 def forward_tma(p, cfg: TileConfig, m0, n0):
