@@ -43,7 +43,9 @@ def test_fp32_implicit_gemm_computes_the_3d_problem(case, direction, rng):
     assert_close(got, want, "float32", f"{direction} {p.key()}")
 
 
-@pytest.mark.parametrize("direction", ["fwd", pytest.param("bwd_data", marks=pytest.mark.slow), "bwd_weight"])
+@pytest.mark.parametrize("direction", ["fwd", pytest.param("bwd_data", marks=pytest.mark.slow),
+                                       pytest.param("bwd_weight", marks=pytest.mark.slow)])  # (CI time; the GPU test
+# runs all three, test_tma_bwd_weight.py the unfolded 16-bit backward-weight on the CPU)
 def test_fp16_tma_on_a_depth_folded_problem(direction, rng):
     """TMA boxes need a 2-D convolution: the folded form gets them (stride 2 backward-data: KS-deconv's classes;
     backward-weight: both operands MN-major)."""
